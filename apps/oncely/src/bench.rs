@@ -1,0 +1,222 @@
+//! `oncely bench …`: benchmark programs. Each prints its figure beside a baseline measured
+//! in the same run, as a ratio (DESIGN.md "Measuring").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use oncely_sql::DbOptions;
+use oncely_testkit::TestDb;
+use orders::AppConfig;
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Order intake: creates/s through the idempotency layer vs the same handler without
+    /// it, and replays/s.
+    Intake(IntakeArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct IntakeArgs {
+    /// Database to measure on; a fresh schema (PostgreSQL) or file (SQLite) is used.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    /// Seconds per measured phase.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Concurrent HTTP clients.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Alternating rounds of (bare, layer, replay); figures are summed over rounds.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+}
+
+const API_KEY: &str = "bench-key-0123456789abcdef";
+
+pub(crate) async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Intake(args) => intake(args).await,
+    }
+}
+
+async fn start(router: axum::Router) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(format!("http://{addr}/v1/orders"))
+}
+
+fn body(n: u64, run: &str) -> String {
+    serde_json::json!({
+        "source": "bench",
+        "external_ref": format!("{run}-{n}"),
+        "customer_id": "c-1",
+        "items": [{"sku": "sku-1", "quantity": 2}, {"sku": "sku-2", "quantity": 1}],
+        "amount_minor": 1999,
+        "currency": "EUR"
+    })
+    .to_string()
+}
+
+/// Runs `concurrency` clients for `secs`; each request is built by `make(n)` and counts
+/// when its status is `expect`. Returns successful requests per second.
+async fn load(
+    client: &reqwest::Client,
+    url: &str,
+    concurrency: usize,
+    secs: u64,
+    expect: u16,
+    make: Arc<dyn Fn(u64) -> (String, String) + Send + Sync>,
+) -> anyhow::Result<f64> {
+    let ok = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(AtomicU64::new(0));
+    let seq = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (client, url, ok, bad, seq, make) = (
+            client.clone(),
+            url.to_owned(),
+            ok.clone(),
+            bad.clone(),
+            seq.clone(),
+            make.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let (key, body) = make(seq.fetch_add(1, Ordering::Relaxed));
+                let res = client
+                    .post(&url)
+                    .bearer_auth(API_KEY)
+                    .header("idempotency-key", key)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                match res {
+                    Ok(r) if r.status().as_u16() == expect => {
+                        drop(r.bytes().await);
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let bad = bad.load(Ordering::Relaxed);
+    anyhow::ensure!(bad == 0, "{bad} requests got an unexpected answer");
+    Ok(ok.load(Ordering::Relaxed) as f64 / elapsed)
+}
+
+async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
+    let options = DbOptions {
+        max_connections: 32,
+        ..DbOptions::default()
+    };
+    let test_db = TestDb::fresh(&args.database_url, &options)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("database unreachable: {}", args.database_url))?;
+    orders::migrate(&test_db.db).await?;
+    let mut config = AppConfig::default();
+    config.api_keys = orders::parse_api_keys(&format!("{API_KEY}=bench"))?;
+    let layer_url = start(orders::router(test_db.db.clone(), &config)).await?;
+    let bare_url = start(orders::router_without_idempotency(
+        test_db.db.clone(),
+        &config,
+    ))
+    .await?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+
+    // Replay set: orders created once through the layer, then re-sent with their keys.
+    let replay_set: Arc<Vec<(String, String)>> = Arc::new(
+        (0..256)
+            .map(|n| (format!("replay-{n}"), body(n, "replay")))
+            .collect(),
+    );
+    for (key, body) in replay_set.iter() {
+        let r = client
+            .post(&layer_url)
+            .bearer_auth(API_KEY)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await?;
+        anyhow::ensure!(r.status() == 201, "seeding replay set: {}", r.status());
+    }
+
+    let backend = format!("{:?}", test_db.db.backend());
+    println!(
+        "oncely bench intake — {backend}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
+        args.concurrency, args.rounds, args.seconds
+    );
+    let (mut bare, mut layer, mut replay) = (0.0, 0.0, 0.0);
+    for round in 0..args.rounds {
+        let tag = format!("r{round}-{}", uuid::Uuid::now_v7().simple());
+        let t = tag.clone();
+        bare += load(
+            &client,
+            &bare_url,
+            args.concurrency,
+            args.seconds,
+            201,
+            Arc::new(move |n| (format!("{t}-bare-{n}"), body(n, &format!("{t}-bare")))),
+        )
+        .await?;
+        let t = tag.clone();
+        layer += load(
+            &client,
+            &layer_url,
+            args.concurrency,
+            args.seconds,
+            201,
+            Arc::new(move |n| (format!("{t}-layer-{n}"), body(n, &format!("{t}-layer")))),
+        )
+        .await?;
+        let set = replay_set.clone();
+        replay += load(
+            &client,
+            &layer_url,
+            args.concurrency,
+            args.seconds,
+            201,
+            Arc::new(move |n| set[(n as usize) % set.len()].clone()),
+        )
+        .await?;
+    }
+    let r = f64::from(args.rounds);
+    let (bare, layer, replay) = (bare / r, layer / r, replay / r);
+    println!(
+        "{:<44} {:>10.1} /s   (baseline)",
+        "creates, bare handler (no idempotency layer)", bare
+    );
+    println!(
+        "{:<44} {:>10.1} /s   ratio {:.2}× bare (target ≥ 0.75)",
+        "creates, idempotency layer",
+        layer,
+        layer / bare
+    );
+    println!(
+        "{:<44} {:>10.1} /s   ratio {:.2}× bare creates (target ≥ 1.5)",
+        "replays, idempotency layer",
+        replay,
+        replay / bare
+    );
+    Ok(())
+}

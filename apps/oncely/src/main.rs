@@ -1,0 +1,198 @@
+//! The `oncely` binary: thin argument parsing over the libraries.
+//!
+//! - `oncely serve` — the reference order service (SQLite by default).
+//! - `oncely migrate` — applies the embedded migrations and exits.
+//! - `oncely bench intake` — measures the idempotency layer against the bare handler.
+
+mod bench;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use oncely_http::IdempotencyConfig;
+use oncely_sql::{Database, DbOptions};
+use orders::AppConfig;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "oncely",
+    version,
+    about = "One business operation, one business effect — however often it is delivered."
+)]
+struct Cli {
+    /// Log format.
+    #[arg(long, env = "ONCELY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the order service.
+    Serve(ServeArgs),
+    /// Apply the embedded migrations and exit.
+    Migrate(DbArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+#[derive(Debug, Args)]
+struct DbArgs {
+    /// Database URL: sqlite://FILE or postgres://…
+    #[arg(
+        long,
+        env = "ONCELY_DATABASE_URL",
+        default_value = "sqlite://oncely.db"
+    )]
+    database_url: String,
+    /// Largest number of pooled database connections.
+    #[arg(long, env = "ONCELY_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    db_max_connections: u32,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Listen address.
+    #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// API keys and their tenants: `key=tenant[,key=tenant…]` (keys ≥ 16 characters).
+    #[arg(long, env = "ONCELY_API_KEYS", hide_env_values = true)]
+    api_keys: String,
+    /// Retention of finished idempotency records, in seconds (default 24 h).
+    #[arg(long, env = "ONCELY_RETENTION_SECS", default_value_t = 86_400)]
+    retention_secs: u64,
+    /// How long a retry that finds its key in flight waits for the first answer, in ms
+    /// (0: answer 409 with Retry-After at once).
+    #[arg(long, env = "ONCELY_IN_FLIGHT_WAIT_MS", default_value_t = 0)]
+    in_flight_wait_ms: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "ONCELY_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
+    max_request_bytes: usize,
+    /// Largest response stored for replay, in bytes.
+    #[arg(long, env = "ONCELY_MAX_STORED_RESPONSE_BYTES", default_value_t = 256 * 1024)]
+    max_stored_response_bytes: usize,
+    /// Interval of the retention collector, in seconds.
+    #[arg(long, env = "ONCELY_COLLECTOR_INTERVAL_SECS", default_value_t = 60)]
+    collector_interval_secs: u64,
+}
+
+impl DbArgs {
+    async fn connect(&self) -> anyhow::Result<Database> {
+        let opts = DbOptions {
+            max_connections: self.db_max_connections,
+            ..DbOptions::default()
+        };
+        let db = Database::connect(&self.database_url, &opts)
+            .await
+            .with_context(|| format!("connecting to {}", redact(&self.database_url)))?;
+        orders::migrate(&db).await.context("applying migrations")?;
+        Ok(db)
+    }
+}
+
+/// Drops a password from a URL before logging it.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ONCELY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        drop(tokio::signal::ctrl_c().await);
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Migrate(args) => {
+            args.connect().await?;
+            tracing::info!(database = %redact(&args.database_url), "migrations applied");
+            Ok(())
+        }
+        Command::Bench(cmd) => bench::run(cmd).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let api_keys = orders::parse_api_keys(&args.api_keys).context("parsing --api-keys")?;
+    anyhow::ensure!(
+        !api_keys.is_empty(),
+        "no API keys configured: set --api-keys or ONCELY_API_KEYS"
+    );
+    let config = AppConfig {
+        api_keys,
+        retention: Duration::from_secs(args.retention_secs),
+        collector_interval: Duration::from_secs(args.collector_interval_secs.max(1)),
+        idempotency: IdempotencyConfig {
+            max_request_body: args.max_request_bytes,
+            max_stored_response: args.max_stored_response_bytes,
+            in_flight_wait: (args.in_flight_wait_ms > 0)
+                .then(|| Duration::from_millis(args.in_flight_wait_ms)),
+            ..IdempotencyConfig::default()
+        },
+        ..AppConfig::default()
+    };
+    let db = args.db.connect().await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        database = %redact(&args.db.database_url),
+        tenants = config.api_keys.len(),
+        retention_secs = args.retention_secs,
+        "oncely serve: order service ready"
+    );
+    orders::serve(listener, db, config, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,133 @@
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{middleware, Json, Router};
+use http::StatusCode;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use oncely_http::{IdempotencyLayer, Problem, TransactionLayer};
+use oncely_sql::{Database, IdempotencyStore, StoreError};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{auth, orders, spawn_collector, AppConfig};
+
+/// Applies oncely's migrations and the order service's own (table `orders`).
+///
+/// # Errors
+/// [`StoreError::Migrate`] when a migration fails.
+pub async fn migrate(db: &Database) -> Result<(), StoreError> {
+    db.migrate().await?;
+    db.run_migrator(
+        sqlx::migrate!("./migrations/sqlite"),
+        sqlx::migrate!("./migrations/postgres"),
+    )
+    .await
+}
+
+/// The process-wide Prometheus recorder, installed on first use.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (e.g. by an embedding program);
+            // then this handle renders nothing but the service still runs.
+            drop(metrics::set_global_recorder(recorder));
+            handle
+        })
+        .clone()
+}
+
+/// The service's routes: `POST /v1/orders` (idempotent, key required),
+/// `GET /v1/orders/{id}`, `GET /healthz`, `GET /metrics`.
+pub fn router(db: Database, config: &AppConfig) -> Router {
+    let store = IdempotencyStore::new(db.clone(), config.retention);
+    build(
+        db,
+        config,
+        IdempotencyLayer::new(store, config.idempotency.clone()),
+    )
+}
+
+/// The same routes and handlers with [`TransactionLayer`] in place of the idempotency
+/// layer: each `POST` runs once in a plain transaction. For benchmarks' baselines only —
+/// it gives no protection against retries.
+pub fn router_without_idempotency(db: Database, config: &AppConfig) -> Router {
+    build(db.clone(), config, TransactionLayer::new(db))
+}
+
+fn build<L>(db: Database, config: &AppConfig, tx_layer: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<
+            axum::extract::Request,
+            Response = Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
+{
+    let keys = Arc::new(config.api_keys.clone());
+    let api = Router::new()
+        .route("/v1/orders", post(orders::create_order))
+        .route_layer(tx_layer)
+        .route("/v1/orders/{id}", get(orders::get_order))
+        .route_layer(middleware::from_fn_with_state(keys, auth::authenticate))
+        .with_state(db.clone());
+    let ops = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .with_state(db);
+    api.merge(ops)
+}
+
+async fn healthz(State(db): State<Database>) -> Response {
+    match db.ping().await {
+        Ok(()) => Json(serde_json::json!({"status": "ok"})).into_response(),
+        Err(e) => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "The database cannot be reached",
+        )
+        .detail(e.to_string())
+        .into_response(),
+    }
+}
+
+async fn metrics() -> String {
+    metrics_handle().render()
+}
+
+/// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight
+/// requests. Runs the retention collector alongside.
+///
+/// # Errors
+/// I/O errors from the listener.
+pub async fn serve(
+    listener: TcpListener,
+    db: Database,
+    config: AppConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let _ = metrics_handle();
+    let token = CancellationToken::new();
+    let collector = spawn_collector(
+        IdempotencyStore::new(db.clone(), config.retention),
+        config.collector_interval,
+        config.collector_batch,
+        token.clone(),
+    );
+    let app = router(db, &config);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    token.cancel();
+    drop(collector.await);
+    result
+}

@@ -1,0 +1,74 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
+use oncely_core::TenantId;
+use oncely_http::IdempotencyConfig;
+
+/// Configuration of the order service.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// API key → tenant. Requests authenticate with `Authorization: Bearer <api key>`.
+    pub api_keys: HashMap<String, TenantId>,
+    /// Retention of finished idempotency records (DESIGN.md default 24 h). Must exceed the
+    /// callers' retry window; past it, the business key still prevents a second order.
+    pub retention: Duration,
+    /// How often the collector deletes expired records. Default 60 s.
+    pub collector_interval: Duration,
+    /// Rows the collector deletes per statement. Default 500.
+    pub collector_batch: u32,
+    /// Idempotency layer settings.
+    pub idempotency: IdempotencyConfig,
+}
+
+impl Default for AppConfig {
+    fn default() -> Self {
+        Self {
+            api_keys: HashMap::new(),
+            retention: Duration::from_secs(24 * 3600),
+            collector_interval: Duration::from_secs(60),
+            collector_batch: 500,
+            idempotency: IdempotencyConfig::default(),
+        }
+    }
+}
+
+/// A malformed API key list.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// An entry is not `api-key=tenant`.
+    #[error("API key entry {0} is not of the form <api-key>=<tenant>")]
+    ApiKeyEntry(usize),
+    /// An API key shorter than 16 characters.
+    #[error("API key entry {0} is shorter than 16 characters")]
+    ApiKeyTooShort(usize),
+    /// A tenant id that does not validate.
+    #[error("API key entry {0}: {1}")]
+    Tenant(usize, #[source] oncely_core::TenantError),
+}
+
+/// Parses `key1=tenant-a,key2=tenant-b` (entries separated by commas, whitespace
+/// trimmed). Entries are numbered from 1 in errors; key values never appear in errors.
+///
+/// # Errors
+/// [`ConfigError`] for an entry without `=`, a key shorter than 16 characters or an invalid
+/// tenant id.
+pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError> {
+    let mut map = HashMap::new();
+    for (i, entry) in s
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .enumerate()
+    {
+        let n = i + 1;
+        let (key, tenant) = entry.split_once('=').ok_or(ConfigError::ApiKeyEntry(n))?;
+        let key = key.trim();
+        if key.len() < 16 {
+            return Err(ConfigError::ApiKeyTooShort(n));
+        }
+        let tenant = TenantId::parse(tenant.trim()).map_err(|e| ConfigError::Tenant(n, e))?;
+        map.insert(key.to_owned(), tenant);
+    }
+    Ok(map)
+}

@@ -1,0 +1,25 @@
+//! The reference order service: `POST /v1/orders` creates exactly one order however often a
+//! client retries, `GET /v1/orders/{id}` reads it back.
+//!
+//! Two guards stand behind every order: the idempotency layer (the client's
+//! `Idempotency-Key`, scoped by tenant and route) and the business key
+//! `UNIQUE(tenant, source, external_ref)`, which holds even when a client loses its key or
+//! retries after the record's retention.
+//!
+//! # Layout
+//! - `config` — [`AppConfig`]: API keys → tenants, retention, idempotency settings.
+//! - `app` — [`router`], [`migrate`], [`serve`]: wiring, start-up and graceful shutdown.
+//! - `auth` — `Authorization: Bearer <api key>` → [`oncely_core::TenantId`].
+//! - `orders` — the handlers, input validation and the business-key rule.
+//! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
+
+mod app;
+mod auth;
+mod collector;
+mod config;
+mod orders;
+
+pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
+pub use collector::spawn_collector;
+pub use config::{parse_api_keys, AppConfig, ConfigError};
+pub use orders::{NewOrder, OrderItem};

@@ -1,0 +1,301 @@
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use oncely_core::TenantId;
+use oncely_http::{IdempotentTx, NotStored, Problem};
+use oncely_sql::{on_pool, on_tx, Database};
+use serde::{Deserialize, Serialize};
+
+/// Body of `POST /v1/orders`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewOrder {
+    /// The client system the order comes from (1–64 chars). Part of the business key.
+    pub source: String,
+    /// The order's id in the client system (1–128 chars). Part of the business key.
+    pub external_ref: String,
+    /// Customer reference (1–128 chars).
+    pub customer_id: String,
+    /// 1–100 order lines.
+    pub items: Vec<OrderItem>,
+    /// Total in minor units of `currency` (cents), 1 ≤ amount ≤ 10^15.
+    pub amount_minor: i64,
+    /// ISO 4217 code, three upper-case letters.
+    pub currency: String,
+}
+
+/// One order line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderItem {
+    /// Stock keeping unit (1–64 chars).
+    pub sku: String,
+    /// 1–10 000.
+    pub quantity: i64,
+}
+
+#[derive(Debug, Serialize)]
+struct Order {
+    id: String,
+    status: &'static str,
+    #[serde(flatten)]
+    order: NewOrder,
+    created_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct OrderRow {
+    id: String,
+    source: String,
+    external_ref: String,
+    customer_id: String,
+    items: String,
+    amount_minor: i64,
+    currency: String,
+    created_at: i64,
+}
+
+impl OrderRow {
+    fn into_order(self) -> Result<Order, serde_json::Error> {
+        Ok(Order {
+            id: self.id,
+            status: "created",
+            order: NewOrder {
+                source: self.source,
+                external_ref: self.external_ref,
+                customer_id: self.customer_id,
+                items: serde_json::from_str(&self.items)?,
+                amount_minor: self.amount_minor,
+                currency: self.currency,
+            },
+            created_at: self.created_at,
+        })
+    }
+}
+
+const SELECT_ORDER: &str = "SELECT id, source, external_ref, customer_id, items, amount_minor, \
+                            currency, created_at FROM orders";
+
+/// A validation failure: 400/422 problem, marked [`NotStored`] so the key stays usable.
+fn invalid(status: StatusCode, kind: &str, title: &str, detail: String) -> Response {
+    let mut res = Problem::new(status, kind, title)
+        .detail(detail)
+        .into_response();
+    res.extensions_mut().insert(NotStored);
+    res
+}
+
+fn validate(o: &NewOrder) -> Result<(), String> {
+    let text = |name: &str, v: &str, max: usize| {
+        if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
+            Err(format!("{name} must have 1 to {max} printable characters"))
+        } else {
+            Ok(())
+        }
+    };
+    text("source", &o.source, 64)?;
+    text("external_ref", &o.external_ref, 128)?;
+    text("customer_id", &o.customer_id, 128)?;
+    if o.items.is_empty() || o.items.len() > 100 {
+        return Err("items must have 1 to 100 lines".into());
+    }
+    for (i, item) in o.items.iter().enumerate() {
+        text(&format!("items/{i}/sku"), &item.sku, 64)?;
+        if !(1..=10_000).contains(&item.quantity) {
+            return Err(format!("items/{i}/quantity must be between 1 and 10000"));
+        }
+    }
+    if !(1..=1_000_000_000_000_000).contains(&o.amount_minor) {
+        return Err("amount_minor must be between 1 and 10^15".into());
+    }
+    if o.currency.len() != 3 || !o.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err("currency must be an ISO 4217 code of three upper-case letters".into());
+    }
+    Ok(())
+}
+
+fn order_response(status: StatusCode, order: &Order) -> Response {
+    let mut res = (status, Json(order)).into_response();
+    if let Ok(loc) = HeaderValue::try_from(format!("/v1/orders/{}", order.id)) {
+        res.headers_mut().insert(header::LOCATION, loc);
+    }
+    res
+}
+
+fn internal(e: &dyn std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "order handler failed");
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "The order could not be processed",
+    )
+    .into_response()
+}
+
+/// `POST /v1/orders`: creates the order, or answers with the existing one when the business
+/// key `(tenant, source, external_ref)` is taken by an order with the same content (200),
+/// or a 409 problem when the content differs. Runs in the idempotency layer's transaction.
+pub(crate) async fn create_order(
+    axum::Extension(tenant): axum::Extension<TenantId>,
+    mut tx: IdempotentTx,
+    body: Bytes,
+) -> Response {
+    let order: NewOrder = match serde_json::from_slice(&body) {
+        Ok(o) => o,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return invalid(
+                StatusCode::BAD_REQUEST,
+                "malformed-json",
+                "The request body is not valid JSON",
+                e.to_string(),
+            );
+        }
+        Err(e) => {
+            return invalid(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-order",
+                "The order is invalid",
+                e.to_string(),
+            );
+        }
+    };
+    if let Err(detail) = validate(&order) {
+        return invalid(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-order",
+            "The order is invalid",
+            detail,
+        );
+    }
+    let items = match serde_json::to_string(&order.items) {
+        Ok(s) => s,
+        Err(e) => return internal(&e),
+    };
+    let id = uuid::Uuid::now_v7().to_string();
+    let now = oncely_core::now_ms();
+    let tx = &mut *tx;
+    // The business key is the second guard: INSERT … ON CONFLICT on the UNIQUE constraint.
+    let inserted =
+        on_tx!(tx, |c| {
+            sqlx::query(
+        "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, amount_minor, \
+         currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+         ON CONFLICT (tenant, source, external_ref) DO NOTHING"
+    )
+    .bind(&id)
+    .bind(tenant.as_str())
+    .bind(&order.source)
+    .bind(&order.external_ref)
+    .bind(&order.customer_id)
+    .bind(&items)
+    .bind(order.amount_minor)
+    .bind(&order.currency)
+    .bind(now)
+    .execute(c)
+    .await
+    .map(|r| r.rows_affected())
+        });
+    match inserted {
+        Ok(1) => {
+            metrics::counter!("oncely_orders_created_total").increment(1);
+            order_response(
+                StatusCode::CREATED,
+                &Order {
+                    id,
+                    status: "created",
+                    order,
+                    created_at: now,
+                },
+            )
+        }
+        Ok(_) => {
+            let sql =
+                format!("{SELECT_ORDER} WHERE tenant = $1 AND source = $2 AND external_ref = $3");
+            let row: Result<OrderRow, _> = on_tx!(tx, |c| sqlx::query_as(&sql)
+                .bind(tenant.as_str())
+                .bind(&order.source)
+                .bind(&order.external_ref)
+                .fetch_one(c)
+                .await);
+            let existing = match row
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.into_order().map_err(|e| e.to_string()))
+            {
+                Ok(o) => o,
+                Err(e) => return internal(&e),
+            };
+            metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
+            if existing.order == order {
+                order_response(StatusCode::OK, &existing)
+            } else {
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    "order-conflict",
+                    "An order with this source and external_ref exists with other content",
+                )
+                .detail(
+                    "the business key (source, external_ref) is already taken by a different order",
+                )
+                .with("order", format!("/v1/orders/{}", existing.id))
+                .into_response()
+            }
+        }
+        Err(e) => {
+            if let sqlx::Error::Database(db) = &e {
+                // Lock wait on a concurrent insert of the same business key ran out.
+                if db.code().as_deref() == Some("55P03") {
+                    let mut res = Problem::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "busy",
+                        "The order is being created by another request",
+                    )
+                    .retry_after(1)
+                    .into_response();
+                    res.extensions_mut().insert(NotStored);
+                    return res;
+                }
+            }
+            internal(&e)
+        }
+    }
+}
+
+/// `GET /v1/orders/{id}`: the tenant's order, 404 for anything else (including another
+/// tenant's order).
+pub(crate) async fn get_order(
+    State(db): State<Database>,
+    axum::Extension(tenant): axum::Extension<TenantId>,
+    Path(id): Path<String>,
+) -> Response {
+    let sql = format!("{SELECT_ORDER} WHERE id = $1 AND tenant = $2");
+    let row: Result<Option<OrderRow>, sqlx::Error> = on_pool!(&db, |p| sqlx::query_as(&sql)
+        .bind(&id)
+        .bind(tenant.as_str())
+        .fetch_optional(p)
+        .await);
+    match row {
+        Ok(Some(r)) => match r.into_order() {
+            Ok(o) => order_response(StatusCode::OK, &o),
+            Err(e) => internal(&e),
+        },
+        Ok(None) => {
+            Problem::new(StatusCode::NOT_FOUND, "not-found", "No such order").into_response()
+        }
+        Err(e) => {
+            let e = oncely_sql::StoreError::from(e);
+            if e.is_unavailable() {
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store-unavailable",
+                    "The store cannot be reached",
+                )
+                .retry_after(1)
+                .into_response()
+            } else {
+                internal(&e)
+            }
+        }
+    }
+}

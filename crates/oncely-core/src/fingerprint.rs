@@ -1,0 +1,200 @@
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// SHA-256 fingerprint of a request, stored with its idempotency record.
+///
+/// Two digests are kept so a mismatch can name *which part* differs without revealing values
+/// (DESIGN.md "HTTP semantics"):
+/// - `route`: over the method, the route template and the concrete path (the route
+///   parameters);
+/// - `full`: over `route` and the body. A JSON body (`application/json` or `+json` media
+///   type) is hashed in its RFC 8785 (JCS) canonical form, so key order and whitespace do not
+///   matter while array order and value types (`10` vs `"10"`) do; any other body is hashed
+///   as raw bytes.
+///
+/// Every field is length-prefixed before hashing, so no two distinct inputs share a byte
+/// stream.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint {
+    full: [u8; 32],
+    route: [u8; 32],
+}
+
+/// Which part of a request differs from the one that reserved the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FingerprintMismatch {
+    /// Route parameters (the concrete path) differ.
+    Route,
+    /// The body differs (after JCS canonicalisation for JSON).
+    Body,
+}
+
+impl FingerprintMismatch {
+    /// `"route"` or `"body"`, as named in problem details.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Route => "route",
+            Self::Body => "body",
+        }
+    }
+}
+
+/// The body claims to be JSON but is not.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FingerprintError {
+    /// A JSON media type with a body that does not parse.
+    #[error("the request body is not valid JSON: {0}")]
+    InvalidJson(#[source] serde_json::Error),
+}
+
+impl Fingerprint {
+    /// Fingerprints a request.
+    ///
+    /// - `method`: HTTP method, e.g. `POST`;
+    /// - `template`: route template, e.g. `/v1/orders/{id}`;
+    /// - `path`: the concrete path, e.g. `/v1/orders/42` (carries the route parameters);
+    /// - `content_type`: the request's `Content-Type`, if any;
+    /// - `body`: the body bytes.
+    ///
+    /// # Errors
+    /// [`FingerprintError::InvalidJson`] when the media type is JSON and the body does not
+    /// parse (such a request is rejected before any reservation).
+    pub fn compute(
+        method: &str,
+        template: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Result<Self, FingerprintError> {
+        let mut route = Sha256::new();
+        for part in [
+            method.to_ascii_uppercase().as_bytes(),
+            template.as_bytes(),
+            path.as_bytes(),
+        ] {
+            route.update((part.len() as u64).to_be_bytes());
+            route.update(part);
+        }
+        let route: [u8; 32] = route.finalize().into();
+
+        let canonical;
+        let (kind, bytes): (&[u8], &[u8]) = if is_json(content_type) && !body.is_empty() {
+            let value: serde_json::Value =
+                serde_json::from_slice(body).map_err(FingerprintError::InvalidJson)?;
+            canonical =
+                serde_json_canonicalizer::to_vec(&value).map_err(FingerprintError::InvalidJson)?;
+            (b"jcs", &canonical)
+        } else {
+            (b"raw", body)
+        };
+        let mut full = Sha256::new();
+        full.update(route);
+        full.update(kind);
+        full.update((bytes.len() as u64).to_be_bytes());
+        full.update(bytes);
+        Ok(Self {
+            full: full.finalize().into(),
+            route,
+        })
+    }
+
+    /// Rebuilds a fingerprint from its stored digests.
+    pub fn from_digests(full: [u8; 32], route: [u8; 32]) -> Self {
+        Self { full, route }
+    }
+
+    /// Digest over the whole request (32 bytes).
+    pub fn full(&self) -> &[u8; 32] {
+        &self.full
+    }
+
+    /// Digest over method, template and route parameters (32 bytes).
+    pub fn route(&self) -> &[u8; 32] {
+        &self.route
+    }
+
+    /// Compares `self` (the stored request) with `other` (a retry).
+    /// `None` when they are the same request.
+    pub fn mismatch(&self, other: &Self) -> Option<FingerprintMismatch> {
+        if self.full == other.full {
+            None
+        } else if self.route == other.route {
+            Some(FingerprintMismatch::Body)
+        } else {
+            Some(FingerprintMismatch::Route)
+        }
+    }
+}
+
+fn is_json(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else { return false };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex: String = self.full.iter().map(|b| format!("{b:02x}")).collect();
+        f.debug_tuple("Fingerprint").field(&hex).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JSON: Option<&str> = Some("application/json; charset=utf-8");
+
+    fn fp(path: &str, ct: Option<&str>, body: &str) -> Fingerprint {
+        Fingerprint::compute("POST", "/v1/orders/{id}", path, ct, body.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn key_order_and_whitespace_do_not_matter() {
+        let a = fp("/v1/orders/1", JSON, r#"{"a":1,"b":[1,2]}"#);
+        let b = fp("/v1/orders/1", JSON, "{ \"b\" : [1, 2],\n \"a\": 1 }");
+        assert_eq!(a.mismatch(&b), None);
+    }
+
+    #[test]
+    fn array_order_and_value_types_matter() {
+        let a = fp("/v1/orders/1", JSON, r#"{"a":10,"b":[1,2]}"#);
+        assert_eq!(
+            a.mismatch(&fp("/v1/orders/1", JSON, r#"{"a":10,"b":[2,1]}"#)),
+            Some(FingerprintMismatch::Body)
+        );
+        assert_eq!(
+            a.mismatch(&fp("/v1/orders/1", JSON, r#"{"a":"10","b":[1,2]}"#)),
+            Some(FingerprintMismatch::Body)
+        );
+    }
+
+    #[test]
+    fn route_parameters_are_named_as_route() {
+        let a = fp("/v1/orders/1", JSON, "{}");
+        assert_eq!(
+            a.mismatch(&fp("/v1/orders/2", JSON, "{}")),
+            Some(FingerprintMismatch::Route)
+        );
+    }
+
+    #[test]
+    fn non_json_bodies_are_raw_bytes() {
+        let a = fp("/x", Some("text/plain"), "{\"a\":1}");
+        let b = fp("/x", Some("text/plain"), "{ \"a\":1}");
+        assert_eq!(a.mismatch(&b), Some(FingerprintMismatch::Body));
+    }
+
+    #[test]
+    fn invalid_json_is_an_error() {
+        assert!(Fingerprint::compute("POST", "/x", "/x", JSON, b"{nope").is_err());
+    }
+}

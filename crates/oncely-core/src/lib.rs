@@ -1,0 +1,30 @@
+//! Core types of oncely: the vocabulary every other crate speaks, with no I/O.
+//!
+//! One business operation must have one business effect however often its request is
+//! delivered. The types here make the inputs to that guarantee impossible to get wrong:
+//! an [`IdempotencyKey`] can only be built from a valid header value, a [`Scope`] always
+//! carries the authenticated [`TenantId`], and a [`Fingerprint`] is always computed over
+//! the canonical request.
+//!
+//! # Layout
+//! - `key` — [`IdempotencyKey`] and [`KeyError`]: the caller's key, validated
+//!   (draft-ietf-httpapi-idempotency-key-header-07 §2, RFC 8941 §3.3.3).
+//! - `scope` — [`TenantId`], [`Operation`], [`Scope`]: who asked for which operation.
+//! - `fingerprint` — [`Fingerprint`], [`FingerprintMismatch`]: SHA-256 over the canonical
+//!   request, JSON bodies in RFC 8785 (JCS) form.
+//! - `record` — [`RecordState`], [`StoredResponse`], the replay header allow-list.
+//! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses.
+
+mod fingerprint;
+mod key;
+mod record;
+mod scope;
+mod time;
+
+pub use fingerprint::{Fingerprint, FingerprintError, FingerprintMismatch};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use record::{
+    is_replayable_header, RecordState, StoredResponse, StoredResponseError, REPLAYABLE_HEADERS,
+};
+pub use scope::{Operation, Scope, TenantError, TenantId};
+pub use time::now_ms;

@@ -1,0 +1,36 @@
+use std::time::Duration;
+
+/// How the idempotency layer behaves.
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    /// Answer 400 when a `POST`/`PATCH` comes without `Idempotency-Key`. Default `true`.
+    /// When `false`, such a request runs once in a plain transaction, unprotected by a key.
+    pub require_key: bool,
+    /// Largest request body read, in bytes; larger bodies get 413 before any reservation.
+    /// Default 1 MiB.
+    pub max_request_body: usize,
+    /// Largest response body stored for replay, in bytes. A larger response is **not**
+    /// committed: the transaction rolls back (no effect, the key stays free) and the client
+    /// gets a 500 problem of type `response-too-large`. Replays are byte-identical, so a
+    /// response that cannot be stored must not have an effect either. Default 256 KiB.
+    pub max_stored_response: usize,
+    /// When a retry finds its key in flight: `None` answers 409 at once (with
+    /// `Retry-After`); `Some(d)` waits up to `d`, polling with a backoff, then replays the
+    /// first request's answer (or runs, if the first request rolled back). Default `None`.
+    pub in_flight_wait: Option<Duration>,
+    /// `Retry-After` sent with 409 (in flight) and 503 (store unreachable), in seconds.
+    /// Default 1.
+    pub retry_after_secs: u32,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        Self {
+            require_key: true,
+            max_request_body: 1024 * 1024,
+            max_stored_response: 256 * 1024,
+            in_flight_wait: None,
+            retry_after_secs: 1,
+        }
+    }
+}

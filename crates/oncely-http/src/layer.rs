@@ -1,0 +1,538 @@
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::MatchedPath;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{header, HeaderName, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use oncely_core::{
+    now_ms, Fingerprint, IdempotencyKey, Operation, RecordState, Scope, StoredResponse, TenantId,
+};
+use oncely_sql::{Database, IdempotencyStore, Record, Reservation, ReservationToken, StoreError};
+use tokio::sync::Mutex;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::extract::{IdempotencyContext, TxSlot};
+use crate::{IdempotencyConfig, Problem};
+
+/// `Idempotent-Replayed`: sent as `true` on every replayed answer.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+/// Response extension a handler sets on an answer that must leave nothing behind: the
+/// layer rolls the transaction back and stores no outcome, exactly as for an error found
+/// before the reservation. Use it for input validation failures (400/422), so a client that
+/// fixes its request can retry with the same key. Deliberate business rejections (e.g. a
+/// conflicting order) are *not* marked: they are stored and replayed like successes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotStored;
+
+/// Makes the wrapped routes idempotent (see the crate docs for every answer).
+///
+/// Apply it to routes whose handlers take [`IdempotentTx`](crate::IdempotentTx), *after*
+/// authentication: it reads the [`TenantId`] from the request extensions (401 when
+/// absent) and the route template from axum's [`MatchedPath`] (so use
+/// `Router::route_layer`). Only `POST` and `PATCH` are guarded; other methods pass through.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer {
+    store: IdempotencyStore,
+    config: Arc<IdempotencyConfig>,
+}
+
+impl IdempotencyLayer {
+    /// A layer storing records in `store`.
+    pub fn new(store: IdempotencyStore, config: IdempotencyConfig) -> Self {
+        Self {
+            store,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            store: self.store.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service built by [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    store: IdempotencyStore,
+    config: Arc<IdempotencyConfig>,
+}
+
+/// Runs each request in a database transaction lent to the handler through
+/// [`IdempotentTx`](crate::IdempotentTx), committed after a non-5xx answer, rolled back
+/// otherwise — the idempotency layer's transaction handling without keys. Used for routes
+/// that need no key and as the baseline in benchmarks.
+#[derive(Debug, Clone)]
+pub struct TransactionLayer {
+    db: Database,
+}
+
+impl TransactionLayer {
+    /// A layer opening transactions on `db`.
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+}
+
+impl<S> Layer<S> for TransactionLayer {
+    type Service = Transaction<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Transaction {
+            inner,
+            db: self.db.clone(),
+        }
+    }
+}
+
+/// The service built by [`TransactionLayer`].
+#[derive(Debug, Clone)]
+pub struct Transaction<S> {
+    inner: S,
+    db: Database,
+}
+
+impl<S> Service<Request<Body>> for Transaction<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, inner);
+        let db = self.db.clone();
+        Box::pin(async move {
+            let tx = match db.begin().await {
+                Ok(tx) => tx,
+                Err(e) => return Ok(store_problem(&e, 1)),
+            };
+            Ok(run_in_tx(inner, req, tx, None, usize::MAX).await)
+        })
+    }
+}
+
+impl<S> Service<Request<Body>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, inner);
+        let store = self.store.clone();
+        let config = self.config.clone();
+        Box::pin(async move { Ok(handle(inner, store, config, req).await) })
+    }
+}
+
+async fn handle<S>(
+    inner: S,
+    store: IdempotencyStore,
+    config: Arc<IdempotencyConfig>,
+    req: Request<Body>,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    if !(req.method() == Method::POST || req.method() == Method::PATCH) {
+        return inner.oneshot(req).await.unwrap_or_else(|e| match e {});
+    }
+    let (mut parts, body) = req.into_parts();
+    // Authentication comes first: the tenant is the credential's, never the request's.
+    let Some(tenant) = parts.extensions.get::<TenantId>().cloned() else {
+        return Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "Authentication required",
+        )
+        .into_response();
+    };
+    let template = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
+    let scope = Scope::new(tenant, Operation::new(parts.method.as_str(), &template));
+
+    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let key = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(v), None) => match IdempotencyKey::parse(v.as_bytes()) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                metrics::counter!("oncely_idempotency_rejected_total", "reason" => "malformed_key")
+                    .increment(1);
+                return Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "idempotency-key-malformed",
+                    "The Idempotency-Key header is malformed",
+                )
+                .detail(e.to_string())
+                .into_response();
+            }
+        },
+        (Some(_), Some(_)) => {
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-malformed",
+                "The Idempotency-Key header is malformed",
+            )
+            .detail("exactly one Idempotency-Key header is allowed")
+            .into_response();
+        }
+    };
+    let Some(key) = key else {
+        if config.require_key {
+            metrics::counter!("oncely_idempotency_rejected_total", "reason" => "missing_key")
+                .increment(1);
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-missing",
+                "This operation requires an Idempotency-Key header",
+            )
+            .detail("mint one key (e.g. a UUIDv7) per operation and send it on every retry")
+            .into_response();
+        }
+        parts
+            .extensions
+            .insert(IdempotencyContext { scope, key: None });
+        let tx = match store.database().begin().await {
+            Ok(tx) => tx,
+            Err(e) => return store_problem(&e, config.retry_after_secs),
+        };
+        let req = Request::from_parts(parts, body);
+        return run_in_tx(inner, req, tx, None, config.max_stored_response).await;
+    };
+
+    let bytes = match Limited::new(body, config.max_request_body).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request-too-large",
+                "The request body is too large",
+            )
+            .detail(format!(
+                "at most {} bytes are accepted",
+                config.max_request_body
+            ))
+            .into_response();
+        }
+        Err(_) => {
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "request-body",
+                "The request body could not be read",
+            )
+            .into_response();
+        }
+    };
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let fingerprint = match Fingerprint::compute(
+        parts.method.as_str(),
+        &template,
+        parts.uri.path(),
+        content_type,
+        &bytes,
+    ) {
+        Ok(f) => f,
+        Err(e) => {
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "malformed-json",
+                "The request body is not valid JSON",
+            )
+            .detail(e.to_string())
+            .into_response();
+        }
+    };
+
+    let deadline = config.in_flight_wait.map(|d| Instant::now() + d);
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let mut tx = match store.database().begin().await {
+            Ok(tx) => tx,
+            Err(e) => return store_problem(&e, config.retry_after_secs),
+        };
+        let reservation = match store
+            .reserve(&mut tx, &scope, &key, &fingerprint, now_ms())
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return store_problem(&e, config.retry_after_secs),
+        };
+        match reservation {
+            Reservation::Reserved(token) => {
+                metrics::counter!("oncely_idempotency_executions_total").increment(1);
+                parts.extensions.insert(IdempotencyContext {
+                    scope,
+                    key: Some(key),
+                });
+                let req = Request::from_parts(parts, Body::from(bytes));
+                return run_in_tx(
+                    inner,
+                    req,
+                    tx,
+                    Some((store, token)),
+                    config.max_stored_response,
+                )
+                .await;
+            }
+            Reservation::Existing(record) => {
+                drop(tx.rollback().await);
+                // `None`: still processing; wait below if configured.
+                if let Some(res) = answer_existing(&record, &fingerprint) {
+                    return res;
+                }
+            }
+            Reservation::InFlight => drop(tx.rollback().await),
+            _ => return store_problem(&StoreError::NotHeld, config.retry_after_secs),
+        }
+        match deadline {
+            Some(d) if Instant::now() + pause < d => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            _ => return in_flight(config.retry_after_secs),
+        }
+    }
+}
+
+/// The answer for a committed record, or `None` while it is still `processing`.
+fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
+    // The fingerprint is compared on every path that can return a stored outcome.
+    if let Some(part) = record.fingerprint.mismatch(fingerprint) {
+        metrics::counter!("oncely_idempotency_fingerprint_mismatches_total").increment(1);
+        return Some(
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "The Idempotency-Key was already used for a different request",
+            )
+            .detail(format!(
+                "the request's {} differs from the one first sent with this key; mint a new key for a new operation",
+                part.as_str()
+            ))
+            .with("differs", part.as_str())
+            .into_response(),
+        );
+    }
+    match record.state {
+        RecordState::Succeeded | RecordState::Failed => match &record.response {
+            Some(stored) => {
+                metrics::counter!("oncely_idempotency_replays_total").increment(1);
+                Some(replay(stored))
+            }
+            None => Some(
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "record-corrupt",
+                    "The stored outcome is missing",
+                )
+                .into_response(),
+            ),
+        },
+        RecordState::Unknown => {
+            metrics::counter!("oncely_idempotency_unknown_total").increment(1);
+            Some(
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    "outcome-unknown",
+                    "The outcome of the first request with this key is unknown",
+                )
+                .detail("the operation awaits a status check or reconciliation; query its status resource instead of retrying")
+                .into_response(),
+            )
+        }
+        _ => None,
+    }
+}
+
+fn in_flight(retry_after_secs: u32) -> Response {
+    metrics::counter!("oncely_idempotency_in_flight_total").increment(1);
+    Problem::new(
+        StatusCode::CONFLICT,
+        "request-in-flight",
+        "A request with this Idempotency-Key is still being processed",
+    )
+    .detail("retry later with the same key to receive its answer")
+    .retry_after(retry_after_secs)
+    .into_response()
+}
+
+fn store_problem(e: &StoreError, retry_after_secs: u32) -> Response {
+    if e.is_unavailable() {
+        metrics::counter!("oncely_idempotency_store_unavailable_total").increment(1);
+        tracing::warn!(error = %e, "idempotency store unreachable; failing closed");
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "The idempotency store cannot be reached",
+        )
+        .detail("nothing was executed; retry later with the same key")
+        .retry_after(retry_after_secs)
+        .into_response()
+    } else {
+        tracing::error!(error = %e, "idempotency store failed");
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store-error",
+            "The idempotency store failed",
+        )
+        .detail("nothing was stored; retry later with the same key")
+        .into_response()
+    }
+}
+
+fn replay(stored: &StoredResponse) -> Response {
+    let mut res = Response::new(Body::from(stored.body.clone()));
+    *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    for (name, value) in &stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
+            res.headers_mut().append(n, v);
+        }
+    }
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// Runs `inner` with `tx` lent through the request extensions, then stores the answer (when
+/// `reservation` is given) and commits — all in a spawned task, so a client that hangs up
+/// mid-request cannot cancel an operation half way: it runs to commit or rollback.
+async fn run_in_tx<S>(
+    inner: S,
+    mut req: Request<Body>,
+    tx: oncely_sql::Tx,
+    reservation: Option<(IdempotencyStore, ReservationToken)>,
+    max_stored_response: usize,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let slot = TxSlot(Arc::new(Mutex::new(Some(tx))));
+    req.extensions_mut().insert(slot.clone());
+    let task = tokio::spawn(async move {
+        let res = inner.oneshot(req).await.unwrap_or_else(|e| match e {});
+        let Some(mut tx) = slot.0.lock().await.take() else {
+            return Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "no-transaction",
+                "The transaction was lost",
+            )
+            .into_response();
+        };
+        if res.status().is_server_error() || res.extensions().get::<NotStored>().is_some() {
+            // Nothing of a failed execution is kept: the key stays free for the retry.
+            drop(tx.rollback().await);
+            let reason = if res.status().is_server_error() {
+                "5xx"
+            } else {
+                "not_stored"
+            };
+            metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => reason)
+                .increment(1);
+            return res;
+        }
+        let (parts, body) = res.into_parts();
+        let bytes: Bytes = match Limited::new(body, max_stored_response).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) => {
+                drop(tx.rollback().await);
+                let too_large = e.downcast_ref::<LengthLimitError>().is_some();
+                metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => if too_large { "response_too_large" } else { "response_body" }).increment(1);
+                return if too_large {
+                    Problem::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "response-too-large",
+                        "The response is too large to store for replay",
+                    )
+                    .detail(format!("responses over {max_stored_response} bytes are not stored; the operation was rolled back"))
+                    .into_response()
+                } else {
+                    Problem::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "response-body",
+                        "The response body failed",
+                    )
+                    .into_response()
+                };
+            }
+        };
+        if let Some((store, token)) = reservation {
+            let stored = StoredResponse::new(
+                parts.status.as_u16(),
+                parts
+                    .headers
+                    .iter()
+                    .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
+                bytes.to_vec(),
+            );
+            if let Err(e) = store.complete(&mut tx, token, &stored, now_ms()).await {
+                drop(tx.rollback().await);
+                return store_problem(&e, 1);
+            }
+        }
+        if let Err(e) = tx.commit().await {
+            // The commit may or may not have happened; a retry with the same key finds out.
+            return store_problem(&e, 1);
+        }
+        Response::from_parts(parts, Body::from(bytes))
+    });
+    match task.await {
+        Ok(res) => res,
+        Err(e) => {
+            // A panicking handler unwound and dropped the transaction: rolled back.
+            metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "panic")
+                .increment(1);
+            tracing::error!(error = %e, "handler panicked; transaction rolled back");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "handler-failed",
+                "The handler failed",
+            )
+            .detail("nothing was stored; retry with the same key")
+            .into_response()
+        }
+    }
+}

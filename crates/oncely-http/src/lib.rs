@@ -1,0 +1,41 @@
+//! HTTP server side of oncely: a tower [`Layer`](tower::Layer) that makes `POST`/`PATCH`
+//! handlers idempotent under the `Idempotency-Key` header
+//! (draft-ietf-httpapi-idempotency-key-header-07), and an axum extractor that hands the
+//! handler the transaction in which the key was reserved.
+//!
+//! In atomic mode (the only mode here) the reservation, the handler's business writes and
+//! the stored response commit in **one** transaction: an order and its idempotency record
+//! exist together or not at all. A handler error, panic, 5xx answer or failed commit leaves
+//! nothing behind, so the key is free for the retry.
+//!
+//! | situation | answer |
+//! |---|---|
+//! | key required and missing | 400 problem |
+//! | key malformed | 400 problem |
+//! | body over the request bound | 413 problem |
+//! | first request | run, store, answer |
+//! | retry, same fingerprint, finished | stored answer + `Idempotent-Replayed: true` |
+//! | retry, same fingerprint, in flight | 409 problem + `Retry-After`, or a bounded wait then replay |
+//! | retry, other fingerprint | 422 problem naming `body` or `route` |
+//! | record `unknown` | 409 problem |
+//! | store unreachable | 503 problem + `Retry-After` |
+//! | response body over the stored-response bound | 500 problem; rolled back, nothing stored |
+//!
+//! # Layout
+//! - `config` — [`IdempotencyConfig`]: key requirement, size bounds, in-flight policy.
+//! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
+//!   [`TransactionLayer`] (the same transaction handling without keys).
+//! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
+//! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs.
+
+mod config;
+mod extract;
+mod layer;
+mod problem;
+
+pub use config::IdempotencyConfig;
+pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
+pub use layer::{
+    Idempotency, IdempotencyLayer, NotStored, Transaction, TransactionLayer, IDEMPOTENT_REPLAYED,
+};
+pub use problem::{Problem, PROBLEM_JSON};

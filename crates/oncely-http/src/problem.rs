@@ -1,0 +1,78 @@
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+use serde::Serialize;
+
+/// `application/problem+json` (RFC 9457 §3).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem details object. `type` is a stable URI per error kind,
+/// `urn:oncely:problem:<kind>`; `detail` never echoes request values.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// HTTP status.
+    #[serde(skip)]
+    pub status: StatusCode,
+    /// Problem type URI (RFC 9457 §3.1.1).
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// Short, human-readable summary of the type.
+    pub title: String,
+    /// Explanation specific to this occurrence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Extension members (RFC 9457 §3.2), flattened into the object.
+    #[serde(flatten)]
+    pub extensions: serde_json::Map<String, serde_json::Value>,
+    /// `Retry-After` in seconds, sent as a header (RFC 9110 §10.2.3).
+    #[serde(skip)]
+    pub retry_after_secs: Option<u32>,
+}
+
+impl Problem {
+    /// A problem of kind `kind` (the last segment of its type URI).
+    pub fn new(status: StatusCode, kind: &str, title: &str) -> Self {
+        Self {
+            status,
+            type_uri: format!("urn:oncely:problem:{kind}"),
+            title: title.to_owned(),
+            detail: None,
+            extensions: serde_json::Map::new(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// Sets `detail`.
+    #[must_use]
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// Adds an extension member.
+    #[must_use]
+    pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.extensions.insert(name.to_owned(), value.into());
+        self
+    }
+
+    /// Sets the `Retry-After` header, in seconds.
+    #[must_use]
+    pub fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
+        let mut res = (self.status, body).into_response();
+        res.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after_secs {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        res
+    }
+}

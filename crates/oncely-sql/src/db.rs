@@ -1,0 +1,324 @@
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::pool::PoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
+use sqlx::{Postgres, Sqlite};
+
+use crate::StoreError;
+
+/// Connection settings shared by every backend.
+#[derive(Debug, Clone)]
+pub struct DbOptions {
+    /// Largest number of pooled connections (PostgreSQL; SQLite read pool). Default 16.
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection before the store counts as
+    /// unreachable (503). Default 5 s.
+    pub acquire_timeout: Duration,
+    /// PostgreSQL `lock_timeout` and SQLite busy timeout: the bound on waiting for a row
+    /// or database lock held by another transaction. Default 5 s.
+    pub lock_timeout: Duration,
+}
+
+impl Default for DbOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Which database a [`Database`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// SQLite, the embedded default.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+/// SQLite: one writer connection (SQLite has one writer; every transaction starts with
+/// `BEGIN IMMEDIATE` so it takes the write lock up front and waits at most the busy
+/// timeout) and a pool of readers over WAL.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    write: SqlitePool,
+    read: SqlitePool,
+}
+
+/// PostgreSQL: one pool; `lock_timeout` set on every connection.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl SqliteStore {
+    /// The single-connection writer pool.
+    pub fn writer(&self) -> &SqlitePool {
+        &self.write
+    }
+
+    /// The read-only reader pool.
+    pub fn reader(&self) -> &SqlitePool {
+        &self.read
+    }
+}
+
+impl PgStore {
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// A database oncely stores into. Cheap to clone (pools are reference counted).
+///
+/// Exhaustive on purpose: [`on_tx!`] and [`on_pool!`] expand one arm per backend, and a new
+/// backend must be a compile error wherever SQL is dispatched.
+#[derive(Debug, Clone)]
+pub enum Database {
+    /// SQLite file.
+    Sqlite(SqliteStore),
+    /// PostgreSQL server.
+    Postgres(PgStore),
+}
+
+/// An open transaction on either backend. Dropping it rolls back.
+#[derive(Debug)]
+pub enum Tx {
+    /// SQLite transaction (holds the write lock).
+    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    /// PostgreSQL transaction.
+    Postgres(sqlx::Transaction<'static, Postgres>),
+}
+
+impl Database {
+    /// Connects to `url`: `sqlite://path` (the file is created when missing; `sqlite::memory:`
+    /// is refused, one process must see one database) or `postgres://…`.
+    ///
+    /// Does not run migrations; see [`Database::migrate`].
+    ///
+    /// # Errors
+    /// [`StoreError::UnsupportedUrl`] for another scheme, [`StoreError::Unavailable`] when the
+    /// server or file cannot be reached.
+    pub async fn connect(url: &str, options: &DbOptions) -> Result<Self, StoreError> {
+        if url.starts_with("sqlite:") {
+            let opts = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(options.lock_timeout)
+                .foreign_keys(true);
+            let write = PoolOptions::<Sqlite>::new()
+                .max_connections(1)
+                .acquire_timeout(options.acquire_timeout)
+                .connect_with(opts.clone())
+                .await?;
+            let read = PoolOptions::<Sqlite>::new()
+                .max_connections(options.max_connections.clamp(1, 8))
+                .acquire_timeout(options.acquire_timeout)
+                .connect_with(opts.read_only(true))
+                .await?;
+            Ok(Self::Sqlite(SqliteStore { write, read }))
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            let opts = PgConnectOptions::from_str(url)?;
+            Self::connect_postgres(opts, options).await
+        } else {
+            Err(StoreError::UnsupportedUrl(url.to_owned()))
+        }
+    }
+
+    /// Connects to PostgreSQL with explicit connect options (tests use this to pin a
+    /// `search_path`).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the server cannot be reached.
+    pub async fn connect_postgres(
+        opts: PgConnectOptions,
+        options: &DbOptions,
+    ) -> Result<Self, StoreError> {
+        let lock_ms = options.lock_timeout.as_millis().to_string();
+        let opts = opts.options([("lock_timeout", lock_ms.as_str())]);
+        let pool = PoolOptions::<Postgres>::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(opts)
+            .await?;
+        Ok(Self::Postgres(PgStore { pool }))
+    }
+
+    /// Applies oncely's embedded migrations (idempotency tables). Safe to run from several
+    /// processes at once; applications with their own tables run their own migrator too
+    /// (migration versions 1–9999 belong to oncely).
+    ///
+    /// # Errors
+    /// [`StoreError::Migrate`] when a migration fails or the database cannot be reached.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.run_migrator(
+            sqlx::migrate!("./migrations/sqlite"),
+            sqlx::migrate!("./migrations/postgres"),
+        )
+        .await
+    }
+
+    /// Runs a pair of migrators (one per backend) against this database, tolerating
+    /// migrations applied by other migrators in the same database.
+    ///
+    /// # Errors
+    /// [`StoreError::Migrate`] when a migration fails.
+    pub async fn run_migrator(
+        &self,
+        sqlite: sqlx::migrate::Migrator,
+        postgres: sqlx::migrate::Migrator,
+    ) -> Result<(), StoreError> {
+        let mut m = match self {
+            Self::Sqlite(_) => sqlite,
+            Self::Postgres(_) => postgres,
+        };
+        m.set_ignore_missing(true);
+        match self {
+            Self::Sqlite(s) => m.run(&s.write).await,
+            Self::Postgres(p) => m.run(&p.pool).await,
+        }
+        .map_err(StoreError::Migrate)
+    }
+
+    /// Begins a transaction: `BEGIN IMMEDIATE` on SQLite, `BEGIN` (READ COMMITTED) on
+    /// PostgreSQL.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when no connection can be had within the acquire timeout.
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(match self {
+            Self::Sqlite(s) => Tx::Sqlite(s.write.begin_with("BEGIN IMMEDIATE").await?),
+            Self::Postgres(p) => Tx::Postgres(p.pool.begin().await?),
+        })
+    }
+
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Self::Sqlite(_) => Backend::Sqlite,
+            Self::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Checks the database answers (`SELECT 1`), for health checks.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when it does not.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Sqlite(s) => drop(sqlx::query("SELECT 1").execute(&s.read).await?),
+            Self::Postgres(p) => drop(sqlx::query("SELECT 1").execute(&p.pool).await?),
+        }
+        Ok(())
+    }
+
+    /// Closes every pooled connection; later calls fail with [`StoreError::Unavailable`].
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(s) => {
+                s.write.close().await;
+                s.read.close().await;
+            }
+            Self::Postgres(p) => p.pool.close().await,
+        }
+    }
+
+    /// The SQLite pools (writer, readers), if this is SQLite.
+    pub fn as_sqlite(&self) -> Option<(&SqlitePool, &SqlitePool)> {
+        match self {
+            Self::Sqlite(s) => Some((&s.write, &s.read)),
+            Self::Postgres(_) => None,
+        }
+    }
+
+    /// The PostgreSQL pool, if this is PostgreSQL.
+    pub fn as_postgres(&self) -> Option<&PgPool> {
+        match self {
+            Self::Postgres(p) => Some(&p.pool),
+            Self::Sqlite(_) => None,
+        }
+    }
+}
+
+impl Tx {
+    /// Commits.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the commit fails; the transaction's writes are then lost.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        match self {
+            Self::Sqlite(t) => t.commit().await?,
+            Self::Postgres(t) => t.commit().await?,
+        }
+        Ok(())
+    }
+
+    /// Rolls back.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the rollback cannot be sent (the database discards the
+    /// transaction anyway when the connection drops).
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        match self {
+            Self::Sqlite(t) => t.rollback().await?,
+            Self::Postgres(t) => t.rollback().await?,
+        }
+        Ok(())
+    }
+
+    /// Which backend this transaction runs on.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Self::Sqlite(_) => Backend::Sqlite,
+            Self::Postgres(_) => Backend::Postgres,
+        }
+    }
+}
+
+/// Runs the same expression on whichever connection a [`Tx`] holds. The expression is
+/// compiled once per backend, so one SQL text (using `$1`-style placeholders, which both
+/// SQLite and PostgreSQL accept) serves both.
+///
+/// ```ignore
+/// let n = on_tx!(tx, |c| sqlx::query("DELETE FROM t WHERE id = $1").bind(id).execute(c).await)?;
+/// ```
+#[macro_export]
+macro_rules! on_tx {
+    ($tx:expr, |$c:ident| $body:expr) => {
+        match $tx {
+            $crate::Tx::Sqlite(t) => {
+                let $c = &mut **t;
+                $body
+            }
+            $crate::Tx::Postgres(t) => {
+                let $c = &mut **t;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs the same expression on a [`Database`]'s read pool (the SQLite reader pool or the
+/// PostgreSQL pool), compiled once per backend like [`on_tx!`].
+#[macro_export]
+macro_rules! on_pool {
+    ($db:expr, |$p:ident| $body:expr) => {
+        match $db {
+            $crate::Database::Sqlite(s) => {
+                let $p = s.reader();
+                $body
+            }
+            $crate::Database::Postgres(s) => {
+                let $p = s.pool();
+                $body
+            }
+        }
+    };
+}

@@ -1,0 +1,25 @@
+//! SQL stores for oncely on [`sqlx`]: SQLite (the embedded default) and PostgreSQL.
+//!
+//! Every guarantee rests on a UNIQUE constraint checked by the database, never on
+//! SELECT-then-INSERT or a lock with a TTL. All writes can run inside the caller's
+//! transaction ([`Tx`]), so a business write, its idempotency record and its stored
+//! response commit together or not at all.
+//!
+//! # Layout
+//! - `db` — [`Database`] (a pool per backend: [`SqliteStore`], [`PgStore`]), [`Tx`] (a
+//!   transaction on either), [`DbOptions`], connection and embedded migrations.
+//! - `idempotency` — [`IdempotencyStore`]: atomic reservation, lookup, completion and
+//!   the retention collector over table `oncely_idempotency`.
+//! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
+//!   failures.
+
+mod db;
+mod error;
+mod idempotency;
+
+pub use db::{Backend, Database, DbOptions, PgStore, SqliteStore, Tx};
+pub use error::StoreError;
+pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
+
+/// Re-exported so dependants name the same `sqlx` version.
+pub use sqlx;
