@@ -154,7 +154,10 @@ where
         let inner = std::mem::replace(&mut self.inner, inner);
         let store = self.store.clone();
         let config = self.config.clone();
-        Box::pin(async move { Ok(handle(inner, store, config, req).await) })
+        // Spawned: once a request has been received, a client hanging up (which makes the
+        // server drop this future) cannot cancel it between reservation and commit.
+        let task = tokio::spawn(handle(inner, store, config, req));
+        Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
     }
 }
 
@@ -521,18 +524,15 @@ where
     });
     match task.await {
         Ok(res) => res,
-        Err(e) => {
-            // A panicking handler unwound and dropped the transaction: rolled back.
-            metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "panic")
-                .increment(1);
-            tracing::error!(error = %e, "handler panicked; transaction rolled back");
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "handler-failed",
-                "The handler failed",
-            )
-            .detail("nothing was stored; retry with the same key")
-            .into_response()
-        }
+        Err(e) => panicked(&e),
     }
+}
+
+/// A panicking handler unwound and dropped its transaction: rolled back, nothing stored.
+fn panicked(e: &tokio::task::JoinError) -> Response {
+    metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "panic").increment(1);
+    tracing::error!(error = %e, "handler panicked; transaction rolled back");
+    Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "handler-failed", "The handler failed")
+        .detail("nothing was stored; retry with the same key")
+        .into_response()
 }

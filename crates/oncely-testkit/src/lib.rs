@@ -14,3 +14,36 @@ mod proxy;
 
 pub use db::{postgres_url, require_services, TestBackend, TestDb};
 pub use proxy::FaultProxy;
+
+/// Instantiates each listed `async fn name(db: TestDb)` once per backend, as
+/// `sqlite::name` and `postgres::name` (multi-threaded runtime, 4 workers). A backend that
+/// is unreachable skips with a message, or fails under `ONCELY_TEST_REQUIRE_SERVICES=1`.
+///
+/// ```ignore
+/// oncely_testkit::on_every_backend!(s1_sequential_retries_create_one_order);
+/// ```
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::TestBackend::Sqlite).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::TestBackend::Postgres).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+    };
+}

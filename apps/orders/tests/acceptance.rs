@@ -1,0 +1,498 @@
+//! Acceptance checks of ACCEPTANCE.md for the order service, over real HTTP on
+//! `127.0.0.1:0`, on SQLite and PostgreSQL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncely_sql::{on_pool, Database, DbOptions};
+use oncely_testkit::{on_every_backend, FaultProxy, TestDb};
+use orders::AppConfig;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+const KEY_A: &str = "key-tenant-a-0123456789";
+const KEY_B: &str = "key-tenant-b-0123456789";
+
+struct Server {
+    base: String,
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+    client: reqwest::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn config() -> AppConfig {
+    AppConfig {
+        api_keys: orders::parse_api_keys(&format!("{KEY_A}=tenant-a,{KEY_B}=tenant-b")).unwrap(),
+        ..AppConfig::default()
+    }
+}
+
+async fn start(db: &Database, config: AppConfig) -> Server {
+    orders::migrate(db).await.expect("migrate");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone().cancelled_owned();
+    tokio::spawn(orders::serve(listener, db.clone(), config, shutdown));
+    Server {
+        base: format!("http://{addr}"),
+        addr,
+        stop,
+        client: reqwest::Client::builder().pool_max_idle_per_host(128).build().unwrap(),
+    }
+}
+
+fn order(external_ref: &str, amount: i64) -> Value {
+    json!({
+        "source": "shop",
+        "external_ref": external_ref,
+        "customer_id": "c-42",
+        "items": [{"sku": "sku-1", "quantity": 2}, {"sku": "sku-2", "quantity": 1}],
+        "amount_minor": amount,
+        "currency": "EUR"
+    })
+}
+
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    retry_after: Option<String>,
+    location: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    fn id(&self) -> String {
+        self.json()["id"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+impl Server {
+    async fn post_raw(&self, api_key: &str, key: Option<&str>, body: String) -> Answer {
+        let mut req = self
+            .client
+            .post(format!("{}/v1/orders", self.base))
+            .bearer_auth(api_key)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        let res = req.send().await.expect("request");
+        let h = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        let (status, replayed, retry_after, location) = (
+            res.status(),
+            h("idempotent-replayed").as_deref() == Some("true"),
+            h("retry-after"),
+            h("location"),
+        );
+        Answer { status, replayed, retry_after, location, body: res.bytes().await.unwrap().to_vec() }
+    }
+
+    async fn post(&self, api_key: &str, key: &str, body: &Value) -> Answer {
+        self.post_raw(api_key, Some(key), body.to_string()).await
+    }
+}
+
+async fn count_orders(db: &Database, external_ref: &str) -> i64 {
+    on_pool!(db, |p| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM orders WHERE external_ref = $1"
+    )
+    .bind(external_ref)
+    .fetch_one(p)
+    .await)
+    .unwrap()
+}
+
+async fn count_records(db: &Database) -> i64 {
+    on_pool!(db, |p| sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM oncely_idempotency")
+        .fetch_one(p)
+        .await)
+    .unwrap()
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::now_v7())
+}
+
+on_every_backend!(
+    s1_sequential_retries_create_one_order,
+    s2_concurrent_requests_with_one_key_create_one_order,
+    s3_same_key_other_amount_is_422_and_reordered_json_replays,
+    s4_connection_dropped_before_answer_retry_returns_same_order,
+    client_hanging_up_mid_request_cannot_cause_a_second_order,
+    s7_after_retention_business_key_prevents_second_order,
+    tenants_never_see_each_others_records,
+    business_key_reused_with_new_key_answers_existing_or_conflict,
+    invalid_input_is_rejected_and_not_stored,
+    missing_and_malformed_keys_are_400_problems,
+    unauthenticated_requests_are_401_before_any_lookup,
+    store_unreachable_answers_503_and_runs_nothing,
+    healthz_and_metrics_answer,
+);
+
+async fn s1_sequential_retries_create_one_order(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("s1"), unique("ext"));
+    let body = order(&ext, 1999);
+    let first = s.post(KEY_A, &key, &body).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed);
+    let location = first.location.clone().expect("Location");
+    assert_eq!(location, format!("/v1/orders/{}", first.id()));
+    for _ in 0..20 {
+        let again = s.post(KEY_A, &key, &body).await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed, "every answer after the first is a replay");
+        assert_eq!(again.body, first.body, "replay is byte-identical");
+        assert_eq!(again.location.as_deref(), Some(location.as_str()));
+    }
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+    let got = s
+        .client
+        .get(format!("{}{location}", s.base))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), StatusCode::OK);
+    assert_eq!(got.json::<Value>().await.unwrap()["id"], first.json()["id"]);
+}
+
+async fn s2_concurrent_requests_with_one_key_create_one_order(t: TestDb) {
+    let s = Arc::new(start(&t.db, config()).await);
+    let (key, ext) = (unique("s2"), unique("ext"));
+    let body = order(&ext, 1999);
+    let n = 64;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (s, key, body, barrier) = (s.clone(), key.clone(), body.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.post(KEY_A, &key, &body).await
+        }));
+    }
+    let mut executed = 0;
+    let mut ids = std::collections::HashSet::new();
+    for task in tasks {
+        let a = task.await.unwrap();
+        match a.status {
+            StatusCode::CREATED => {
+                if !a.replayed {
+                    executed += 1;
+                }
+                ids.insert(a.id());
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(a.json()["type"], "urn:oncely:problem:request-in-flight");
+                assert!(a.retry_after.is_some(), "409 carries Retry-After");
+            }
+            other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&a.body)),
+        }
+    }
+    assert_eq!(executed, 1, "exactly one execution; every other answer is a replay or 409");
+    assert_eq!(ids.len(), 1, "every 201 names the same order");
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn s3_same_key_other_amount_is_422_and_reordered_json_replays(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("s3"), unique("ext"));
+    let first = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let other = s.post(KEY_A, &key, &order(&ext, 2999)).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let problem = other.json();
+    assert_eq!(problem["type"], "urn:oncely:problem:idempotency-key-reused");
+    assert_eq!(problem["differs"], "body");
+    assert!(!String::from_utf8_lossy(&other.body).contains("2999"), "never echoes values");
+
+    let mut recipient = order(&ext, 1999);
+    recipient["customer_id"] = json!("c-43");
+    assert_eq!(s.post(KEY_A, &key, &recipient).await.status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // The same JSON with keys reordered and other whitespace is the same request.
+    let reordered = format!(
+        "{{\n  \"currency\" : \"EUR\", \"amount_minor\":1999,\n\t\"items\": [ {{\"quantity\":2,\"sku\":\"sku-1\"}}, {{\"quantity\": 1, \"sku\": \"sku-2\"}} ],\
+         \"customer_id\":\"c-42\", \"external_ref\": \"{ext}\", \"source\":\"shop\" }}"
+    );
+    let replay = s.post_raw(KEY_A, Some(&key), reordered).await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert!(replay.replayed);
+    assert_eq!(replay.body, first.body);
+
+    // Nothing changed.
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+    let again = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(again.body, first.body);
+}
+
+/// Writes a whole order request on a raw socket; the caller decides when to hang up.
+async fn send_raw(s: &Server, key: &str, body: &str) -> tokio::net::TcpStream {
+    let mut sock = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let req = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Idempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).await.unwrap();
+    sock.flush().await.unwrap();
+    sock
+}
+
+/// Retries while the answer is 409 "in flight" (at most 5 s).
+async fn retry_until_settled(s: &Server, key: &str, body: &str) -> Answer {
+    let mut retry = s.post_raw(KEY_A, Some(key), body.to_owned()).await;
+    for _ in 0..100 {
+        if retry.status != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        retry = s.post_raw(KEY_A, Some(key), body.to_owned()).await;
+    }
+    retry
+}
+
+async fn s4_connection_dropped_before_answer_retry_returns_same_order(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("s4"), unique("ext"));
+    let body = order(&ext, 1999).to_string();
+    let sock = send_raw(&s, &key, &body).await;
+    // The server executes and commits; the client hangs up without reading the answer.
+    for _ in 0..200 {
+        if count_orders(&t.db, &ext).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(sock);
+    let retry = retry_until_settled(&s, &key, &body).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed, "the retry is the replay of the executed request");
+    let got = s
+        .client
+        .get(format!("{}/v1/orders/{}", s.base, retry.id()))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), StatusCode::OK);
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn client_hanging_up_mid_request_cannot_cause_a_second_order(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("s4b"), unique("ext"));
+    let body = order(&ext, 1999).to_string();
+    // Hang up at once, before the server can have answered.
+    drop(send_raw(&s, &key, &body).await);
+    let retry = retry_until_settled(&s, &key, &body).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    for _ in 0..3 {
+        let again = s.post_raw(KEY_A, Some(&key), body.clone()).await;
+        assert!(again.replayed);
+        assert_eq!(again.id(), retry.id());
+    }
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn s7_after_retention_business_key_prevents_second_order(t: TestDb) {
+    let mut cfg = config();
+    cfg.retention = Duration::from_millis(200);
+    cfg.collector_interval = Duration::from_millis(100);
+    let s = start(&t.db, cfg).await;
+    let (key, ext) = (unique("s7"), unique("ext"));
+    let first = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // Wait for the collector to delete the expired record.
+    let mut gone = false;
+    for _ in 0..100 {
+        if count_records(&t.db).await == 0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the collector deleted the expired record");
+
+    // The same key, past retention: the record is gone, the business key still holds.
+    let same_key = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(same_key.status, StatusCode::OK);
+    assert_eq!(same_key.id(), first.id());
+    // A new key for the same business operation.
+    let new_key = s.post(KEY_A, &unique("s7-new"), &order(&ext, 1999)).await;
+    assert_eq!(new_key.status, StatusCode::OK);
+    assert_eq!(new_key.id(), first.id());
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn tenants_never_see_each_others_records(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("iso"), unique("ext"));
+    let body = order(&ext, 1999);
+    let a = s.post(KEY_A, &key, &body).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    // Same key, same body, other tenant: a new operation, never A's stored answer.
+    let b = s.post(KEY_B, &key, &body).await;
+    assert_eq!(b.status, StatusCode::CREATED);
+    assert!(!b.replayed);
+    assert_ne!(a.id(), b.id());
+    // Same key, other body, other tenant: no 422 either — the key is B's own.
+    let b2 = s.post(KEY_B, &unique("iso2"), &order(&unique("ext"), 5)).await;
+    assert_eq!(b2.status, StatusCode::CREATED);
+    // B cannot read A's order.
+    let res = s
+        .client
+        .get(format!("{}/v1/orders/{}", s.base, a.id()))
+        .bearer_auth(KEY_B)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+async fn business_key_reused_with_new_key_answers_existing_or_conflict(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let ext = unique("ext");
+    let first = s.post(KEY_A, &unique("bk1"), &order(&ext, 1999)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let same = s.post(KEY_A, &unique("bk2"), &order(&ext, 1999)).await;
+    assert_eq!(same.status, StatusCode::OK);
+    assert_eq!(same.id(), first.id());
+    let conflict_key = unique("bk3");
+    let conflict = s.post(KEY_A, &conflict_key, &order(&ext, 5000)).await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT);
+    assert_eq!(conflict.json()["type"], "urn:oncely:problem:order-conflict");
+    // A business rejection after execution is stored and replayed.
+    let replayed = s.post(KEY_A, &conflict_key, &order(&ext, 5000)).await;
+    assert_eq!(replayed.status, StatusCode::CONFLICT);
+    assert!(replayed.replayed);
+    assert_eq!(replayed.body, conflict.body);
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn invalid_input_is_rejected_and_not_stored(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("inv"), unique("ext"));
+    let mut bad = order(&ext, 1999);
+    bad["currency"] = json!("eur");
+    let a = s.post(KEY_A, &key, &bad).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(a.json()["type"], "urn:oncely:problem:invalid-order");
+    let malformed = s.post_raw(KEY_A, Some(&unique("inv2")), "{\"source\":".into()).await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    let mut unknown_field = order(&ext, 1999);
+    unknown_field["surprise"] = json!(1);
+    assert_eq!(s.post(KEY_A, &unique("inv3"), &unknown_field).await.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(count_records(&t.db).await, 0, "validation failures leave no record");
+    // The key stays usable once the client fixes its request.
+    let fixed = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(fixed.status, StatusCode::CREATED);
+    assert!(!fixed.replayed);
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn missing_and_malformed_keys_are_400_problems(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let ext = unique("ext");
+    let body = order(&ext, 1999).to_string();
+    let missing = s.post_raw(KEY_A, None, body.clone()).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.json()["type"], "urn:oncely:problem:idempotency-key-missing");
+    let long = "k".repeat(256);
+    for bad in [long.as_str(), "has space", "\"unterminated", "\"\""] {
+        let a = s.post_raw(KEY_A, Some(bad), body.clone()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "key {bad:?}");
+        assert_eq!(a.json()["type"], "urn:oncely:problem:idempotency-key-malformed");
+    }
+    // A 255-character key and a quoted sf-string are valid, and name the same key.
+    let k255 = "k".repeat(255);
+    assert_eq!(s.post_raw(KEY_A, Some(&k255), body.clone()).await.status, StatusCode::CREATED);
+    let quoted = format!("\"{k255}\"");
+    let replay = s.post_raw(KEY_A, Some(&quoted), body).await;
+    assert!(replay.replayed);
+    assert_eq!(count_orders(&t.db, &ext).await, 1);
+}
+
+async fn unauthenticated_requests_are_401_before_any_lookup(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let (key, ext) = (unique("auth"), unique("ext"));
+    assert_eq!(s.post(KEY_A, &key, &order(&ext, 1999)).await.status, StatusCode::CREATED);
+    // Another caller who knows the key gets nothing of the stored answer.
+    let res = s
+        .client
+        .post(format!("{}/v1/orders", s.base))
+        .bearer_auth("not-a-configured-key-000")
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(order(&ext, 1999).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(res.headers()["www-authenticate"], "Bearer");
+    assert!(res.headers().get("idempotent-replayed").is_none());
+    let problem: Value = res.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:oncely:problem:unauthenticated");
+}
+
+async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
+    orders::migrate(&t.db).await.unwrap();
+    let opts = DbOptions { acquire_timeout: Duration::from_secs(1), ..DbOptions::default() };
+    // The service talks to its database through a proxy that can cut it off (PostgreSQL);
+    // SQLite is embedded, so its pools are closed instead.
+    let (db, proxy) = match &t.db {
+        Database::Postgres(_) => {
+            let url = oncely_testkit::postgres_url();
+            let target: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
+            let proxy = FaultProxy::start(target).await;
+            let proxied = t.url.replace("127.0.0.1:5432", &proxy.addr().to_string());
+            assert!(url.contains("127.0.0.1:5432"), "test assumes the default PostgreSQL address");
+            (Database::connect(&proxied, &opts).await.unwrap(), Some(proxy))
+        }
+        Database::Sqlite(_) => (Database::connect(&t.url, &opts).await.unwrap(), None),
+    };
+    let s = start(&db, config()).await;
+    let (key, ext) = (unique("down"), unique("ext"));
+    match &proxy {
+        Some(p) => p.cut(),
+        None => db.close().await,
+    }
+    let a = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", String::from_utf8_lossy(&a.body));
+    assert_eq!(a.json()["type"], "urn:oncely:problem:store-unavailable");
+    assert!(a.retry_after.is_some());
+    assert_eq!(count_orders(&t.db, &ext).await, 0, "nothing ran unprotected");
+    if let Some(p) = &proxy {
+        p.restore();
+        let b = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+        assert_eq!(b.status, StatusCode::CREATED, "the retry with the same key runs once the store is back");
+        assert_eq!(count_orders(&t.db, &ext).await, 1);
+    }
+}
+
+async fn healthz_and_metrics_answer(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let h = s.client.get(format!("{}/healthz", s.base)).send().await.unwrap();
+    assert_eq!(h.status(), StatusCode::OK);
+    let key = unique("m");
+    let body = order(&unique("ext"), 1);
+    s.post(KEY_A, &key, &body).await;
+    s.post(KEY_A, &key, &body).await;
+    let m = s.client.get(format!("{}/metrics", s.base)).send().await.unwrap().text().await.unwrap();
+    assert!(m.contains("oncely_idempotency_replays_total"), "{m}");
+}
