@@ -532,7 +532,11 @@ where
 fn panicked(e: &tokio::task::JoinError) -> Response {
     metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "panic").increment(1);
     tracing::error!(error = %e, "handler panicked; transaction rolled back");
-    Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "handler-failed", "The handler failed")
-        .detail("nothing was stored; retry with the same key")
-        .into_response()
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "handler-failed",
+        "The handler failed",
+    )
+    .detail("nothing was stored; retry with the same key")
+    .into_response()
 }

@@ -1,0 +1,352 @@
+//! The idempotency layer over real HTTP on `127.0.0.1:0`, against SQLite and PostgreSQL,
+//! with test handlers that fail, panic, stall or answer too much.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use http::StatusCode;
+use oncely_core::TenantId;
+use oncely_http::{IdempotencyConfig, IdempotencyLayer, IdempotentTx};
+use oncely_sql::{on_pool, on_tx, Database, IdempotencyStore};
+use oncely_testkit::{on_every_backend, TestDb};
+use serde_json::Value;
+
+#[derive(Clone, Default)]
+struct Calls(Arc<AtomicU32>);
+
+async fn tenant_from_header(mut req: Request, next: Next) -> Response {
+    if let Some(t) = req.headers().get("x-tenant").and_then(|v| v.to_str().ok()) {
+        let t = TenantId::parse(t).unwrap();
+        req.extensions_mut().insert(t);
+    }
+    next.run(req).await
+}
+
+async fn record_effect(tx: &mut IdempotentTx, name: &str) {
+    let tx = &mut **tx;
+    on_tx!(tx, |c| sqlx::query(
+        "INSERT INTO effects (name) VALUES ($1)"
+    )
+    .bind(name)
+    .execute(c)
+    .await
+    .map(drop))
+    .unwrap();
+}
+
+/// Fails the first call with 500 (after writing), succeeds afterwards.
+async fn flaky(State(calls): State<Calls>, mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, "flaky").await;
+    if calls.0.fetch_add(1, Ordering::SeqCst) == 0 {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "temporary failure").into_response();
+    }
+    (StatusCode::CREATED, "made").into_response()
+}
+
+/// Panics on the first call (after writing), succeeds afterwards.
+async fn panicky(State(calls): State<Calls>, mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, "panicky").await;
+    assert!(
+        calls.0.fetch_add(1, Ordering::SeqCst) != 0,
+        "handler panics on its first call"
+    );
+    (StatusCode::CREATED, "made").into_response()
+}
+
+async fn big(mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, "big").await;
+    (StatusCode::CREATED, vec![b'x'; 4096]).into_response()
+}
+
+async fn slow(State(calls): State<Calls>, mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, "slow").await;
+    let n = calls.0.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    (StatusCode::CREATED, format!("slow call {n}")).into_response()
+}
+
+async fn headers(mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, "headers").await;
+    (
+        StatusCode::CREATED,
+        [
+            ("set-cookie", "session=secret"),
+            ("etag", "\"v1\""),
+            ("location", "/things/1"),
+            ("x-internal", "1"),
+            ("content-type", "text/plain"),
+        ],
+        "created",
+    )
+        .into_response()
+}
+
+async fn item(Path(id): Path<String>, mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, &format!("item-{id}")).await;
+    (StatusCode::OK, id).into_response()
+}
+
+async fn reject(mut tx: IdempotentTx) -> Response {
+    record_effect(&mut tx, "reject").await;
+    (StatusCode::CONFLICT, "business says no").into_response()
+}
+
+struct App {
+    base: String,
+    db: Database,
+    client: reqwest::Client,
+}
+
+async fn start(t: &TestDb, wait: Option<Duration>) -> App {
+    let db = t.db.clone();
+    db.migrate().await.unwrap();
+    let mut tx = db.begin().await.unwrap();
+    on_tx!(&mut tx, |c| sqlx::query(
+        "CREATE TABLE effects (name TEXT NOT NULL)"
+    )
+    .execute(c)
+    .await
+    .map(drop))
+    .unwrap();
+    tx.commit().await.unwrap();
+    let config = IdempotencyConfig {
+        max_stored_response: 1024,
+        max_request_body: 64 * 1024,
+        in_flight_wait: wait,
+        ..IdempotencyConfig::default()
+    };
+    let layer = IdempotencyLayer::new(
+        IdempotencyStore::new(db.clone(), Duration::from_secs(3600)),
+        config,
+    );
+    let app = Router::new()
+        .route("/flaky", post(flaky))
+        .route("/panicky", post(panicky))
+        .route("/big", post(big))
+        .route("/slow", post(slow))
+        .route("/headers", post(headers))
+        .route("/items/{id}", post(item))
+        .route("/reject", post(reject))
+        .route_layer(layer)
+        .route_layer(middleware::from_fn(tenant_from_header))
+        .with_state(Calls::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    App {
+        base,
+        db,
+        client: reqwest::Client::new(),
+    }
+}
+
+impl App {
+    async fn post(&self, path: &str, key: &str, body: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header("x-tenant", "t1")
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn effects(&self, name: &str) -> i64 {
+        on_pool!(&self.db, |p| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM effects WHERE name = $1"
+        )
+        .bind(name)
+        .fetch_one(p)
+        .await)
+        .unwrap()
+    }
+
+    async fn records(&self) -> i64 {
+        on_pool!(&self.db, |p| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM oncely_idempotency"
+        )
+        .fetch_one(p)
+        .await)
+        .unwrap()
+    }
+}
+
+fn replayed(r: &reqwest::Response) -> bool {
+    r.headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+on_every_backend!(
+    handler_failing_once_then_succeeding_runs_again_on_retry,
+    panicking_handler_leaves_nothing_and_retry_runs,
+    response_over_the_bound_rolls_back_and_stores_nothing,
+    in_flight_retry_gets_409_with_retry_after,
+    in_flight_retry_waits_and_replays_when_configured,
+    replay_sends_only_allow_listed_headers,
+    key_reused_on_another_route_parameter_is_422_route,
+    business_rejection_is_stored_and_replayed,
+    no_tenant_is_401_and_oversized_body_is_413,
+);
+
+async fn handler_failing_once_then_succeeding_runs_again_on_retry(t: TestDb) {
+    let app = start(&t, None).await;
+    let first = app.post("/flaky", "k-flaky", "{}").await;
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        app.effects("flaky").await,
+        0,
+        "the failed execution's writes rolled back"
+    );
+    assert_eq!(app.records().await, 0, "the key is free again");
+    let retry = app.post("/flaky", "k-flaky", "{}").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(!replayed(&retry), "the retry executed");
+    let again = app.post("/flaky", "k-flaky", "{}").await;
+    assert!(replayed(&again));
+    assert_eq!(again.text().await.unwrap(), "made");
+    assert_eq!(app.effects("flaky").await, 1);
+}
+
+async fn panicking_handler_leaves_nothing_and_retry_runs(t: TestDb) {
+    let app = start(&t, None).await;
+    let first = app.post("/panicky", "k-panic", "{}").await;
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: Value = first.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:oncely:problem:handler-failed");
+    assert_eq!(app.effects("panicky").await, 0);
+    let retry = app.post("/panicky", "k-panic", "{}").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(app.effects("panicky").await, 1);
+}
+
+async fn response_over_the_bound_rolls_back_and_stores_nothing(t: TestDb) {
+    let app = start(&t, None).await;
+    let res = app.post("/big", "k-big", "{}").await;
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: Value = res.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:oncely:problem:response-too-large");
+    assert_eq!(app.effects("big").await, 0);
+    assert_eq!(app.records().await, 0);
+}
+
+async fn in_flight_retry_gets_409_with_retry_after(t: TestDb) {
+    let app = Arc::new(start(&t, None).await);
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { app.post("/slow", "k-slow", "{}").await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = app.post("/slow", "k-slow", "{}").await;
+    // PostgreSQL sees the key in flight at once. SQLite has one writer: the retry queues
+    // behind the first request's transaction and then gets its replay. Never a second run.
+    match t.db {
+        Database::Postgres(_) => {
+            assert_eq!(second.status(), StatusCode::CONFLICT);
+            assert_eq!(second.headers()["retry-after"], "1");
+            let p: Value = second.json().await.unwrap();
+            assert_eq!(p["type"], "urn:oncely:problem:request-in-flight");
+        }
+        Database::Sqlite(_) => {
+            assert!(replayed(&second));
+            assert_eq!(second.text().await.unwrap(), "slow call 0");
+        }
+    }
+    assert_eq!(first.await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(app.effects("slow").await, 1);
+}
+
+async fn in_flight_retry_waits_and_replays_when_configured(t: TestDb) {
+    let app = Arc::new(start(&t, Some(Duration::from_secs(3))).await);
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { app.post("/slow", "k-wait", "{}").await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = app.post("/slow", "k-wait", "{}").await;
+    assert_eq!(second.status(), StatusCode::CREATED);
+    assert!(
+        replayed(&second),
+        "the waiting retry gets the first request's answer"
+    );
+    assert_eq!(second.text().await.unwrap(), "slow call 0");
+    assert_eq!(first.await.unwrap().text().await.unwrap(), "slow call 0");
+    assert_eq!(app.effects("slow").await, 1);
+}
+
+async fn replay_sends_only_allow_listed_headers(t: TestDb) {
+    let app = start(&t, None).await;
+    let first = app.post("/headers", "k-h", "{}").await;
+    assert_eq!(
+        first.headers()["set-cookie"],
+        "session=secret",
+        "the first answer is untouched"
+    );
+    let replay = app.post("/headers", "k-h", "{}").await;
+    assert!(replayed(&replay));
+    let h = replay.headers();
+    assert_eq!(h["etag"], "\"v1\"");
+    assert_eq!(h["location"], "/things/1");
+    assert_eq!(h["content-type"], "text/plain");
+    assert!(
+        h.get("set-cookie").is_none(),
+        "Set-Cookie is never replayed"
+    );
+    assert!(
+        h.get("x-internal").is_none(),
+        "headers off the allow-list are not replayed"
+    );
+    assert_eq!(replay.text().await.unwrap(), "created");
+}
+
+async fn key_reused_on_another_route_parameter_is_422_route(t: TestDb) {
+    let app = start(&t, None).await;
+    assert_eq!(
+        app.post("/items/1", "k-route", "{}").await.status(),
+        StatusCode::OK
+    );
+    let other = app.post("/items/2", "k-route", "{}").await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let p: Value = other.json().await.unwrap();
+    assert_eq!(p["differs"], "route");
+    assert_eq!(app.effects("item-2").await, 0);
+    // Same key, same parameters, body with other whitespace: a replay.
+    let again = app.post("/items/1", "k-route", " { } ").await;
+    assert!(replayed(&again));
+}
+
+async fn business_rejection_is_stored_and_replayed(t: TestDb) {
+    let app = start(&t, None).await;
+    let first = app.post("/reject", "k-rej", "{}").await;
+    assert_eq!(first.status(), StatusCode::CONFLICT);
+    let again = app.post("/reject", "k-rej", "{}").await;
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+    assert!(replayed(&again));
+    assert_eq!(app.effects("reject").await, 1);
+}
+
+async fn no_tenant_is_401_and_oversized_body_is_413(t: TestDb) {
+    let app = start(&t, None).await;
+    let res = app
+        .client
+        .post(format!("{}/flaky", app.base))
+        .header("idempotency-key", "k-anon")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let big = "x".repeat(65 * 1024);
+    let res = app.post("/flaky", "k-413", &format!("\"{big}\"")).await;
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(app.records().await, 0);
+    assert_eq!(app.effects("flaky").await, 0);
+}

@@ -1,0 +1,229 @@
+//! Idempotency store conformance: the same checks on SQLite and PostgreSQL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncely_core::{
+    Fingerprint, IdempotencyKey, Operation, RecordState, Scope, StoredResponse, TenantId,
+};
+use oncely_sql::{on_pool, IdempotencyStore, Reservation};
+use oncely_testkit::{on_every_backend, TestDb};
+
+fn scope(tenant: &str) -> Scope {
+    Scope::new(
+        TenantId::parse(tenant).unwrap(),
+        Operation::new("POST", "/v1/things"),
+    )
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(k.as_bytes()).unwrap()
+}
+
+fn fp(body: &str) -> Fingerprint {
+    Fingerprint::compute(
+        "POST",
+        "/v1/things",
+        "/v1/things",
+        Some("application/json"),
+        body.as_bytes(),
+    )
+    .unwrap()
+}
+
+async fn store(t: &TestDb) -> IdempotencyStore {
+    t.db.migrate().await.unwrap();
+    IdempotencyStore::new(t.db.clone(), Duration::from_secs(60))
+}
+
+on_every_backend!(
+    reserve_complete_then_existing_with_stored_response,
+    rollback_leaves_the_key_free,
+    same_key_in_other_tenant_is_independent,
+    concurrent_reservations_of_one_key_reserve_once,
+    collector_deletes_only_expired_finished_records,
+    migrations_are_idempotent,
+);
+
+async fn reserve_complete_then_existing_with_stored_response(t: TestDb) {
+    let s = store(&t).await;
+    let (sc, k, f) = (scope("t1"), key("k1"), fp(r#"{"a":1}"#));
+    assert!(s.lookup(&sc, &k).await.unwrap().is_none());
+    let mut tx = t.db.begin().await.unwrap();
+    let Reservation::Reserved(token) = s.reserve(&mut tx, &sc, &k, &f, 1_000).await.unwrap() else {
+        panic!("first reservation must reserve");
+    };
+    let response = StoredResponse::new(
+        201,
+        [("location", "/v1/things/1"), ("set-cookie", "x")],
+        b"{\"id\":1}".to_vec(),
+    );
+    s.complete(&mut tx, token, &response, 2_000).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let mut tx = t.db.begin().await.unwrap();
+    let Reservation::Existing(rec) = s.reserve(&mut tx, &sc, &k, &f, 3_000).await.unwrap() else {
+        panic!("second reservation must find the record");
+    };
+    tx.rollback().await.unwrap();
+    assert_eq!(rec.state, RecordState::Succeeded);
+    assert_eq!(rec.fingerprint.mismatch(&f), None);
+    assert_eq!(
+        rec.fingerprint.mismatch(&fp(r#"{"a":2}"#)),
+        Some(oncely_core::FingerprintMismatch::Body)
+    );
+    assert_eq!(rec.response.as_ref(), Some(&response));
+    assert!(response.headers.iter().all(|(n, _)| n != "set-cookie"));
+    assert_eq!(rec.created_at, 1_000);
+    assert_eq!(rec.completed_at, Some(2_000));
+    assert_eq!(rec.expires_at, Some(62_000));
+    let looked = s.lookup(&sc, &k).await.unwrap().unwrap();
+    assert_eq!(looked.response, rec.response);
+}
+
+async fn rollback_leaves_the_key_free(t: TestDb) {
+    let s = store(&t).await;
+    let (sc, k, f) = (scope("t1"), key("k-rb"), fp("{}"));
+    let mut tx = t.db.begin().await.unwrap();
+    assert!(matches!(
+        s.reserve(&mut tx, &sc, &k, &f, 1).await.unwrap(),
+        Reservation::Reserved(_)
+    ));
+    tx.rollback().await.unwrap();
+    assert!(s.lookup(&sc, &k).await.unwrap().is_none());
+    let mut tx = t.db.begin().await.unwrap();
+    assert!(matches!(
+        s.reserve(&mut tx, &sc, &k, &f, 2).await.unwrap(),
+        Reservation::Reserved(_)
+    ));
+}
+
+async fn same_key_in_other_tenant_is_independent(t: TestDb) {
+    let s = store(&t).await;
+    let (k, f) = (key("shared"), fp("{}"));
+    for tenant in ["t1", "t2"] {
+        let mut tx = t.db.begin().await.unwrap();
+        let Reservation::Reserved(token) =
+            s.reserve(&mut tx, &scope(tenant), &k, &f, 1).await.unwrap()
+        else {
+            panic!("each tenant reserves its own key");
+        };
+        s.complete(
+            &mut tx,
+            token,
+            &StoredResponse::new(201, [], tenant.as_bytes().to_vec()),
+            2,
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let r1 = s.lookup(&scope("t1"), &k).await.unwrap().unwrap();
+    let r2 = s.lookup(&scope("t2"), &k).await.unwrap().unwrap();
+    assert_eq!(r1.response.unwrap().body, b"t1");
+    assert_eq!(r2.response.unwrap().body, b"t2");
+}
+
+async fn concurrent_reservations_of_one_key_reserve_once(t: TestDb) {
+    let s = Arc::new(store(&t).await);
+    let db = t.db.clone();
+    let mut tasks = Vec::new();
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    for _ in 0..32 {
+        let (s, db, barrier) = (s.clone(), db.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut tx = db.begin().await.unwrap();
+            match s
+                .reserve(&mut tx, &scope("t1"), &key("hot"), &fp("{}"), 1)
+                .await
+                .unwrap()
+            {
+                Reservation::Reserved(token) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    s.complete(&mut tx, token, &StoredResponse::new(201, [], vec![]), 2)
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                    "reserved"
+                }
+                Reservation::Existing(r) => {
+                    assert_eq!(
+                        r.state,
+                        RecordState::Succeeded,
+                        "only committed, finished records are seen"
+                    );
+                    "existing"
+                }
+                Reservation::InFlight => "in-flight",
+                _ => "other",
+            }
+        }));
+    }
+    let mut reserved = 0;
+    for t in tasks {
+        let outcome = t.await.unwrap();
+        assert_ne!(outcome, "other");
+        if outcome == "reserved" {
+            reserved += 1;
+        }
+    }
+    assert_eq!(reserved, 1);
+}
+
+async fn collector_deletes_only_expired_finished_records(t: TestDb) {
+    let s = store(&t).await;
+    let sc = scope("t1");
+    // Three finished records completed at 0 (expire at 60 000) and one left processing.
+    for i in 0..3 {
+        let mut tx = t.db.begin().await.unwrap();
+        let Reservation::Reserved(token) = s
+            .reserve(&mut tx, &sc, &key(&format!("f{i}")), &fp("{}"), 0)
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        s.complete(&mut tx, token, &StoredResponse::new(200, [], vec![]), 0)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let mut tx = t.db.begin().await.unwrap();
+    assert!(matches!(
+        s.reserve(&mut tx, &sc, &key("p"), &fp("{}"), 0)
+            .await
+            .unwrap(),
+        Reservation::Reserved(_)
+    ));
+    tx.commit().await.unwrap(); // committed while processing (as a multi-phase reservation would be)
+
+    assert_eq!(
+        s.collect_expired(59_999, 10).await.unwrap(),
+        0,
+        "nothing has expired yet"
+    );
+    assert_eq!(
+        s.collect_expired(i64::MAX, 2).await.unwrap(),
+        2,
+        "batches are bounded"
+    );
+    assert_eq!(s.collect_expired(i64::MAX, 2).await.unwrap(), 1);
+    assert_eq!(s.collect_expired(i64::MAX, 2).await.unwrap(), 0);
+    let left: i64 = on_pool!(&t.db, |p| sqlx::query_scalar(
+        "SELECT COUNT(*) FROM oncely_idempotency"
+    )
+    .fetch_one(p)
+    .await)
+    .unwrap();
+    assert_eq!(left, 1, "the processing record is never collected");
+    assert_eq!(
+        s.lookup(&sc, &key("p")).await.unwrap().unwrap().state,
+        RecordState::Processing
+    );
+}
+
+async fn migrations_are_idempotent(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    t.db.migrate().await.unwrap();
+}
