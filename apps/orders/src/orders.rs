@@ -177,9 +177,8 @@ pub(crate) async fn create_order(
     let now = oncely_core::now_ms();
     let tx = &mut *tx;
     // The business key is the second guard: INSERT … ON CONFLICT on the UNIQUE constraint.
-    let inserted =
-        on_tx!(tx, |c| {
-            sqlx::query(
+    let inserted = on_tx!(tx, |c| {
+        sqlx::query(
         "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, amount_minor, \
          currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (tenant, source, external_ref) DO NOTHING"
@@ -196,7 +195,7 @@ pub(crate) async fn create_order(
     .execute(c)
     .await
     .map(|r| r.rows_affected())
-        });
+    });
     match inserted {
         Ok(1) => {
             metrics::counter!("oncely_orders_created_total").increment(1);

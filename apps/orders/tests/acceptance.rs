@@ -46,7 +46,10 @@ async fn start(db: &Database, config: AppConfig) -> Server {
         base: format!("http://{addr}"),
         addr,
         stop,
-        client: reqwest::Client::builder().pool_max_idle_per_host(128).build().unwrap(),
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(128)
+            .build()
+            .unwrap(),
     }
 }
 
@@ -97,7 +100,13 @@ impl Server {
             h("retry-after"),
             h("location"),
         );
-        Answer { status, replayed, retry_after, location, body: res.bytes().await.unwrap().to_vec() }
+        Answer {
+            status,
+            replayed,
+            retry_after,
+            location,
+            body: res.bytes().await.unwrap().to_vec(),
+        }
     }
 
     async fn post(&self, api_key: &str, key: &str, body: &Value) -> Answer {
@@ -116,9 +125,11 @@ async fn count_orders(db: &Database, external_ref: &str) -> i64 {
 }
 
 async fn count_records(db: &Database) -> i64 {
-    on_pool!(db, |p| sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM oncely_idempotency")
-        .fetch_one(p)
-        .await)
+    on_pool!(db, |p| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM oncely_idempotency"
+    )
+    .fetch_one(p)
+    .await)
     .unwrap()
 }
 
@@ -202,7 +213,10 @@ async fn s2_concurrent_requests_with_one_key_create_one_order(t: TestDb) {
             other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&a.body)),
         }
     }
-    assert_eq!(executed, 1, "exactly one execution; every other answer is a replay or 409");
+    assert_eq!(
+        executed, 1,
+        "exactly one execution; every other answer is a replay or 409"
+    );
     assert_eq!(ids.len(), 1, "every 201 names the same order");
     assert_eq!(count_orders(&t.db, &ext).await, 1);
 }
@@ -218,11 +232,17 @@ async fn s3_same_key_other_amount_is_422_and_reordered_json_replays(t: TestDb) {
     let problem = other.json();
     assert_eq!(problem["type"], "urn:oncely:problem:idempotency-key-reused");
     assert_eq!(problem["differs"], "body");
-    assert!(!String::from_utf8_lossy(&other.body).contains("2999"), "never echoes values");
+    assert!(
+        !String::from_utf8_lossy(&other.body).contains("2999"),
+        "never echoes values"
+    );
 
     let mut recipient = order(&ext, 1999);
     recipient["customer_id"] = json!("c-43");
-    assert_eq!(s.post(KEY_A, &key, &recipient).await.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        s.post(KEY_A, &key, &recipient).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
 
     // The same JSON with keys reordered and other whitespace is the same request.
     let reordered = format!(
@@ -282,7 +302,10 @@ async fn s4_connection_dropped_before_answer_retry_returns_same_order(t: TestDb)
     drop(sock);
     let retry = retry_until_settled(&s, &key, &body).await;
     assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(retry.replayed, "the retry is the replay of the executed request");
+    assert!(
+        retry.replayed,
+        "the retry is the replay of the executed request"
+    );
     let got = s
         .client
         .get(format!("{}/v1/orders/{}", s.base, retry.id()))
@@ -352,7 +375,9 @@ async fn tenants_never_see_each_others_records(t: TestDb) {
     assert!(!b.replayed);
     assert_ne!(a.id(), b.id());
     // Same key, other body, other tenant: no 422 either — the key is B's own.
-    let b2 = s.post(KEY_B, &unique("iso2"), &order(&unique("ext"), 5)).await;
+    let b2 = s
+        .post(KEY_B, &unique("iso2"), &order(&unique("ext"), 5))
+        .await;
     assert_eq!(b2.status, StatusCode::CREATED);
     // B cannot read A's order.
     let res = s
@@ -393,12 +418,21 @@ async fn invalid_input_is_rejected_and_not_stored(t: TestDb) {
     let a = s.post(KEY_A, &key, &bad).await;
     assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(a.json()["type"], "urn:oncely:problem:invalid-order");
-    let malformed = s.post_raw(KEY_A, Some(&unique("inv2")), "{\"source\":".into()).await;
+    let malformed = s
+        .post_raw(KEY_A, Some(&unique("inv2")), "{\"source\":".into())
+        .await;
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     let mut unknown_field = order(&ext, 1999);
     unknown_field["surprise"] = json!(1);
-    assert_eq!(s.post(KEY_A, &unique("inv3"), &unknown_field).await.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(count_records(&t.db).await, 0, "validation failures leave no record");
+    assert_eq!(
+        s.post(KEY_A, &unique("inv3"), &unknown_field).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(
+        count_records(&t.db).await,
+        0,
+        "validation failures leave no record"
+    );
     // The key stays usable once the client fixes its request.
     let fixed = s.post(KEY_A, &key, &order(&ext, 1999)).await;
     assert_eq!(fixed.status, StatusCode::CREATED);
@@ -412,16 +446,25 @@ async fn missing_and_malformed_keys_are_400_problems(t: TestDb) {
     let body = order(&ext, 1999).to_string();
     let missing = s.post_raw(KEY_A, None, body.clone()).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(missing.json()["type"], "urn:oncely:problem:idempotency-key-missing");
+    assert_eq!(
+        missing.json()["type"],
+        "urn:oncely:problem:idempotency-key-missing"
+    );
     let long = "k".repeat(256);
     for bad in [long.as_str(), "has space", "\"unterminated", "\"\""] {
         let a = s.post_raw(KEY_A, Some(bad), body.clone()).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "key {bad:?}");
-        assert_eq!(a.json()["type"], "urn:oncely:problem:idempotency-key-malformed");
+        assert_eq!(
+            a.json()["type"],
+            "urn:oncely:problem:idempotency-key-malformed"
+        );
     }
     // A 255-character key and a quoted sf-string are valid, and name the same key.
     let k255 = "k".repeat(255);
-    assert_eq!(s.post_raw(KEY_A, Some(&k255), body.clone()).await.status, StatusCode::CREATED);
+    assert_eq!(
+        s.post_raw(KEY_A, Some(&k255), body.clone()).await.status,
+        StatusCode::CREATED
+    );
     let quoted = format!("\"{k255}\"");
     let replay = s.post_raw(KEY_A, Some(&quoted), body).await;
     assert!(replay.replayed);
@@ -431,7 +474,10 @@ async fn missing_and_malformed_keys_are_400_problems(t: TestDb) {
 async fn unauthenticated_requests_are_401_before_any_lookup(t: TestDb) {
     let s = start(&t.db, config()).await;
     let (key, ext) = (unique("auth"), unique("ext"));
-    assert_eq!(s.post(KEY_A, &key, &order(&ext, 1999)).await.status, StatusCode::CREATED);
+    assert_eq!(
+        s.post(KEY_A, &key, &order(&ext, 1999)).await.status,
+        StatusCode::CREATED
+    );
     // Another caller who knows the key gets nothing of the stored answer.
     let res = s
         .client
@@ -452,7 +498,10 @@ async fn unauthenticated_requests_are_401_before_any_lookup(t: TestDb) {
 
 async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
     orders::migrate(&t.db).await.unwrap();
-    let opts = DbOptions { acquire_timeout: Duration::from_secs(1), ..DbOptions::default() };
+    let opts = DbOptions {
+        acquire_timeout: Duration::from_secs(1),
+        ..DbOptions::default()
+    };
     // The service talks to its database through a proxy that can cut it off (PostgreSQL);
     // SQLite is embedded, so its pools are closed instead.
     let (db, proxy) = match &t.db {
@@ -461,8 +510,14 @@ async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
             let target: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
             let proxy = FaultProxy::start(target).await;
             let proxied = t.url.replace("127.0.0.1:5432", &proxy.addr().to_string());
-            assert!(url.contains("127.0.0.1:5432"), "test assumes the default PostgreSQL address");
-            (Database::connect(&proxied, &opts).await.unwrap(), Some(proxy))
+            assert!(
+                url.contains("127.0.0.1:5432"),
+                "test assumes the default PostgreSQL address"
+            );
+            (
+                Database::connect(&proxied, &opts).await.unwrap(),
+                Some(proxy),
+            )
         }
         Database::Sqlite(_) => (Database::connect(&t.url, &opts).await.unwrap(), None),
     };
@@ -473,26 +528,52 @@ async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
         None => db.close().await,
     }
     let a = s.post(KEY_A, &key, &order(&ext, 1999)).await;
-    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", String::from_utf8_lossy(&a.body));
+    assert_eq!(
+        a.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&a.body)
+    );
     assert_eq!(a.json()["type"], "urn:oncely:problem:store-unavailable");
     assert!(a.retry_after.is_some());
-    assert_eq!(count_orders(&t.db, &ext).await, 0, "nothing ran unprotected");
+    assert_eq!(
+        count_orders(&t.db, &ext).await,
+        0,
+        "nothing ran unprotected"
+    );
     if let Some(p) = &proxy {
         p.restore();
         let b = s.post(KEY_A, &key, &order(&ext, 1999)).await;
-        assert_eq!(b.status, StatusCode::CREATED, "the retry with the same key runs once the store is back");
+        assert_eq!(
+            b.status,
+            StatusCode::CREATED,
+            "the retry with the same key runs once the store is back"
+        );
         assert_eq!(count_orders(&t.db, &ext).await, 1);
     }
 }
 
 async fn healthz_and_metrics_answer(t: TestDb) {
     let s = start(&t.db, config()).await;
-    let h = s.client.get(format!("{}/healthz", s.base)).send().await.unwrap();
+    let h = s
+        .client
+        .get(format!("{}/healthz", s.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(h.status(), StatusCode::OK);
     let key = unique("m");
     let body = order(&unique("ext"), 1);
     s.post(KEY_A, &key, &body).await;
     s.post(KEY_A, &key, &body).await;
-    let m = s.client.get(format!("{}/metrics", s.base)).send().await.unwrap().text().await.unwrap();
+    let m = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(m.contains("oncely_idempotency_replays_total"), "{m}");
 }
