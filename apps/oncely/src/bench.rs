@@ -131,8 +131,10 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
         .await
         .ok_or_else(|| anyhow::anyhow!("database unreachable: {}", args.database_url))?;
     orders::migrate(&test_db.db).await?;
-    let mut config = AppConfig::default();
-    config.api_keys = orders::parse_api_keys(&format!("{API_KEY}=bench"))?;
+    let config = AppConfig {
+        api_keys: orders::parse_api_keys(&format!("{API_KEY}=bench"))?,
+        ..AppConfig::default()
+    };
     let layer_url = start(orders::router(test_db.db.clone(), &config)).await?;
     let bare_url = start(orders::router_without_idempotency(
         test_db.db.clone(),

@@ -26,22 +26,18 @@ pub(crate) async fn authenticate(
         })
         .and_then(|token| keys.get(token))
         .cloned();
-    match tenant {
-        Some(t) => {
-            req.extensions_mut().insert(t);
-            next.run(req).await
-        }
-        None => {
-            let mut res = Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "A valid API key is required",
-            )
-            .detail("send Authorization: Bearer <api key>")
-            .into_response();
-            res.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            res
-        }
+    if let Some(t) = tenant {
+        req.extensions_mut().insert(t);
+        return next.run(req).await;
     }
+    let mut res = Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthenticated",
+        "A valid API key is required",
+    )
+    .detail("send Authorization: Bearer <api key>")
+    .into_response();
+    res.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    res
 }

@@ -41,7 +41,7 @@ struct Order {
     id: String,
     status: &'static str,
     #[serde(flatten)]
-    order: NewOrder,
+    details: NewOrder,
     created_at: i64,
 }
 
@@ -62,7 +62,7 @@ impl OrderRow {
         Ok(Order {
             id: self.id,
             status: "created",
-            order: NewOrder {
+            details: NewOrder {
                 source: self.source,
                 external_ref: self.external_ref,
                 customer_id: self.customer_id,
@@ -204,7 +204,7 @@ pub(crate) async fn create_order(
                 &Order {
                     id,
                     status: "created",
-                    order,
+                    details: order,
                     created_at: now,
                 },
             )
@@ -226,7 +226,7 @@ pub(crate) async fn create_order(
                 Err(e) => return internal(&e),
             };
             metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
-            if existing.order == order {
+            if existing.details == order {
                 order_response(StatusCode::OK, &existing)
             } else {
                 Problem::new(

@@ -142,7 +142,11 @@ fn is_json(content_type: Option<&str>) -> bool {
 
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex: String = self.full.iter().map(|b| format!("{b:02x}")).collect();
+        use std::fmt::Write as _;
+        let mut hex = String::with_capacity(64);
+        for b in &self.full {
+            let _ = write!(hex, "{b:02x}");
+        }
         f.debug_tuple("Fingerprint").field(&hex).finish()
     }
 }

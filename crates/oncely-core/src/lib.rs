@@ -14,17 +14,24 @@
 //!   request, JSON bodies in RFC 8785 (JCS) form.
 //! - `record` — [`RecordState`], [`StoredResponse`], the replay header allow-list.
 //! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses.
+//! - `message` — [`MessageId`]: message identity, derived from the operation's key when an
+//!   idempotent operation produces the message.
+//! - `retry` — [`RetryPolicy`]: exponential backoff with full jitter, cap, attempt limit.
 
 mod fingerprint;
 mod key;
+mod message;
 mod record;
+mod retry;
 mod scope;
 mod time;
 
 pub use fingerprint::{Fingerprint, FingerprintError, FingerprintMismatch};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use message::{MessageId, MessageIdError};
 pub use record::{
     is_replayable_header, RecordState, StoredResponse, StoredResponseError, REPLAYABLE_HEADERS,
 };
+pub use retry::RetryPolicy;
 pub use scope::{Operation, Scope, TenantError, TenantId};
 pub use time::now_ms;

@@ -212,10 +212,10 @@ impl Database {
     /// # Errors
     /// [`StoreError::Unavailable`] when it does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Self::Sqlite(s) => drop(sqlx::query("SELECT 1").execute(&s.read).await?),
-            Self::Postgres(p) => drop(sqlx::query("SELECT 1").execute(&p.pool).await?),
-        }
+        crate::on_pool!(self, |p| sqlx::query("SELECT 1")
+            .execute(p)
+            .await
+            .map(|_| ()))?;
         Ok(())
     }
 
@@ -286,7 +286,7 @@ impl Tx {
 /// compiled once per backend, so one SQL text (using `$1`-style placeholders, which both
 /// SQLite and PostgreSQL accept) serves both.
 ///
-/// ```ignore
+/// ```text
 /// let n = on_tx!(tx, |c| sqlx::query("DELETE FROM t WHERE id = $1").bind(id).execute(c).await)?;
 /// ```
 #[macro_export]

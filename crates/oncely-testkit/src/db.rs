@@ -64,8 +64,7 @@ impl TestDb {
     /// When the server is unreachable and [`require_services`] is set, or the schema
     /// cannot be created.
     pub async fn fresh(base_url: &str, options: &DbOptions) -> Option<Self> {
-        match base_url.starts_with("sqlite:") {
-            true => {
+        if base_url.starts_with("sqlite:") {
                 let dir = tempfile::tempdir().expect("temporary directory");
                 let url = format!("sqlite://{}", dir.path().join("oncely.db").display());
                 let db = Database::connect(&url, options).await.expect("open SQLite");
@@ -74,8 +73,7 @@ impl TestDb {
                     db,
                     _dir: Some(dir),
                 })
-            }
-            false => {
+        } else {
                 let base = base_url.to_owned();
                 let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
                 let admin = match tokio::time::timeout(
@@ -120,7 +118,6 @@ impl TestDb {
                     db,
                     _dir: None,
                 })
-            }
         }
     }
 }

@@ -19,7 +19,7 @@ pub use proxy::FaultProxy;
 /// `sqlite::name` and `postgres::name` (multi-threaded runtime, 4 workers). A backend that
 /// is unreachable skips with a message, or fails under `ONCELY_TEST_REQUIRE_SERVICES=1`.
 ///
-/// ```ignore
+/// ```text
 /// oncely_testkit::on_every_backend!(s1_sequential_retries_create_one_order);
 /// ```
 #[macro_export]

@@ -1,0 +1,163 @@
+//! The `oncely` binary as a process: S8 (a second process against the same database obeys
+//! the same keys), migrations, graceful shutdown on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncely_testkit::{on_every_backend, TestDb};
+use serde_json::{json, Value};
+
+const API_KEY: &str = "cli-key-0123456789abcdef";
+
+struct Proc {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        drop(self.child.kill());
+        drop(self.child.wait());
+    }
+}
+
+/// Starts `oncely serve` on an ephemeral port and reads the bound address from its JSON log.
+fn serve(url: &str) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ONCELY_DATABASE_URL", url)
+        .env("ONCELY_API_KEYS", format!("{API_KEY}=cli"))
+        .env("ONCELY_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn oncely");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let listen = loop {
+        let line = lines
+            .next()
+            .expect("oncely exited before listening")
+            .unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        if let Some(addr) = v["fields"]["listen"].as_str() {
+            break addr.to_owned();
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Proc {
+        child,
+        base: format!("http://{listen}"),
+    }
+}
+
+async fn post(client: &reqwest::Client, base: &str, key: &str, body: &Value) -> (u16, bool, Value) {
+    let res = client
+        .post(format!("{base}/v1/orders"))
+        .bearer_auth(API_KEY)
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let replayed = res.headers().get("idempotent-replayed").is_some();
+    (
+        res.status().as_u16(),
+        replayed,
+        res.json().await.unwrap_or(Value::Null),
+    )
+}
+
+fn order(ext: &str) -> Value {
+    json!({"source": "cli", "external_ref": ext, "customer_id": "c", "items": [{"sku": "s", "quantity": 1}],
+           "amount_minor": 100, "currency": "EUR"})
+}
+
+async fn count_orders(t: &TestDb, ext: &str) -> i64 {
+    oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM orders WHERE external_ref = $1"
+    )
+    .bind(ext)
+    .fetch_one(p)
+    .await)
+    .unwrap()
+}
+
+on_every_backend!(
+    s8_second_process_on_the_same_database_obeys_the_same_keys,
+    migrate_command_applies_migrations_and_sigterm_drains,
+);
+
+async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
+    let a = serve(&t.url);
+    let b = serve(&t.url);
+    let client = reqwest::Client::new();
+
+    // A retry that lands on another process is the replay.
+    let ext = format!("ext-{}", uuid::Uuid::now_v7());
+    let first = post(&client, &a.base, "s8-key-1", &order(&ext)).await;
+    assert_eq!(first.0, 201);
+    let on_b = post(&client, &b.base, "s8-key-1", &order(&ext)).await;
+    assert_eq!(on_b.0, 201);
+    assert!(on_b.1, "process B replays what process A stored");
+    assert_eq!(on_b.2["id"], first.2["id"]);
+    // B with a new key for the same business order: the same order (business key).
+    let new_key = post(&client, &b.base, "s8-key-2", &order(&ext)).await;
+    assert_eq!(new_key.0, 200);
+    assert_eq!(new_key.2["id"], first.2["id"]);
+
+    // Concurrent retries spread over both processes: one execution.
+    let ext2 = format!("ext-{}", uuid::Uuid::now_v7());
+    let bases = Arc::new([a.base.clone(), b.base.clone()]);
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let (client, bases, body) = (client.clone(), bases.clone(), order(&ext2));
+        tasks.push(tokio::spawn(async move {
+            post(&client, &bases[i % 2], "s8-key-3", &body).await
+        }));
+    }
+    let mut executed = 0;
+    for task in tasks {
+        let (status, replayed, _) = task.await.unwrap();
+        assert!(status == 201 || status == 409, "unexpected {status}");
+        if status == 201 && !replayed {
+            executed += 1;
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(count_orders(&t, &ext).await, 1);
+    assert_eq!(count_orders(&t, &ext2).await, 1);
+}
+
+async fn migrate_command_applies_migrations_and_sigterm_drains(t: TestDb) {
+    let status = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["migrate", "--database-url", &t.url])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(count_orders(&t, "none").await, 0, "the orders table exists");
+
+    let mut p = serve(&t.url);
+    let health = reqwest::get(format!("{}/healthz", p.base)).await.unwrap();
+    assert_eq!(health.status(), 200);
+    let pid = p.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut exited = None;
+    for _ in 0..100 {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            exited = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exited = exited.expect("oncely stops within 5 s of SIGTERM");
+    assert!(exited.success(), "graceful shutdown exits 0, got {exited}");
+}
