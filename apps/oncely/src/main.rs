@@ -3,8 +3,11 @@
 //! - `oncely serve` — the reference order service (SQLite by default).
 //! - `oncely migrate` — applies the embedded migrations and exits.
 //! - `oncely bench intake` — measures the idempotency layer against the bare handler.
+//! - `oncely relay` — the outbox relay alone (`serve` runs one in-process by default).
+//! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
 
 mod bench;
+mod relay_cmd;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -44,6 +47,26 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run the outbox relay alone (publishes outbox events to the broker).
+    Relay(RelayCmdArgs),
+    /// Outbox operator commands.
+    Outbox(OutboxArgs),
+}
+
+#[derive(Debug, Args)]
+struct RelayCmdArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    relay: relay_cmd::RelayArgs,
+}
+
+#[derive(Debug, Args)]
+struct OutboxArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(subcommand)]
+    command: relay_cmd::OutboxCommand,
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +87,11 @@ struct DbArgs {
 struct ServeArgs {
     #[command(flatten)]
     db: DbArgs,
+    #[command(flatten)]
+    relay: relay_cmd::RelayArgs,
+    /// Do not run the outbox relay in this process (run `oncely relay` elsewhere).
+    #[arg(long, env = "ONCELY_NO_RELAY")]
+    no_relay: bool,
     /// Listen address.
     #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -159,6 +187,16 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::Relay(args) => {
+            let db = args.db.connect().await?;
+            let stop = tokio_util::sync::CancellationToken::new();
+            let relay = args.relay.spawn(&db, stop.clone()).await?;
+            shutdown_signal().await;
+            stop.cancel();
+            relay.await?;
+            Ok(())
+        }
+        Command::Outbox(args) => relay_cmd::outbox(args.db.connect().await?, args.command).await,
     }
 }
 
@@ -192,7 +230,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         retention_secs = args.retention_secs,
         "oncely serve: order service ready"
     );
+    let stop_relay = tokio_util::sync::CancellationToken::new();
+    let relay = if args.no_relay {
+        None
+    } else {
+        Some(args.relay.spawn(&db, stop_relay.clone()).await?)
+    };
     orders::serve(listener, db, config, shutdown_signal()).await?;
+    stop_relay.cancel();
+    if let Some(relay) = relay {
+        relay.await?;
+    }
     tracing::info!("stopped");
     Ok(())
 }

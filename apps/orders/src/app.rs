@@ -32,7 +32,19 @@ pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // Outbox publish latencies as histograms (1 ms … 30 s), not summaries.
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Prefix(
+                        "oncely_outbox_publish".to_owned(),
+                    ),
+                    &[
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                        10.0, 30.0,
+                    ],
+                )
+                .expect("a non-empty bucket list is accepted");
+            let recorder = builder.build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (e.g. by an embedding program);
             // then this handle renders nothing but the service still runs.
@@ -79,6 +91,9 @@ where
         .route_layer(tx_layer)
         .route("/v1/orders/{id}", get(orders::get_order))
         .route_layer(middleware::from_fn_with_state(keys, auth::authenticate))
+        .layer(axum::Extension(crate::events::EventSettings {
+            topic: config.events_topic.clone(),
+        }))
         .with_state(db.clone());
     let ops = Router::new()
         .route("/healthz", get(healthz))

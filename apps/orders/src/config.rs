@@ -18,6 +18,9 @@ pub struct AppConfig {
     pub collector_batch: u32,
     /// Idempotency layer settings.
     pub idempotency: IdempotencyConfig,
+    /// Topic of the order events written to the outbox (AMQP routing key, NATS subject,
+    /// SQL-transport topic). Default `orders`.
+    pub events_topic: String,
 }
 
 impl Default for AppConfig {
@@ -28,6 +31,7 @@ impl Default for AppConfig {
             collector_interval: Duration::from_secs(60),
             collector_batch: 500,
             idempotency: IdempotencyConfig::default(),
+            events_topic: crate::ORDERS_TOPIC.to_owned(),
         }
     }
 }

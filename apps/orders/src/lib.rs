@@ -11,15 +11,18 @@
 //! - `app` — [`router`], [`migrate`], [`serve`]: wiring, start-up and graceful shutdown.
 //! - `auth` — `Authorization: Bearer <api key>` → [`oncely_core::TenantId`].
 //! - `orders` — the handlers, input validation and the business-key rule.
+//! - `events` — the `order.created` outbox event: derived message id, headers.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
 
 mod app;
 mod auth;
 mod collector;
 mod config;
+mod events;
 mod orders;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
 pub use collector::spawn_collector;
 pub use config::{parse_api_keys, AppConfig, ConfigError};
+pub use events::{ORDERS_TOPIC, ORDER_CREATED};
 pub use orders::{NewOrder, OrderItem};

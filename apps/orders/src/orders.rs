@@ -139,6 +139,8 @@ fn internal(e: &dyn std::fmt::Display) -> Response {
 /// or a 409 problem when the content differs. Runs in the idempotency layer's transaction.
 pub(crate) async fn create_order(
     axum::Extension(tenant): axum::Extension<TenantId>,
+    axum::Extension(events): axum::Extension<crate::events::EventSettings>,
+    request_headers: http::HeaderMap,
     mut tx: IdempotentTx,
     body: Bytes,
 ) -> Response {
@@ -175,6 +177,7 @@ pub(crate) async fn create_order(
     };
     let id = uuid::Uuid::now_v7().to_string();
     let now = oncely_core::now_ms();
+    let context = tx.context().cloned();
     let tx = &mut *tx;
     // The business key is the second guard: INSERT … ON CONFLICT on the UNIQUE constraint.
     let inserted = on_tx!(tx, |c| {
@@ -198,16 +201,32 @@ pub(crate) async fn create_order(
     });
     match inserted {
         Ok(1) => {
+            let created = Order {
+                id,
+                status: "created",
+                details: order,
+                created_at: now,
+            };
+            // order.created goes into the outbox in this same transaction: no order without
+            // its event, no event without its order.
+            let payload = match serde_json::to_vec(&created) {
+                Ok(p) => p,
+                Err(e) => return internal(&e),
+            };
+            let event = crate::events::order_created(
+                &events.topic,
+                context.as_ref(),
+                &tenant,
+                (&created.details.source, &created.details.external_ref),
+                &created.id,
+                payload,
+                &request_headers,
+            );
+            if let Err(e) = oncely_sql::OutboxStore::enqueue(tx, &event).await {
+                return internal(&e);
+            }
             metrics::counter!("oncely_orders_created_total").increment(1);
-            order_response(
-                StatusCode::CREATED,
-                &Order {
-                    id,
-                    status: "created",
-                    details: order,
-                    created_at: now,
-                },
-            )
+            order_response(StatusCode::CREATED, &created)
         }
         Ok(_) => {
             let sql =

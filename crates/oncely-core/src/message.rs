@@ -119,7 +119,10 @@ mod tests {
             TenantId::parse("t2").unwrap(),
             Operation::new("POST", "/v1/orders"),
         );
-        assert_ne!(a, MessageId::derive(&other_tenant, &key, "order.created", 0));
+        assert_ne!(
+            a,
+            MessageId::derive(&other_tenant, &key, "order.created", 0)
+        );
         assert_ne!(
             MessageId::derive_from_parts(&["ab", "c"]),
             MessageId::derive_from_parts(&["a", "bc"])

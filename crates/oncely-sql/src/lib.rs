@@ -10,16 +10,23 @@
 //!   transaction on either), [`DbOptions`], connection and embedded migrations.
 //! - `idempotency` — [`IdempotencyStore`]: atomic reservation, lookup, completion and
 //!   the retention collector over table `oncely_idempotency`.
+//! - `outbox` — [`OutboxStore`]: the transactional outbox over table `oncely_outbox`
+//!   (enqueue in the caller's transaction, claim by state with per-partition leases, settle,
+//!   dead rows, stats, retention).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures.
 
 mod db;
 mod error;
 mod idempotency;
+mod outbox;
 
 pub use db::{Backend, Database, DbOptions, PgStore, SqliteStore, Tx};
 pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
+pub use outbox::{
+    OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, RequeueTarget, Rescheduled,
+};
 
 /// Re-exported so dependants name the same `sqlx` version.
 pub use sqlx;

@@ -7,11 +7,15 @@
 //!
 //! # Layout
 //! - `db` — [`TestDb`], [`TestBackend`]: fresh SQLite files and PostgreSQL schemas.
+//! - `brokers` — [`amqp_url`], [`nats_url`], [`service_reachable`]: broker URLs and the
+//!   skip-or-fail policy for RabbitMQ and NATS.
 //! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut every connection on demand.
 
+mod brokers;
 mod db;
 mod proxy;
 
+pub use brokers::{amqp_url, nats_url, service_reachable, url_authority};
 pub use db::{postgres_url, require_services, TestBackend, TestDb};
 pub use proxy::FaultProxy;
 

@@ -1,0 +1,217 @@
+//! `oncely relay`, the relay settings `oncely serve` shares, and `oncely outbox …`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+use oncely_broker::{
+    NatsConfig, NatsPublisher, Publisher, RabbitMqConfig, RabbitMqPublisher, SqlTransport,
+};
+use oncely_core::RetryPolicy;
+use oncely_outbox::{Relay, RelayConfig};
+use oncely_sql::{Database, OutboxStore, RequeueTarget};
+use tokio_util::sync::CancellationToken;
+
+/// Which broker the relay publishes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BrokerKind {
+    /// The SQL transport: table `oncely_queue` in the same database (no broker needed).
+    Sql,
+    /// RabbitMQ (AMQP 0-9-1) with publisher confirms.
+    Rabbitmq,
+    /// NATS JetStream with `Nats-Msg-Id` de-duplication.
+    Nats,
+}
+
+/// Broker and relay settings (shared by `serve` and `relay`).
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// Broker the relay publishes to.
+    #[arg(long, env = "ONCELY_BROKER", value_enum, default_value_t = BrokerKind::Sql)]
+    broker: BrokerKind,
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "ONCELY_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_env_values = true
+    )]
+    amqp_url: String,
+    /// RabbitMQ exchange (declared durable, type topic); the event topic is the routing key.
+    #[arg(long, env = "ONCELY_AMQP_EXCHANGE", default_value = "oncely")]
+    amqp_exchange: String,
+    /// NATS URL.
+    #[arg(long, env = "ONCELY_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// JetStream stream created at start-up if missing (empty: create none).
+    #[arg(long, env = "ONCELY_NATS_STREAM", default_value = "ONCELY")]
+    nats_stream: String,
+    /// Subjects of that stream, comma-separated.
+    #[arg(
+        long,
+        env = "ONCELY_NATS_SUBJECTS",
+        default_value = "orders,orders.>",
+        value_delimiter = ','
+    )]
+    nats_subjects: Vec<String>,
+    /// SQL transport: largest payload, in bytes.
+    #[arg(long, env = "ONCELY_SQL_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
+    sql_max_message_bytes: usize,
+    /// Rows claimed and published per round (the confirmation window).
+    #[arg(long, env = "ONCELY_RELAY_BATCH", default_value_t = 256)]
+    relay_batch: u32,
+    /// Idle polling interval, in ms (PostgreSQL also wakes the relay by LISTEN/NOTIFY).
+    #[arg(long, env = "ONCELY_RELAY_POLL_MS", default_value_t = 250)]
+    relay_poll_ms: u64,
+    /// Lease on claimed rows, in seconds (must exceed the broker confirm timeout, 10 s).
+    #[arg(long, env = "ONCELY_RELAY_LEASE_SECS", default_value_t = 30)]
+    relay_lease_secs: u64,
+    /// Failed publishes after which an event is dead.
+    #[arg(long, env = "ONCELY_RELAY_MAX_ATTEMPTS", default_value_t = 10)]
+    relay_max_attempts: u32,
+    /// Backoff: upper bound of the first retry's wait, in ms (full jitter, doubling).
+    #[arg(long, env = "ONCELY_RELAY_BACKOFF_BASE_MS", default_value_t = 500)]
+    relay_backoff_base_ms: u64,
+    /// Backoff: upper bound of any wait, in seconds.
+    #[arg(long, env = "ONCELY_RELAY_BACKOFF_CAP_SECS", default_value_t = 300)]
+    relay_backoff_cap_secs: u64,
+    /// How long published outbox rows are kept, in seconds.
+    #[arg(long, env = "ONCELY_OUTBOX_RETENTION_SECS", default_value_t = 86_400)]
+    outbox_retention_secs: u64,
+}
+
+impl RelayArgs {
+    /// The relay configuration these arguments describe.
+    pub(crate) fn config(&self) -> RelayConfig {
+        RelayConfig {
+            batch_size: self.relay_batch.max(1),
+            poll_interval: Duration::from_millis(self.relay_poll_ms.max(1)),
+            lease: Duration::from_secs(self.relay_lease_secs.max(1)),
+            retry: RetryPolicy {
+                base: Duration::from_millis(self.relay_backoff_base_ms),
+                cap: Duration::from_secs(self.relay_backoff_cap_secs),
+                max_attempts: self.relay_max_attempts.max(1),
+            },
+            retention: Duration::from_secs(self.outbox_retention_secs),
+            ..RelayConfig::default()
+        }
+    }
+
+    /// Connects the configured broker.
+    pub(crate) async fn publisher(&self, db: &Database) -> anyhow::Result<Arc<dyn Publisher>> {
+        Ok(match self.broker {
+            BrokerKind::Sql => Arc::new(SqlTransport::new(db.clone(), self.sql_max_message_bytes)),
+            BrokerKind::Rabbitmq => {
+                let mut c = RabbitMqConfig::new(&self.amqp_url);
+                c.exchange.clone_from(&self.amqp_exchange);
+                Arc::new(
+                    RabbitMqPublisher::connect(c)
+                        .await
+                        .context("connecting to RabbitMQ")?,
+                )
+            }
+            BrokerKind::Nats => {
+                let p = NatsPublisher::connect(NatsConfig::new(&self.nats_url))
+                    .await
+                    .context("connecting to NATS")?;
+                if !self.nats_stream.is_empty() {
+                    p.ensure_stream(&self.nats_stream, &self.nats_subjects)
+                        .await
+                        .with_context(|| format!("creating stream {}", self.nats_stream))?;
+                }
+                Arc::new(p)
+            }
+        })
+    }
+
+    /// Starts a relay task; cancel `shutdown` and await the handle to stop it.
+    pub(crate) async fn spawn(
+        &self,
+        db: &Database,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+        let publisher = self.publisher(db).await?;
+        tracing::info!(broker = publisher.name(), "outbox relay starting");
+        let relay = Relay::new(db.clone(), publisher, self.config());
+        Ok(tokio::spawn(relay.run(shutdown)))
+    }
+}
+
+/// `oncely outbox …`: operator commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum OutboxCommand {
+    /// Depth, oldest pending age and dead count.
+    Stats,
+    /// Dead events.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+}
+
+/// `oncely outbox dead …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadCommand {
+    /// Lists dead events (id, message id, topic, partition key, type, attempts, last error).
+    List {
+        /// Most rows to print.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Puts dead events back to pending (attempts reset).
+    Requeue {
+        /// The outbox row id to requeue.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Requeue every dead event.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// Runs an `oncely outbox` command, printing to stdout.
+pub(crate) async fn outbox(db: Database, cmd: OutboxCommand) -> anyhow::Result<()> {
+    let store = OutboxStore::new(db);
+    match cmd {
+        OutboxCommand::Stats => {
+            let s = store.stats().await?;
+            let age_ms = s.oldest_pending_age_ms(oncely_core::now_ms());
+            println!(
+                "{}",
+                serde_json::json!({
+                    "pending": s.pending,
+                    "oldest_pending_age_seconds": age_ms as f64 / 1000.0,
+                    "dead": s.dead,
+                })
+            );
+        }
+        OutboxCommand::Dead(DeadCommand::List { limit }) => {
+            let rows = store.dead(0, limit).await?;
+            println!("id\tmessage_id\ttopic\tpartition_key\tevent_type\tattempts\tlast_error");
+            for r in rows {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    r.id,
+                    r.event.message_id,
+                    r.event.topic,
+                    r.event.partition_key,
+                    r.event.event_type,
+                    r.attempts,
+                    r.last_error.unwrap_or_default().replace(['\t', '\n'], " "),
+                );
+            }
+        }
+        OutboxCommand::Dead(DeadCommand::Requeue { id, all }) => {
+            let target = match (id, all) {
+                (_, true) => RequeueTarget::All,
+                (Some(id), false) => RequeueTarget::Id(id),
+                (None, false) => anyhow::bail!("give an id or --all"),
+            };
+            let n = store.requeue_dead(target, oncely_core::now_ms()).await?;
+            println!("requeued {n}");
+            if let (RequeueTarget::Id(id), 0) = (target, n) {
+                anyhow::bail!("no dead event with id {id}");
+            }
+        }
+    }
+    Ok(())
+}

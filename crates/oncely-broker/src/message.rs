@@ -1,0 +1,104 @@
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use oncely_core::MessageId;
+
+/// Header names every publisher sets (lower case; NATS and AMQP headers are case-preserving,
+/// consumers should compare case-insensitively).
+pub mod headers {
+    /// The message id (also in the broker's own field: AMQP `message_id`, `Nats-Msg-Id`).
+    pub const MESSAGE_ID: &str = "message-id";
+    /// The event type, e.g. `order.created` (also AMQP `type`).
+    pub const EVENT_TYPE: &str = "event-type";
+    /// The partition (aggregate) key.
+    pub const PARTITION_KEY: &str = "partition-key";
+    /// Correlation id of the request that produced the event (also AMQP `correlation_id`).
+    pub const CORRELATION_ID: &str = "correlation-id";
+    /// The idempotency key of the operation that produced the event.
+    pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+    /// W3C Trace Context `traceparent` (<https://www.w3.org/TR/trace-context/> §3.2).
+    pub const TRACEPARENT: &str = "traceparent";
+}
+
+/// One message to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Identity; brokers and consumers de-duplicate on it.
+    pub id: MessageId,
+    /// AMQP routing key / NATS subject / SQL-transport topic.
+    pub topic: String,
+    /// Ordering unit (aggregate id).
+    pub partition_key: String,
+    /// Event type, e.g. `order.created`.
+    pub event_type: String,
+    /// Body bytes.
+    pub payload: Vec<u8>,
+    /// Headers besides the three the publisher derives (`message-id`, `event-type`,
+    /// `partition-key`).
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Message {
+    /// Every header to send: the message's own plus `message-id`, `event-type` and
+    /// `partition-key` (which win over same-named entries in [`Message::headers`]).
+    pub fn all_headers(&self) -> BTreeMap<String, String> {
+        let mut h = self.headers.clone();
+        h.insert(headers::MESSAGE_ID.to_owned(), self.id.to_string());
+        h.insert(headers::EVENT_TYPE.to_owned(), self.event_type.clone());
+        h.insert(
+            headers::PARTITION_KEY.to_owned(),
+            self.partition_key.clone(),
+        );
+        h
+    }
+}
+
+/// A message was not confirmed by the broker. The relay retries it with backoff (the same
+/// message id, so a copy that did arrive is recognised) and gives up after its attempt
+/// limit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The broker cannot be reached or the connection broke; the publisher reconnects on
+    /// the next call.
+    #[error("broker unreachable: {0}")]
+    Unavailable(String),
+    /// The broker did not confirm within the timeout (the message may or may not have been
+    /// stored: the outcome is unknown, so it is retried with the same id).
+    #[error("no confirmation within {0} ms")]
+    Timeout(u64),
+    /// The broker refused the message (AMQP nack, JetStream error, SQL error).
+    #[error("broker rejected the message: {0}")]
+    Rejected(String),
+    /// No queue or stream takes the message (AMQP `basic.return` of a mandatory message,
+    /// JetStream "no responders"): publishing it would lose it.
+    #[error("no destination for topic {0:?}")]
+    Unroutable(String),
+    /// The message exceeds the transport's size limit.
+    #[error("message of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Payload size, bytes.
+        size: usize,
+        /// Limit, bytes.
+        limit: usize,
+    },
+}
+
+/// A boxed future, so [`Publisher`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A broker the relay publishes to.
+///
+/// [`Publisher::publish`] sends a batch and waits for the broker's confirmation of each
+/// message; result `i` belongs to message `i`. `Ok` means the broker has the message
+/// durably (AMQP confirm ack without return, JetStream PubAck, committed queue row).
+/// Implementations pipeline the batch (no wait per message) and reconnect after a broken
+/// connection on the next call.
+pub trait Publisher: Send + Sync + std::fmt::Debug {
+    /// Publishes `batch` and returns one result per message, in order.
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), PublishError>>>;
+
+    /// A short name for logs and metrics labels: `sql`, `rabbitmq`, `nats`.
+    fn name(&self) -> &'static str;
+}

@@ -1,0 +1,256 @@
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::Mutex;
+
+use crate::message::headers;
+use crate::{BoxFuture, Message, PublishError, Publisher};
+
+/// Settings of [`RabbitMqPublisher`].
+#[derive(Debug, Clone)]
+pub struct RabbitMqConfig {
+    /// AMQP URL, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    pub url: String,
+    /// Exchange messages are published to; the message's topic is the routing key.
+    /// Default `oncely`.
+    pub exchange: String,
+    /// Declare the exchange (durable, type `topic`) on connect. Default `true`.
+    pub declare_exchange: bool,
+    /// Most messages awaiting confirmation at once (the pipelined window). Default 256.
+    pub max_in_flight: usize,
+    /// How long a window may wait for its confirmations. Default 10 s.
+    pub confirm_timeout: Duration,
+    /// Connection establishment timeout. Default 5 s.
+    pub connect_timeout: Duration,
+}
+
+impl RabbitMqConfig {
+    /// Defaults for `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            exchange: "oncely".to_owned(),
+            declare_exchange: true,
+            max_in_flight: 256,
+            confirm_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Conn {
+    connection: Connection,
+    channel: Channel,
+}
+
+/// Publishes to RabbitMQ with lapin: persistent messages (`delivery_mode = 2`), the message
+/// id in the `message_id` property, the event type in `type`, the correlation id in
+/// `correlation_id`, every header of [`Message::all_headers`] in the headers table.
+///
+/// The channel is in confirm mode; a batch is sent as windows of up to
+/// [`RabbitMqConfig::max_in_flight`] messages whose confirmations are awaited together (no
+/// round trip per message). Messages are `mandatory`: one that no queue is bound for comes
+/// back (`basic.return`) and counts as [`PublishError::Unroutable`] instead of vanishing.
+/// A broken connection is dropped and re-established on the next call.
+pub struct RabbitMqPublisher {
+    config: RabbitMqConfig,
+    conn: Mutex<Option<Conn>>,
+}
+
+impl std::fmt::Debug for RabbitMqPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqPublisher")
+            .field("exchange", &self.config.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: &lapin::Error) -> PublishError {
+    PublishError::Unavailable(e.to_string())
+}
+
+impl RabbitMqPublisher {
+    /// A publisher that connects lazily, on the first batch.
+    pub fn new(config: RabbitMqConfig) -> Self {
+        Self {
+            config,
+            conn: Mutex::new(None),
+        }
+    }
+
+    /// Connects now (and declares the exchange), to fail fast at start-up.
+    ///
+    /// # Errors
+    /// [`PublishError::Unavailable`] when the broker cannot be reached or refuses the
+    /// connection, channel or exchange.
+    pub async fn connect(config: RabbitMqConfig) -> Result<Self, PublishError> {
+        let p = Self::new(config);
+        let conn = p.open().await?;
+        *p.conn.lock().await = Some(conn);
+        Ok(p)
+    }
+
+    async fn open(&self) -> Result<Conn, PublishError> {
+        let props = ConnectionProperties::default()
+            .with_executor(tokio_executor_trait::Tokio::current())
+            .with_reactor(tokio_reactor_trait::Tokio::current())
+            .with_connection_name("oncely-relay".into());
+        let connection = tokio::time::timeout(
+            self.config.connect_timeout,
+            Connection::connect(&self.config.url, props),
+        )
+        .await
+        .map_err(|_| PublishError::Unavailable("connect timed out".to_owned()))?
+        .map_err(|e| unavailable(&e))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| unavailable(&e))?;
+        if self.config.declare_exchange {
+            channel
+                .exchange_declare(
+                    self.config.exchange.as_str(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| unavailable(&e))?;
+        }
+        Ok(Conn {
+            connection,
+            channel,
+        })
+    }
+
+    fn properties(m: &Message) -> BasicProperties {
+        let mut table = FieldTable::default();
+        for (k, v) in m.all_headers() {
+            table.insert(
+                ShortString::from(k),
+                AMQPValue::LongString(LongString::from(v)),
+            );
+        }
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(m.id.to_string().into())
+            .with_type(m.event_type.as_str().into())
+            .with_headers(table);
+        if let Some(c) = m.headers.get(headers::CORRELATION_ID) {
+            props = props.with_correlation_id(c.as_str().into());
+        }
+        props
+    }
+
+    async fn publish_batch(&self, batch: &[Message]) -> Vec<Result<(), PublishError>> {
+        let mut guard = self.conn.lock().await;
+        let healthy = guard
+            .as_ref()
+            .is_some_and(|c| c.connection.status().connected() && c.channel.status().connected());
+        if !healthy {
+            *guard = None;
+            match self.open().await {
+                Ok(c) => *guard = Some(c),
+                Err(e) => {
+                    let msg = e.to_string();
+                    return batch
+                        .iter()
+                        .map(|_| Err(PublishError::Unavailable(msg.clone())))
+                        .collect();
+                }
+            }
+        }
+        let channel = guard
+            .as_ref()
+            .map(|c| c.channel.clone())
+            .expect("connected above");
+        let mut results = Vec::with_capacity(batch.len());
+        let mut broken = false;
+        for window in batch.chunks(self.config.max_in_flight.max(1)) {
+            let mut pending: Vec<Result<PublisherConfirm, PublishError>> =
+                Vec::with_capacity(window.len());
+            for m in window {
+                if broken {
+                    pending.push(Err(PublishError::Unavailable(
+                        "connection broke earlier in the batch".to_owned(),
+                    )));
+                    continue;
+                }
+                let sent = channel
+                    .basic_publish(
+                        self.config.exchange.as_str(),
+                        m.topic.as_str(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        &m.payload,
+                        Self::properties(m),
+                    )
+                    .await;
+                match sent {
+                    Ok(c) => pending.push(Ok(c)),
+                    Err(e) => {
+                        broken = true;
+                        pending.push(Err(unavailable(&e)));
+                    }
+                }
+            }
+            let deadline = tokio::time::Instant::now() + self.config.confirm_timeout;
+            for (m, p) in window.iter().zip(pending) {
+                let r = match p {
+                    Err(e) => Err(e),
+                    Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                        Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+                        Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)))) => {
+                            Err(PublishError::Unroutable(m.topic.clone()))
+                        }
+                        Ok(Ok(Confirmation::Nack(None))) => {
+                            Err(PublishError::Rejected("nack".to_owned()))
+                        }
+                        Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::Rejected(
+                            "the channel is not in confirm mode".to_owned(),
+                        )),
+                        Ok(Err(e)) => {
+                            broken = true;
+                            Err(unavailable(&e))
+                        }
+                        Err(_) => {
+                            broken = true;
+                            Err(PublishError::Timeout(
+                                u64::try_from(self.config.confirm_timeout.as_millis())
+                                    .unwrap_or(u64::MAX),
+                            ))
+                        }
+                    },
+                };
+                results.push(r);
+            }
+        }
+        if broken {
+            // Unknown channel state: start from a fresh connection next time.
+            *guard = None;
+        }
+        results
+    }
+}
+
+impl Publisher for RabbitMqPublisher {
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
+        Box::pin(self.publish_batch(batch))
+    }
+
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+}

@@ -1,0 +1,14 @@
+//! The outbox relay: moves events from the transactional outbox (`oncely_outbox`, written by
+//! [`oncely_sql::OutboxStore::enqueue`] in the business transaction) to a broker
+//! ([`oncely_broker::Publisher`]), with confirmation, retries and per-partition order.
+//!
+//! # Layout
+//! - `relay` — [`Relay`], [`RelayConfig`], [`RoundReport`], [`RelayError`]: claim → publish →
+//!   mark; LISTEN/NOTIFY wake-up on PostgreSQL with a polling fallback; backoff with full
+//!   jitter; the gauges and the retention of published rows.
+//! - [`metrics`] — the metric names it records and histogram buckets for them.
+
+pub mod metrics;
+mod relay;
+
+pub use relay::{Relay, RelayConfig, RelayError, RoundReport};

@@ -1,0 +1,377 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncely_broker::{Message, PublishError, Publisher};
+use oncely_core::RetryPolicy;
+use oncely_sql::{Database, OutboxRow, OutboxStore, Rescheduled, StoreError};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::metrics as m;
+
+/// Settings of a [`Relay`].
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// This relay's identity in leases (`locked_by`); unique per running relay. Default: a
+    /// random UUID.
+    pub relay_id: String,
+    /// Most rows claimed (and published as one pipelined window) per round. Default 256.
+    pub batch_size: u32,
+    /// How long a claim stays valid; must exceed the publisher's confirm timeout. A row of a
+    /// relay that died is republished (same message id) once its lease runs out.
+    /// Default 30 s.
+    pub lease: Duration,
+    /// Polling interval when idle. With PostgreSQL LISTEN/NOTIFY this is only the fallback
+    /// (missed notifications, rows coming out of backoff). Default 250 ms.
+    pub poll_interval: Duration,
+    /// Use PostgreSQL LISTEN/NOTIFY (channel `oncely_outbox`) to wake up at once when a
+    /// transaction with outbox rows commits. Ignored on SQLite. Default `true`.
+    pub listen: bool,
+    /// Backoff and attempt limit for failed publishes.
+    pub retry: RetryPolicy,
+    /// How long published rows are kept before deletion. Default 24 h.
+    pub retention: Duration,
+    /// Interval of the deletion of published rows past retention. Default 60 s.
+    pub cleanup_interval: Duration,
+    /// Rows deleted per statement. Default 500.
+    pub cleanup_batch: u32,
+    /// Interval of the depth / oldest-pending-age / dead gauges update. Default 5 s.
+    pub stats_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            relay_id: uuid::Uuid::new_v4().to_string(),
+            batch_size: 256,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(250),
+            listen: true,
+            retry: RetryPolicy::default(),
+            retention: Duration::from_secs(24 * 3600),
+            cleanup_interval: Duration::from_secs(60),
+            cleanup_batch: 500,
+            stats_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A relay round failed before publishing (the outbox could not be read).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The database failed; the round is retried after the poll interval.
+    #[error("outbox store failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What one [`Relay::run_once`] round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RoundReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows confirmed by the broker and marked published.
+    pub published: usize,
+    /// Rows whose publish failed and that were rescheduled.
+    pub retried: usize,
+    /// Rows that reached the attempt limit and went dead.
+    pub dead: usize,
+}
+
+/// The outbox relay: claims the heads of the outbox's partitions (see
+/// [`OutboxStore::claim`]), publishes them as one confirmed window, marks the confirmed rows
+/// published and reschedules the others with exponential backoff and full jitter, until
+/// the attempt limit makes them `dead`. Any number of relays may run against one database;
+/// each partition key has at most one event in flight, so its events reach the broker in
+/// order.
+///
+/// Delivery is at least once: a relay that dies after the broker confirmed but before it
+/// marked the rows leaves them leased; after the lease they are republished with the same
+/// message ids (JetStream drops the copy within its duplicate window; the SQL transport while
+/// the first copy is queued; consumers' inboxes otherwise).
+#[derive(Debug, Clone)]
+pub struct Relay {
+    store: OutboxStore,
+    publisher: Arc<dyn Publisher>,
+    config: RelayConfig,
+}
+
+impl Relay {
+    /// A relay over `db`'s outbox publishing through `publisher`.
+    pub fn new(db: Database, publisher: Arc<dyn Publisher>, config: RelayConfig) -> Self {
+        Self {
+            store: OutboxStore::new(db),
+            publisher,
+            config,
+        }
+    }
+
+    /// The store this relay claims from.
+    pub fn store(&self) -> &OutboxStore {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// One round: claim a batch, publish it, settle every row. Returns what happened; a
+    /// round that claimed `batch_size` rows suggests another round at once.
+    ///
+    /// # Errors
+    /// [`RelayError::Store`] when the claim fails. Failures while settling are logged; the
+    /// affected rows keep their lease and are retried after it runs out.
+    pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
+        let now = oncely_core::now_ms();
+        let rows = self
+            .store
+            .claim(
+                &self.config.relay_id,
+                self.config.batch_size,
+                self.config.lease,
+                now,
+            )
+            .await?;
+        let mut report = RoundReport {
+            claimed: rows.len(),
+            ..RoundReport::default()
+        };
+        if rows.is_empty() {
+            return Ok(report);
+        }
+        let messages: Vec<Message> = rows.iter().map(to_message).collect();
+        let started = std::time::Instant::now();
+        let results = self.publisher.publish(&messages).await;
+        let broker = self.publisher.name();
+        metrics::histogram!(m::PUBLISH_BATCH_SECONDS, "broker" => broker)
+            .record(started.elapsed().as_secs_f64());
+        let confirmed_at = oncely_core::now_ms();
+        let mut ok_ids = Vec::with_capacity(rows.len());
+        for (row, result) in rows
+            .iter()
+            .zip(results.iter().map(Some).chain(std::iter::repeat(None)))
+        {
+            match result {
+                Some(Ok(())) => {
+                    ok_ids.push(row.id);
+                    let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
+                    metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker)
+                        .record(latency_ms as f64 / 1000.0);
+                }
+                Some(Err(e)) => {
+                    self.fail(row, &e.to_string(), &mut report).await;
+                }
+                None => {
+                    let e = PublishError::Rejected("publisher returned no result".to_owned());
+                    self.fail(row, &e.to_string(), &mut report).await;
+                }
+            }
+        }
+        if !ok_ids.is_empty() {
+            match self
+                .store
+                .mark_published(&self.config.relay_id, &ok_ids, confirmed_at)
+                .await
+            {
+                Ok(n) => {
+                    report.published = ok_ids.len();
+                    metrics::counter!(m::PUBLISHED_TOTAL, "broker" => broker)
+                        .increment(ok_ids.len() as u64);
+                    if n < ok_ids.len() as u64 {
+                        tracing::warn!(
+                            confirmed = ok_ids.len(),
+                            marked = n,
+                            "some leases ran out before marking; those rows will be \
+                             republished with the same message ids"
+                        );
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, rows = ok_ids.len(),
+                        "could not mark confirmed rows; they will be republished after the lease");
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn fail(&self, row: &OutboxRow, error: &str, report: &mut RoundReport) {
+        let failures = row.attempts.saturating_add(1);
+        let delay = self.config.retry.delay(failures, rand::random::<f64>());
+        let retry_at = oncely_core::now_ms()
+            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => self.publisher.name())
+            .increment(1);
+        match self
+            .store
+            .reschedule(
+                &self.config.relay_id,
+                row.id,
+                error,
+                retry_at,
+                self.config.retry.max_attempts,
+            )
+            .await
+        {
+            Ok(Rescheduled::Dead) => {
+                report.dead += 1;
+                metrics::counter!(m::DEAD_TOTAL).increment(1);
+                tracing::error!(id = row.id, message_id = %row.event.message_id, attempts = failures,
+                    error, "outbox event is dead after its attempt limit");
+            }
+            Ok(Rescheduled::Retry) => {
+                report.retried += 1;
+                tracing::warn!(id = row.id, message_id = %row.event.message_id, attempts = failures,
+                    retry_in_ms = delay.as_millis() as u64, error, "publish failed; rescheduled");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(id = row.id, error = %e,
+                    "could not reschedule; the row is retried after its lease");
+            }
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled: rounds back to back while there is work, else
+    /// waits for a PostgreSQL notification or the poll interval. Alongside, updates the
+    /// outbox gauges every `stats_interval` and deletes published rows past `retention`.
+    /// Returns after the current round finishes.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let tracker = TaskTracker::new();
+        let wake = Arc::new(Notify::new());
+        if self.config.listen {
+            if let Some(pool) = self.store.database().as_postgres() {
+                tracker.spawn(listen(pool.clone(), wake.clone(), shutdown.clone()));
+            }
+        }
+        tracker.spawn(stats_loop(
+            self.store.clone(),
+            self.config.stats_interval,
+            shutdown.clone(),
+        ));
+        tracker.spawn(cleanup_loop(
+            self.store.clone(),
+            self.config.clone(),
+            shutdown.clone(),
+        ));
+        tracker.close();
+        tracing::info!(relay = %self.config.relay_id, broker = self.publisher.name(), "relay running");
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            let busy = match self.run_once().await {
+                Ok(r) => r.claimed >= self.config.batch_size as usize,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay round failed");
+                    false
+                }
+            };
+            if busy {
+                continue;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = wake.notified() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        tracker.wait().await;
+        tracing::info!(relay = %self.config.relay_id, "relay stopped");
+    }
+}
+
+fn to_message(row: &OutboxRow) -> Message {
+    Message {
+        id: row.event.message_id,
+        topic: row.event.topic.clone(),
+        partition_key: row.event.partition_key.clone(),
+        event_type: row.event.event_type.clone(),
+        payload: row.event.payload.clone(),
+        headers: row.event.headers.clone(),
+    }
+}
+
+/// Wakes the relay on every `NOTIFY oncely_outbox`. A lost connection is re-established
+/// (notifications in between are lost; polling covers them).
+async fn listen(pool: sqlx::PgPool, wake: Arc<Notify>, shutdown: CancellationToken) {
+    loop {
+        let listener = async {
+            let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            l.listen("oncely_outbox").await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let mut listener = tokio::select! {
+            () = shutdown.cancelled() => return,
+            l = listener => match l {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::debug!(error = %e, "LISTEN failed; polling until it works");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            }
+        };
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                n = listener.recv() => match n {
+                    Ok(_) => wake.notify_one(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "LISTEN connection lost");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn stats_loop(store: OutboxStore, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        match store.stats().await {
+            Ok(s) => {
+                metrics::gauge!(m::DEPTH).set(s.pending as f64);
+                metrics::gauge!(m::DEAD).set(s.dead as f64);
+                metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS)
+                    .set(s.oldest_pending_age_ms(oncely_core::now_ms()) as f64 / 1000.0);
+            }
+            Err(e) => tracing::debug!(error = %e, "outbox stats failed"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+async fn cleanup_loop(store: OutboxStore, config: RelayConfig, shutdown: CancellationToken) {
+    let retention = i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(config.cleanup_interval) => {}
+        }
+        loop {
+            let before = oncely_core::now_ms().saturating_sub(retention);
+            match store.delete_published(before, config.cleanup_batch).await {
+                Ok(n) => {
+                    metrics::counter!(m::DELETED_TOTAL).increment(n);
+                    if n < u64::from(config.cleanup_batch) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "deleting published outbox rows failed");
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

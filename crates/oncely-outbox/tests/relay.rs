@@ -1,0 +1,985 @@
+//! Outbox + relay conformance, written once and run on every database (SQLite, PostgreSQL)
+//! × every broker (the SQL transport, RabbitMQ, NATS JetStream), against the real servers.
+//! A consumer is subscribed before each run; every scenario checks what it received.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use oncely_broker::{
+    NatsConfig, NatsPublisher, Publisher, RabbitMqConfig, RabbitMqPublisher, SqlTransport,
+};
+use oncely_core::{IdempotencyKey, MessageId, Operation, RetryPolicy, Scope, TenantId};
+use oncely_outbox::{Relay, RelayConfig};
+use oncely_sql::{OutboxEvent, OutboxState, OutboxStore, RequeueTarget};
+use oncely_testkit::{FaultProxy, TestBackend, TestDb};
+use tokio_util::sync::CancellationToken;
+
+const EXCHANGE: &str = "oncely.test";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broker {
+    Sql,
+    RabbitMq,
+    Nats,
+}
+
+/// One delivery as a consumer saw it.
+#[derive(Debug, Clone)]
+struct Delivered {
+    id: String,
+    partition_key: String,
+    event_type: String,
+    headers: BTreeMap<String, String>,
+    payload: Vec<u8>,
+}
+
+enum Consumer {
+    Sql(SqlTransport, String),
+    Channel(tokio::sync::mpsc::UnboundedReceiver<Delivered>),
+}
+
+impl Consumer {
+    async fn next(&mut self, wait: Duration) -> Option<Delivered> {
+        let deadline = tokio::time::Instant::now() + wait;
+        match self {
+            Self::Channel(rx) => tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .ok()
+                .flatten(),
+            Self::Sql(t, topic) => loop {
+                let got = t.receive(topic, 1).await.expect("receive from SQL queue");
+                if let Some(m) = got.into_iter().next() {
+                    return Some(Delivered {
+                        id: m.id.to_string(),
+                        partition_key: m.partition_key,
+                        event_type: m.event_type,
+                        headers: m.headers,
+                        payload: m.payload,
+                    });
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            },
+        }
+    }
+
+    /// Receives until `n` messages arrived (or `timeout`), then keeps listening until
+    /// nothing arrives for `quiet`, so extra copies are caught too.
+    async fn collect(&mut self, n: usize, timeout: Duration, quiet: Duration) -> Vec<Delivered> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut out = Vec::new();
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.next(left).await {
+                Some(d) => out.push(d),
+                None => break,
+            }
+        }
+        while let Some(d) = self.next(quiet).await {
+            out.push(d);
+        }
+        out
+    }
+}
+
+struct Harness {
+    db: TestDb,
+    broker: Broker,
+    topic: String,
+    /// Publisher connected straight to the broker.
+    publisher: Arc<dyn Publisher>,
+    consumer: Consumer,
+    stream: Option<String>,
+    nats: Option<NatsPublisher>,
+}
+
+impl Harness {
+    async fn new(backend: TestBackend, broker: Broker) -> Option<Self> {
+        let db = TestDb::new(backend).await?;
+        db.db.migrate().await.expect("migrate");
+        let topic = format!("t{}", uuid::Uuid::new_v4().simple());
+        let (publisher, consumer, stream, nats): (Arc<dyn Publisher>, _, _, _) = match broker {
+            Broker::Sql => {
+                let t = SqlTransport::new(db.db.clone(), 1024);
+                (
+                    Arc::new(t.clone()),
+                    Consumer::Sql(t, topic.clone()),
+                    None,
+                    None,
+                )
+            }
+            Broker::RabbitMq => {
+                let url = oncely_testkit::amqp_url();
+                if !oncely_testkit::service_reachable("RabbitMQ", &url).await {
+                    return None;
+                }
+                let consumer = rabbit_consumer(&url, &topic).await;
+                let p = RabbitMqPublisher::connect(rabbit_config(&url))
+                    .await
+                    .expect("connect to RabbitMQ");
+                (Arc::new(p), consumer, None, None)
+            }
+            Broker::Nats => {
+                let url = oncely_testkit::nats_url();
+                if !oncely_testkit::service_reachable("NATS", &url).await {
+                    return None;
+                }
+                let p = NatsPublisher::connect(nats_config(&url))
+                    .await
+                    .expect("connect to NATS");
+                let stream = format!("T{}", uuid::Uuid::new_v4().simple());
+                p.jetstream()
+                    .create_stream(async_nats::jetstream::stream::Config {
+                        name: stream.clone(),
+                        subjects: vec![topic.clone()],
+                        max_age: Duration::from_secs(600),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("create stream");
+                let consumer = nats_consumer(&p, &stream).await;
+                (Arc::new(p.clone()), consumer, Some(stream), Some(p))
+            }
+        };
+        Some(Self {
+            db,
+            broker,
+            topic,
+            publisher,
+            consumer,
+            stream,
+            nats,
+        })
+    }
+
+    fn store(&self) -> OutboxStore {
+        OutboxStore::new(self.db.db.clone())
+    }
+
+    fn event(&self, partition: &str, seq: usize) -> OutboxEvent {
+        OutboxEvent::new(
+            MessageId::new_random(),
+            self.topic.clone(),
+            partition,
+            "test.event",
+            format!("{partition}:{seq}").into_bytes(),
+        )
+        .with_header("correlation-id", format!("c-{partition}-{seq}"))
+    }
+
+    /// An event the broker cannot take: too large for the SQL transport (limit 1 KiB here),
+    /// unroutable for RabbitMQ (no queue bound), a subject no JetStream stream captures.
+    fn poison(&self, partition: &str) -> OutboxEvent {
+        match self.broker {
+            Broker::Sql => OutboxEvent::new(
+                MessageId::new_random(),
+                self.topic.clone(),
+                partition,
+                "test.poison",
+                vec![b'x'; 4096],
+            ),
+            Broker::RabbitMq | Broker::Nats => OutboxEvent::new(
+                MessageId::new_random(),
+                format!("{}_nowhere", self.topic),
+                partition,
+                "test.poison",
+                b"poison".to_vec(),
+            ),
+        }
+    }
+
+    async fn enqueue(&self, events: &[OutboxEvent]) -> Vec<i64> {
+        let mut tx = self.db.db.begin().await.expect("begin");
+        let mut ids = Vec::new();
+        for e in events {
+            ids.push(OutboxStore::enqueue(&mut tx, e).await.expect("enqueue"));
+        }
+        tx.commit().await.expect("commit");
+        ids
+    }
+
+    fn relay(&self, publisher: Arc<dyn Publisher>, tweak: impl FnOnce(&mut RelayConfig)) -> Relay {
+        let mut config = RelayConfig {
+            batch_size: 32,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(50),
+            retry: RetryPolicy {
+                base: Duration::from_millis(20),
+                cap: Duration::from_millis(200),
+                max_attempts: 1000,
+            },
+            ..RelayConfig::default()
+        };
+        tweak(&mut config);
+        Relay::new(self.db.db.clone(), publisher, config)
+    }
+
+    async fn finish(self) {
+        if let (Some(stream), Some(n)) = (&self.stream, &self.nats) {
+            drop(n.jetstream().delete_stream(stream).await);
+        }
+    }
+}
+
+fn rabbit_config(url: &str) -> RabbitMqConfig {
+    let mut c = RabbitMqConfig::new(url);
+    EXCHANGE.clone_into(&mut c.exchange);
+    c.confirm_timeout = Duration::from_secs(3);
+    c.connect_timeout = Duration::from_secs(2);
+    c
+}
+
+fn nats_config(url: &str) -> NatsConfig {
+    let mut c = NatsConfig::new(url);
+    c.ack_timeout = Duration::from_secs(2);
+    c
+}
+
+fn spawn_relay(relay: Relay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let token = CancellationToken::new();
+    let handle = tokio::spawn(relay.run(token.clone()));
+    (token, handle)
+}
+
+async fn stop(relay: (CancellationToken, tokio::task::JoinHandle<()>)) {
+    relay.0.cancel();
+    relay.1.await.expect("relay task");
+}
+
+fn header_text(v: &lapin::types::AMQPValue) -> String {
+    match v {
+        lapin::types::AMQPValue::LongString(s) => {
+            String::from_utf8_lossy(s.as_bytes()).into_owned()
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// A server-named, exclusive queue bound to `topic`, consumed into a channel.
+async fn rabbit_consumer(url: &str, topic: &str) -> Consumer {
+    use lapin::options::{
+        BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    };
+    use lapin::types::FieldTable;
+    let props = lapin::ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    let conn = lapin::Connection::connect(url, props)
+        .await
+        .expect("consumer connection");
+    let ch = conn.create_channel().await.expect("consumer channel");
+    ch.exchange_declare(
+        EXCHANGE,
+        lapin::ExchangeKind::Topic,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare exchange");
+    let q = ch
+        .queue_declare(
+            "",
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare queue");
+    ch.queue_bind(
+        q.name().as_str(),
+        EXCHANGE,
+        topic,
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("bind queue");
+    let mut consumer = ch
+        .basic_consume(
+            q.name().as_str(),
+            "test",
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _keep = (conn, ch);
+        while let Some(Ok(d)) = consumer.next().await {
+            let p = &d.properties;
+            let headers: BTreeMap<String, String> = p
+                .headers()
+                .as_ref()
+                .map(|t| {
+                    t.inner()
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), header_text(v)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert_eq!(*p.delivery_mode(), Some(2), "messages must be persistent");
+            let id = p
+                .message_id()
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert_eq!(
+                headers.get("message-id"),
+                Some(&id),
+                "message_id property = header"
+            );
+            let delivered = Delivered {
+                id,
+                partition_key: headers.get("partition-key").cloned().unwrap_or_default(),
+                event_type: p
+                    .kind()
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                headers,
+                payload: d.data.clone(),
+            };
+            if tx.send(delivered).is_err() {
+                break;
+            }
+        }
+    });
+    Consumer::Channel(rx)
+}
+
+/// A durable pull consumer on the stream, delivering everything from the start.
+async fn nats_consumer(p: &NatsPublisher, stream: &str) -> Consumer {
+    use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+    let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = p
+        .jetstream()
+        .create_consumer_on_stream(
+            pull::Config {
+                durable_name: Some("test".to_owned()),
+                deliver_policy: DeliverPolicy::All,
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            },
+            stream,
+        )
+        .await
+        .expect("create consumer");
+    let mut messages = consumer.messages().await.expect("consumer messages");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = messages.next().await {
+            let headers: BTreeMap<String, String> = m
+                .headers
+                .as_ref()
+                .map(|h| {
+                    h.iter()
+                        .filter_map(|(k, v)| Some((k.to_string(), v.first()?.as_str().to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            drop(m.ack().await);
+            let id = headers.get("Nats-Msg-Id").cloned().unwrap_or_default();
+            assert_eq!(
+                headers.get("message-id"),
+                Some(&id),
+                "Nats-Msg-Id = message-id"
+            );
+            let delivered = Delivered {
+                id,
+                partition_key: headers.get("partition-key").cloned().unwrap_or_default(),
+                event_type: headers.get("event-type").cloned().unwrap_or_default(),
+                headers,
+                payload: m.payload.to_vec(),
+            };
+            if tx.send(delivered).is_err() {
+                break;
+            }
+        }
+    });
+    Consumer::Channel(rx)
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+// ---------------------------------------------------------------------------------------
+
+/// Orders created through the real router each yield exactly one `order.created`, with the
+/// id derived from the idempotency key; retries and replays add none; orders whose
+/// transaction rolled back yield none.
+async fn every_created_order_yields_exactly_one_order_created(mut h: Harness) {
+    use oncely_http::IdempotencyConfig;
+    orders::migrate(&h.db.db).await.expect("order migrations");
+    let api_key = "test-key-0123456789abcdef";
+    let base_config = orders::AppConfig {
+        api_keys: orders::parse_api_keys(&format!("{api_key}=acme")).unwrap(),
+        events_topic: h.topic.clone(),
+        ..orders::AppConfig::default()
+    };
+    // A second service on the same database whose stored-response bound is too small: every
+    // create there rolls back (500 response-too-large) — the order and its outbox row.
+    let rollback_config = orders::AppConfig {
+        idempotency: IdempotencyConfig {
+            max_stored_response: 32,
+            ..IdempotencyConfig::default()
+        },
+        ..base_config.clone()
+    };
+    let serve = |config: orders::AppConfig| {
+        let db = h.db.db.clone();
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let app = orders::router(db, &config);
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            format!("http://{addr}")
+        }
+    };
+    let ok_base = serve(base_config).await;
+    let rb_base = serve(rollback_config).await;
+    let client = reqwest::Client::new();
+    let body = |ext: &str| {
+        serde_json::json!({"source": "shop", "external_ref": ext, "customer_id": "c-1",
+            "items": [{"sku": "s-1", "quantity": 1}], "amount_minor": 100, "currency": "EUR"})
+    };
+    let post = |base: String, key: String, ext: String| {
+        let client = client.clone();
+        let b = body(&ext);
+        async move {
+            client
+                .post(format!("{base}/v1/orders"))
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", key)
+                .header(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                )
+                .json(&b)
+                .send()
+                .await
+                .expect("POST")
+                .status()
+                .as_u16()
+        }
+    };
+    // 12 orders, each sent 3 times concurrently and once more afterwards (a replay).
+    let mut created = Vec::new();
+    for i in 0..12 {
+        let key = format!("key-{i}");
+        let ext = format!("ext-{i}");
+        let statuses = futures_util::future::join_all(
+            (0..3).map(|_| post(ok_base.clone(), key.clone(), ext.clone())),
+        )
+        .await;
+        assert!(statuses.contains(&201), "one attempt creates: {statuses:?}");
+        assert_eq!(post(ok_base.clone(), key.clone(), ext.clone()).await, 201);
+        // A new key for the same business order: the existing order, no new event.
+        assert_eq!(
+            post(ok_base.clone(), format!("other-{i}"), ext.clone()).await,
+            200
+        );
+        created.push((key, ext));
+    }
+    for i in 0..4 {
+        let status = post(
+            rb_base.clone(),
+            format!("rb-key-{i}"),
+            format!("rb-ext-{i}"),
+        )
+        .await;
+        assert_eq!(status, 500, "the oversized answer rolls the order back");
+    }
+    let relay = spawn_relay(h.relay(h.publisher.clone(), |_| {}));
+    let got = h
+        .consumer
+        .collect(
+            created.len(),
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+        )
+        .await;
+    stop(relay).await;
+    assert_eq!(
+        got.len(),
+        created.len(),
+        "exactly one event per created order: {got:#?}"
+    );
+    let scope = Scope::new(
+        TenantId::parse("acme").unwrap(),
+        Operation::new("POST", "/v1/orders"),
+    );
+    let mut seen_orders = HashSet::new();
+    for d in &got {
+        assert_eq!(d.event_type, "order.created");
+        let payload: serde_json::Value = serde_json::from_slice(&d.payload).unwrap();
+        let ext = payload["external_ref"].as_str().unwrap().to_owned();
+        assert!(
+            !ext.starts_with("rb-"),
+            "a rolled-back order published {ext}"
+        );
+        let i: usize = ext.trim_start_matches("ext-").parse().unwrap();
+        let key: IdempotencyKey = created[i].0.parse().unwrap();
+        assert_eq!(
+            d.id,
+            MessageId::derive(&scope, &key, "order.created", 0).to_string(),
+            "message id derives from the operation key"
+        );
+        assert_eq!(d.partition_key, payload["id"].as_str().unwrap());
+        assert_eq!(
+            d.headers.get("idempotency-key").map(String::as_str),
+            Some(key.as_str())
+        );
+        assert_eq!(
+            d.headers.get("traceparent").map(String::as_str),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        assert!(d.headers.contains_key("correlation-id"));
+        assert!(seen_orders.insert(ext), "two events for one order");
+    }
+    let stats = h.store().stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+    h.finish().await;
+}
+
+/// Three relays, 1,000 events over 50 aggregates written while they run: every event
+/// arrives, and each aggregate's events arrive in the order they were committed.
+async fn three_relays_keep_each_aggregates_order(mut h: Harness) {
+    const AGGREGATES: usize = 50;
+    const PER: usize = 20;
+    let relays: Vec<_> = (0..3)
+        .map(|i| {
+            spawn_relay(h.relay(h.publisher.clone(), |c| {
+                c.relay_id = format!("relay-{i}");
+                c.batch_size = 16;
+            }))
+        })
+        .collect();
+    // Four writers, each owning a disjoint set of aggregates and writing each aggregate's
+    // events in sequence (one transaction per event, as a service would).
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let db = h.db.db.clone();
+            let events: Vec<OutboxEvent> = (0..PER)
+                .flat_map(|seq| {
+                    (0..AGGREGATES)
+                        .filter(move |a| a % 4 == w)
+                        .map(move |a| (a, seq))
+                })
+                .map(|(a, seq)| h.event(&format!("agg-{a}"), seq))
+                .collect();
+            tokio::spawn(async move {
+                for e in events {
+                    let mut tx = db.begin().await.expect("begin");
+                    OutboxStore::enqueue(&mut tx, &e).await.expect("enqueue");
+                    tx.commit().await.expect("commit");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let got = h
+        .consumer
+        .collect(
+            AGGREGATES * PER,
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        )
+        .await;
+    for r in relays {
+        stop(r).await;
+    }
+    assert_eq!(got.len(), AGGREGATES * PER, "every event once");
+    let mut per: HashMap<String, Vec<usize>> = HashMap::new();
+    for d in &got {
+        let text = String::from_utf8(d.payload.clone()).unwrap();
+        let (agg, seq) = text.split_once(':').unwrap();
+        assert_eq!(agg, d.partition_key);
+        per.entry(agg.to_owned())
+            .or_default()
+            .push(seq.parse().unwrap());
+    }
+    assert_eq!(per.len(), AGGREGATES);
+    for (agg, seqs) in per {
+        assert_eq!(seqs, (0..PER).collect::<Vec<_>>(), "{agg} out of order");
+    }
+    h.finish().await;
+}
+
+/// A relay that dies after the broker confirmed but before it marked the rows: another
+/// relay republishes them, after the lease, with the same message ids. JetStream drops the
+/// copies within its duplicate window; the SQL transport while the first copy is queued;
+/// RabbitMQ delivers them again, with the same ids, for the consumer's inbox to skip.
+async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
+    let events: Vec<OutboxEvent> = (0..5).map(|i| h.event(&format!("k-{i}"), 0)).collect();
+    let ids = h.enqueue(&events).await;
+    let store = h.store();
+    // Relay A: claim and publish (confirmed), then "crash" before marking.
+    let claimed = store
+        .claim(
+            "relay-a",
+            100,
+            Duration::from_millis(500),
+            oncely_core::now_ms(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 5);
+    let messages: Vec<_> = claimed
+        .iter()
+        .map(|r| oncely_broker::Message {
+            id: r.event.message_id,
+            topic: r.event.topic.clone(),
+            partition_key: r.event.partition_key.clone(),
+            event_type: r.event.event_type.clone(),
+            payload: r.event.payload.clone(),
+            headers: r.event.headers.clone(),
+        })
+        .collect();
+    let results = h.publisher.publish(&messages).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // While A's lease holds, nobody else takes the rows.
+    let b = h.relay(h.publisher.clone(), |c| {
+        "relay-b".clone_into(&mut c.relay_id)
+    });
+    assert_eq!(b.run_once().await.unwrap().claimed, 0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let report = b.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.published), (5, 5));
+    for id in &ids {
+        assert_eq!(
+            store.get(*id).await.unwrap().unwrap().state,
+            OutboxState::Published
+        );
+    }
+    let got = h
+        .consumer
+        .collect(10, Duration::from_secs(5), Duration::from_millis(500))
+        .await;
+    let expected: HashSet<String> = events.iter().map(|e| e.message_id.to_string()).collect();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for d in &got {
+        *counts.entry(d.id.clone()).or_default() += 1;
+    }
+    assert_eq!(
+        counts.keys().cloned().collect::<HashSet<_>>(),
+        expected,
+        "same ids only"
+    );
+    let copies = match h.broker {
+        Broker::RabbitMq => 2,
+        Broker::Nats | Broker::Sql => 1,
+    };
+    assert!(
+        counts.values().all(|&c| c == copies),
+        "copies per id: {counts:?}"
+    );
+    if let (Some(stream), Some(n)) = (&h.stream, &h.nats) {
+        let mut s = n.jetstream().get_stream(stream).await.unwrap();
+        assert_eq!(
+            s.info().await.unwrap().state.messages,
+            5,
+            "JetStream dropped the copies"
+        );
+    }
+    h.finish().await;
+}
+
+/// The broker is unreachable for a while: events wait (attempts and last_error recorded,
+/// nothing dead) and all arrive once it is back.
+async fn broker_down_for_a_while_delays_without_losing(mut h: Harness) {
+    let target = oncely_testkit::url_authority(&match h.broker {
+        Broker::RabbitMq => oncely_testkit::amqp_url(),
+        _ => oncely_testkit::nats_url(),
+    })
+    .unwrap();
+    let target: std::net::SocketAddr = tokio::net::lookup_host(&target)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let via = |url: String| {
+        let authority = oncely_testkit::url_authority(&url).unwrap();
+        url.replacen(&authority, &proxy.addr().to_string(), 1)
+    };
+    let publisher: Arc<dyn Publisher> = match h.broker {
+        Broker::RabbitMq => Arc::new(RabbitMqPublisher::new(rabbit_config(&via(
+            oncely_testkit::amqp_url(),
+        )))),
+        _ => Arc::new(
+            NatsPublisher::connect(nats_config(&via(oncely_testkit::nats_url())))
+                .await
+                .unwrap(),
+        ),
+    };
+    let relay = spawn_relay(h.relay(publisher, |_| {}));
+    let first: Vec<_> = (0..20)
+        .map(|i| h.event(&format!("p-{}", i % 5), i))
+        .collect();
+    h.enqueue(&first).await;
+    let mut got = h
+        .consumer
+        .collect(20, Duration::from_secs(20), Duration::ZERO)
+        .await;
+    assert_eq!(got.len(), 20);
+    proxy.cut();
+    let second: Vec<_> = (20..60)
+        .map(|i| h.event(&format!("p-{}", i % 5), i))
+        .collect();
+    let ids = h.enqueue(&second).await;
+    // Wait until failures are on record.
+    let store = h.store();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let row = store.get(ids[0]).await.unwrap().unwrap();
+        if row.attempts >= 2 {
+            assert!(row.last_error.is_some());
+            assert_eq!(row.state, OutboxState::Pending);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failure recorded while down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.restore();
+    got.extend(
+        h.consumer
+            .collect(40, Duration::from_secs(60), Duration::from_secs(1))
+            .await,
+    );
+    stop(relay).await;
+    let ids_got: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
+    for e in first.iter().chain(&second) {
+        assert!(
+            ids_got.contains(&e.message_id.to_string()),
+            "lost {}",
+            e.message_id
+        );
+    }
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+    // Per-partition order survives the outage (retries may add copies of the same id).
+    let mut per: HashMap<String, Vec<usize>> = HashMap::new();
+    for d in &got {
+        let text = String::from_utf8(d.payload.clone()).unwrap();
+        let seq: usize = text.split_once(':').unwrap().1.parse().unwrap();
+        let v = per.entry(d.partition_key.clone()).or_default();
+        if !v.contains(&seq) {
+            v.push(seq);
+        }
+    }
+    for (p, seqs) in per {
+        let mut sorted = seqs.clone();
+        sorted.sort_unstable();
+        assert_eq!(seqs, sorted, "{p} out of order");
+    }
+    h.finish().await;
+}
+
+/// A poison event fails on every attempt, goes `dead` after the limit (attempts and the
+/// error recorded, counted in stats), and meanwhile every other event flows — including
+/// the one queued behind it in its own partition, once it is dead. Requeue puts it back.
+async fn poison_event_goes_dead_while_the_rest_flow(mut h: Harness) {
+    let poison = h.poison("shared");
+    let follower = h.event("shared", 1);
+    let mut events = vec![poison.clone(), follower.clone()];
+    events.extend((0..20).map(|i| h.event(&format!("other-{i}"), 0)));
+    let ids = h.enqueue(&events).await;
+    let relay = spawn_relay(h.relay(h.publisher.clone(), |c| c.retry.max_attempts = 3));
+    let got = h
+        .consumer
+        .collect(21, Duration::from_secs(30), Duration::from_millis(800))
+        .await;
+    stop(relay).await;
+    let got_ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(got.len(), 21, "every healthy event once");
+    assert!(!got_ids.contains(&poison.message_id.to_string()));
+    assert!(got_ids.contains(&follower.message_id.to_string()));
+    let store = h.store();
+    let row = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(row.state, OutboxState::Dead);
+    assert_eq!(row.attempts, 3);
+    assert!(!row.last_error.unwrap_or_default().is_empty());
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 1));
+    let dead = store.dead(0, 10).await.unwrap();
+    assert_eq!(dead.iter().map(|r| r.id).collect::<Vec<_>>(), vec![ids[0]]);
+    assert_eq!(
+        store
+            .requeue_dead(RequeueTarget::All, oncely_core::now_ms())
+            .await
+            .unwrap(),
+        1
+    );
+    let row = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempts), (OutboxState::Pending, 0));
+    h.finish().await;
+}
+
+/// Rows whose transaction commits after a higher-numbered row's are still published: the
+/// relay claims by state, never by an "id > cursor" scan. PostgreSQL only: SQLite has one
+/// writer, so its ids are assigned in commit order and the case cannot arise.
+async fn late_committing_rows_are_not_skipped(mut h: Harness) {
+    let store = h.store();
+    let relay = h.relay(h.publisher.clone(), |_| {});
+    let early = [h.event("late", 0), h.event("x", 0)];
+    let later = [h.event("b", 0), h.event("x", 1)];
+    let mut slow = h.db.db.begin().await.unwrap();
+    let mut early_ids = Vec::new();
+    for e in &early {
+        early_ids.push(OutboxStore::enqueue(&mut slow, e).await.unwrap());
+    }
+    let later_ids = h.enqueue(&later).await;
+    assert!(early_ids.iter().max() < later_ids.iter().min());
+    let r = relay.run_once().await.unwrap();
+    assert_eq!(r.published, 2, "the committed rows go out");
+    let r = relay.run_once().await.unwrap();
+    assert_eq!(r.claimed, 0);
+    slow.commit().await.unwrap();
+    let r = relay.run_once().await.unwrap();
+    assert_eq!(r.published, 2, "the late rows are not skipped");
+    let got = h
+        .consumer
+        .collect(4, Duration::from_secs(10), Duration::from_millis(300))
+        .await;
+    let order: Vec<String> = got.iter().map(|d| d.id.clone()).collect();
+    let all: HashSet<String> = early
+        .iter()
+        .chain(&later)
+        .map(|e| e.message_id.to_string())
+        .collect();
+    assert_eq!(order.iter().cloned().collect::<HashSet<_>>(), all);
+    assert_eq!(order.len(), 4);
+    // In partition x, commit order was x:1 then x:0; that is the publish order too.
+    let pos = |e: &OutboxEvent| order.iter().position(|i| *i == e.message_id.to_string());
+    assert!(pos(&later[1]) < pos(&early[1]));
+    for id in early_ids.iter().chain(&later_ids) {
+        assert_eq!(
+            store.get(*id).await.unwrap().unwrap().state,
+            OutboxState::Published
+        );
+    }
+    h.finish().await;
+}
+
+async fn run<F, Fut>(backend: TestBackend, broker: Broker, scenario: F)
+where
+    F: FnOnce(Harness) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if let Some(h) = Harness::new(backend, broker).await {
+        scenario(h).await;
+    }
+}
+
+macro_rules! matrix {
+    ($module:ident, $backend:ident, $broker:ident, [$($name:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::run(
+                        super::TestBackend::$backend,
+                        super::Broker::$broker,
+                        super::$name,
+                    )
+                    .await;
+                }
+            )*
+        }
+    };
+}
+
+matrix!(
+    sqlite_sql,
+    Sqlite,
+    Sql,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        poison_event_goes_dead_while_the_rest_flow,
+    ]
+);
+matrix!(
+    sqlite_rabbitmq,
+    Sqlite,
+    RabbitMq,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+    ]
+);
+matrix!(
+    sqlite_nats,
+    Sqlite,
+    Nats,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+    ]
+);
+matrix!(
+    postgres_sql,
+    Postgres,
+    Sql,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        poison_event_goes_dead_while_the_rest_flow,
+        late_committing_rows_are_not_skipped,
+    ]
+);
+matrix!(
+    postgres_rabbitmq,
+    Postgres,
+    RabbitMq,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+        late_committing_rows_are_not_skipped,
+    ]
+);
+matrix!(
+    postgres_nats,
+    Postgres,
+    Nats,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+        late_committing_rows_are_not_skipped,
+    ]
+);

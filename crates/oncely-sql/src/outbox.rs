@@ -1,0 +1,597 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncely_core::MessageId;
+
+use crate::{on_tx, Database, StoreError, Tx};
+
+/// An event to publish, written with [`OutboxStore::enqueue`] in the transaction of the
+/// business change it announces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxEvent {
+    /// The message's identity; derive it with [`MessageId::derive`] when the event comes
+    /// from an idempotent operation.
+    pub message_id: MessageId,
+    /// Destination: AMQP routing key, NATS subject, SQL-transport topic (e.g. `orders`).
+    pub topic: String,
+    /// The ordering unit, usually the aggregate id: events with one partition key are
+    /// published in order.
+    pub partition_key: String,
+    /// Event type, e.g. `order.created`.
+    pub event_type: String,
+    /// Body bytes (the order service sends JSON).
+    pub payload: Vec<u8>,
+    /// Extra headers: `correlation-id`, `idempotency-key`, `traceparent` (W3C Trace
+    /// Context), …
+    pub headers: BTreeMap<String, String>,
+}
+
+impl OutboxEvent {
+    /// An event without extra headers.
+    pub fn new(
+        message_id: MessageId,
+        topic: impl Into<String>,
+        partition_key: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
+        Self {
+            message_id,
+            topic: topic.into(),
+            partition_key: partition_key.into(),
+            event_type: event_type.into(),
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// Adds (or replaces) a header.
+    #[must_use]
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+}
+
+/// State of an outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutboxState {
+    /// Waiting to be published (possibly leased by a relay, possibly in backoff).
+    Pending,
+    /// Confirmed by the broker.
+    Published,
+    /// Gave up after the attempt limit; `oncely outbox dead requeue` puts it back.
+    Dead,
+}
+
+impl OutboxState {
+    fn parse(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "pending" => Ok(Self::Pending),
+            "published" => Ok(Self::Published),
+            "dead" => Ok(Self::Dead),
+            other => Err(StoreError::Corrupt(format!(
+                "unknown outbox state {other:?}"
+            ))),
+        }
+    }
+
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Published => "published",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// A stored outbox row.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct OutboxRow {
+    /// Row id (monotonic at insert; *not* commit order, so never used as a cursor).
+    pub id: i64,
+    /// The event.
+    pub event: OutboxEvent,
+    /// Insert time (the business transaction's time), Unix ms.
+    pub created_at: i64,
+    /// Earliest next publish attempt, Unix ms.
+    pub available_at: i64,
+    /// Failed publish attempts so far.
+    pub attempts: u32,
+    /// The last publish error, if any.
+    pub last_error: Option<String>,
+    /// State.
+    pub state: OutboxState,
+    /// When the broker confirmed it, Unix ms.
+    pub published_at: Option<i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: i64,
+    message_id: String,
+    topic: String,
+    partition_key: String,
+    event_type: String,
+    payload: Vec<u8>,
+    headers: String,
+    created_at: i64,
+    available_at: i64,
+    attempts: i32,
+    last_error: Option<String>,
+    state: String,
+    published_at: Option<i64>,
+}
+
+const COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, headers, \
+     created_at, available_at, attempts, last_error, state, published_at";
+
+impl Row {
+    fn into_row(self) -> Result<OutboxRow, StoreError> {
+        let headers: BTreeMap<String, String> = serde_json::from_str(&self.headers)
+            .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
+        Ok(OutboxRow {
+            id: self.id,
+            event: OutboxEvent {
+                message_id: MessageId::parse(&self.message_id)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                topic: self.topic,
+                partition_key: self.partition_key,
+                event_type: self.event_type,
+                payload: self.payload,
+                headers,
+            },
+            created_at: self.created_at,
+            available_at: self.available_at,
+            attempts: u32::try_from(self.attempts).unwrap_or(0),
+            last_error: self.last_error,
+            state: OutboxState::parse(&self.state)?,
+            published_at: self.published_at,
+        })
+    }
+}
+
+/// Depth and health of the outbox, for `oncely outbox stats` and the relay's gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Rows in state `pending`.
+    pub pending: u64,
+    /// `created_at` of the oldest pending row, Unix ms.
+    pub oldest_pending_created_at: Option<i64>,
+    /// Rows in state `dead`.
+    pub dead: u64,
+}
+
+impl OutboxStats {
+    /// Age of the oldest pending row at `now_ms`, in milliseconds (0 when none is pending).
+    pub fn oldest_pending_age_ms(&self, now_ms: i64) -> i64 {
+        self.oldest_pending_created_at
+            .map_or(0, |t| now_ms.saturating_sub(t).max(0))
+    }
+}
+
+/// What [`OutboxStore::reschedule`] did with a failed row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rescheduled {
+    /// Back to `pending`, available again from the `retry_at_ms` given.
+    Retry,
+    /// The attempt limit is reached: the row is `dead`.
+    Dead,
+    /// This relay no longer holds the row (its lease ran out and another relay took it);
+    /// nothing was changed.
+    NotHeld,
+}
+
+/// Which dead rows [`OutboxStore::requeue_dead`] puts back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequeueTarget {
+    /// One row by id.
+    Id(i64),
+    /// Every dead row.
+    All,
+}
+
+/// The transactional outbox over table `oncely_outbox` (DESIGN.md "Outbox, relay, inbox").
+///
+/// - **Enqueue** in the caller's transaction ([`OutboxStore::enqueue`]): no event without
+///   its business change, no business change without its event.
+/// - **Claim by state, never by cursor** ([`OutboxStore::claim`]): a relay leases the
+///   *head* of each partition — its oldest pending row — so a row whose transaction commits
+///   after a higher-numbered row is still found, and at most one event per partition key is
+///   in flight across all relays, which keeps each partition's events in order however
+///   many relays run. PostgreSQL locks candidates with `FOR UPDATE SKIP LOCKED`, so relays
+///   never wait on each other; SQLite serialises claims on its single writer.
+/// - **Settle**: [`OutboxStore::mark_published`] after the broker confirmed;
+///   [`OutboxStore::reschedule`] after a failure (backoff computed by the caller; `dead`
+///   after the attempt limit). Both act only on rows the caller still leases.
+///
+/// Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct OutboxStore {
+    db: Database,
+}
+
+impl OutboxStore {
+    /// A store on `db` (migrated with [`Database::migrate`]).
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+
+    /// The database.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Adds `event` to the outbox inside `tx`, state `pending`, available at once. It
+    /// becomes visible to relays when `tx` commits (PostgreSQL then notifies channel
+    /// `oncely_outbox`) and vanishes if `tx` rolls back. Returns the row id.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the insert fails — including a unique violation on
+    /// `message_id`, which means the same event was enqueued twice; the caller must then
+    /// roll back.
+    pub async fn enqueue(tx: &mut Tx, event: &OutboxEvent) -> Result<i64, StoreError> {
+        let now = oncely_core::now_ms();
+        let headers = serde_json::to_string(&event.headers)
+            .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
+        let id: i64 = on_tx!(tx, |c| {
+            sqlx::query_scalar(
+            "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, payload, \
+             headers, created_at, available_at, attempts, state) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, 0, 'pending') RETURNING id",
+        )
+        .bind(event.message_id.to_string())
+        .bind(&event.topic)
+        .bind(&event.partition_key)
+        .bind(&event.event_type)
+        .bind(&event.payload)
+        .bind(&headers)
+        .bind(now)
+        .fetch_one(c)
+        .await
+        })?;
+        Ok(id)
+    }
+
+    /// Leases up to `batch` rows for `owner` until `now_ms + lease` and returns them in id
+    /// order. A row is claimable when it is `pending`, available (`available_at ≤ now`), not
+    /// leased by a live lease, and the oldest pending row of its partition key — so each
+    /// partition contributes at most one row, and none while an earlier row of it is in
+    /// flight or in backoff.
+    ///
+    /// `lease` must exceed the publish timeout: a relay that outlives its lease may see its
+    /// rows republished by another (same message ids, so consumers' inboxes and JetStream's
+    /// de-duplication recognise them).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is leased then.
+    pub async fn claim(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let until = now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        let batch = i64::from(batch.max(1));
+        let sql = |lock: &str| {
+            format!(
+                "UPDATE oncely_outbox SET locked_by = $1, locked_until = $2 \
+                 WHERE state = 'pending' AND (locked_until IS NULL OR locked_until < $3) \
+                 AND id IN (SELECT o.id FROM oncely_outbox o \
+                   WHERE o.state = 'pending' AND o.available_at <= $3 \
+                   AND (o.locked_until IS NULL OR o.locked_until < $3) \
+                   AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
+                     WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
+                     AND p.id < o.id) \
+                   ORDER BY o.id LIMIT $4 {lock}) \
+                 RETURNING {COLUMNS}"
+            )
+        };
+        let rows: Vec<Row> = match &self.db {
+            Database::Sqlite(s) => {
+                sqlx::query_as(&sql(""))
+                    .bind(owner)
+                    .bind(until)
+                    .bind(now_ms)
+                    .bind(batch)
+                    .fetch_all(s.writer())
+                    .await?
+            }
+            Database::Postgres(p) => {
+                sqlx::query_as(&sql("FOR UPDATE SKIP LOCKED"))
+                    .bind(owner)
+                    .bind(until)
+                    .bind(now_ms)
+                    .bind(batch)
+                    .fetch_all(p.pool())
+                    .await?
+            }
+        };
+        let mut rows = rows
+            .into_iter()
+            .map(Row::into_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by_key(|r| r.id);
+        Ok(rows)
+    }
+
+    /// Marks `ids` published at `now_ms`, for those rows `owner` still leases. Returns how
+    /// many rows were marked (fewer than `ids.len()` when a lease ran out and another relay
+    /// took the row over).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the rows stay leased and are republished
+    /// after the lease runs out (same message ids).
+    pub async fn mark_published(
+        &self,
+        owner: &str,
+        ids: &[i64],
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let n = match &self.db {
+            Database::Sqlite(s) => {
+                let list = serde_json::to_string(ids)
+                    .map_err(|e| StoreError::Corrupt(format!("id list: {e}")))?;
+                sqlx::query(
+                    "UPDATE oncely_outbox SET state = 'published', published_at = $1, \
+                     locked_by = NULL, locked_until = NULL \
+                     WHERE id IN (SELECT value FROM json_each($2)) AND locked_by = $3 \
+                     AND state = 'pending'",
+                )
+                .bind(now_ms)
+                .bind(list)
+                .bind(owner)
+                .execute(s.writer())
+                .await?
+                .rows_affected()
+            }
+            Database::Postgres(p) => sqlx::query(
+                "UPDATE oncely_outbox SET state = 'published', published_at = $1, \
+                 locked_by = NULL, locked_until = NULL \
+                 WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending'",
+            )
+            .bind(now_ms)
+            .bind(ids)
+            .bind(owner)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+        };
+        Ok(n)
+    }
+
+    /// Records a failed publish of row `id` held by `owner`: `attempts + 1`, `last_error`,
+    /// lease released; the row becomes `dead` when the new attempt count reaches
+    /// `max_attempts`, else `pending` again from `retry_at_ms` (Unix ms; the caller applies
+    /// backoff with jitter). `error` is cut to 2,000 characters.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the row stays leased and is retried after
+    /// the lease runs out.
+    pub async fn reschedule(
+        &self,
+        owner: &str,
+        id: i64,
+        error: &str,
+        retry_at_ms: i64,
+        max_attempts: u32,
+    ) -> Result<Rescheduled, StoreError> {
+        let error: String = error.chars().take(2000).collect();
+        let max = i64::from(max_attempts.max(1));
+        let sql = "UPDATE oncely_outbox SET attempts = attempts + 1, last_error = $1, \
+                   locked_by = NULL, locked_until = NULL, available_at = $2, \
+                   state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
+                   WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state";
+        let state: Option<String> = match &self.db {
+            Database::Sqlite(s) => {
+                sqlx::query_scalar(sql)
+                    .bind(&error)
+                    .bind(retry_at_ms)
+                    .bind(max)
+                    .bind(id)
+                    .bind(owner)
+                    .fetch_optional(s.writer())
+                    .await?
+            }
+            Database::Postgres(p) => {
+                sqlx::query_scalar(sql)
+                    .bind(&error)
+                    .bind(retry_at_ms)
+                    .bind(max)
+                    .bind(id)
+                    .bind(owner)
+                    .fetch_optional(p.pool())
+                    .await?
+            }
+        };
+        Ok(match state.as_deref() {
+            None => Rescheduled::NotHeld,
+            Some("dead") => Rescheduled::Dead,
+            Some(_) => Rescheduled::Retry,
+        })
+    }
+
+    /// Gives back the leases `owner` holds on `ids` without counting an attempt (a relay
+    /// shutting down with claimed rows it did not publish).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the leases then simply run out.
+    pub async fn release(&self, owner: &str, ids: &[i64]) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for id in ids {
+            let sql = "UPDATE oncely_outbox SET locked_by = NULL, locked_until = NULL \
+                       WHERE id = $1 AND locked_by = $2 AND state = 'pending'";
+            n += match &self.db {
+                Database::Sqlite(s) => sqlx::query(sql)
+                    .bind(id)
+                    .bind(owner)
+                    .execute(s.writer())
+                    .await?
+                    .rows_affected(),
+                Database::Postgres(p) => sqlx::query(sql)
+                    .bind(id)
+                    .bind(owner)
+                    .execute(p.pool())
+                    .await?
+                    .rows_affected(),
+            };
+        }
+        Ok(n)
+    }
+
+    /// Pending and dead counts and the oldest pending row's time.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let sql = "SELECT \
+                   COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0), \
+                   MIN(CASE WHEN state = 'pending' THEN created_at END), \
+                   COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0) \
+                   FROM oncely_outbox WHERE state <> 'published'";
+        let (pending, oldest, dead): (i64, Option<i64>, i64) = match &self.db {
+            Database::Sqlite(s) => sqlx::query_as(sql).fetch_one(s.reader()).await?,
+            Database::Postgres(p) => sqlx::query_as(sql).fetch_one(p.pool()).await?,
+        };
+        Ok(OutboxStats {
+            pending: u64::try_from(pending).unwrap_or(0),
+            oldest_pending_created_at: oldest,
+            dead: u64::try_from(dead).unwrap_or(0),
+        })
+    }
+
+    /// Reads one row by id.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or the row is corrupt.
+    pub async fn get(&self, id: i64) -> Result<Option<OutboxRow>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM oncely_outbox WHERE id = $1");
+        let row: Option<Row> = match &self.db {
+            Database::Sqlite(s) => {
+                sqlx::query_as(&sql)
+                    .bind(id)
+                    .fetch_optional(s.reader())
+                    .await?
+            }
+            Database::Postgres(p) => {
+                sqlx::query_as(&sql)
+                    .bind(id)
+                    .fetch_optional(p.pool())
+                    .await?
+            }
+        };
+        row.map(Row::into_row).transpose()
+    }
+
+    /// Up to `limit` dead rows with ids above `after_id` (0 to start), in id order.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn dead(&self, after_id: i64, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM oncely_outbox WHERE state = 'dead' AND id > $1 \
+             ORDER BY id LIMIT $2"
+        );
+        let limit = i64::from(limit.max(1));
+        let rows: Vec<Row> = match &self.db {
+            Database::Sqlite(s) => {
+                sqlx::query_as(&sql)
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(s.reader())
+                    .await?
+            }
+            Database::Postgres(p) => {
+                sqlx::query_as(&sql)
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(p.pool())
+                    .await?
+            }
+        };
+        rows.into_iter().map(Row::into_row).collect()
+    }
+
+    /// Puts dead rows back to `pending` with `attempts = 0`, available at `now_ms`
+    /// (`last_error` is kept for the record). Returns how many rows were requeued. A
+    /// requeued row is published after the rows of its partition that overtook it while it
+    /// was dead.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn requeue_dead(
+        &self,
+        target: RequeueTarget,
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let (sql, id) = match target {
+            RequeueTarget::Id(id) => (
+                "UPDATE oncely_outbox SET state = 'pending', attempts = 0, available_at = $1, \
+                 locked_by = NULL, locked_until = NULL WHERE state = 'dead' AND id = $2",
+                id,
+            ),
+            RequeueTarget::All => (
+                "UPDATE oncely_outbox SET state = 'pending', attempts = 0, available_at = $1, \
+                 locked_by = NULL, locked_until = NULL WHERE state = 'dead' AND $2 = $2",
+                0,
+            ),
+        };
+        let n = match &self.db {
+            Database::Sqlite(s) => sqlx::query(sql)
+                .bind(now_ms)
+                .bind(id)
+                .execute(s.writer())
+                .await?
+                .rows_affected(),
+            Database::Postgres(p) => sqlx::query(sql)
+                .bind(now_ms)
+                .bind(id)
+                .execute(p.pool())
+                .await?
+                .rows_affected(),
+        };
+        Ok(n)
+    }
+
+    /// Deletes up to `batch` rows published before `before_ms` (Unix ms). Returns how many
+    /// were deleted; call again while it returns `batch`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn delete_published(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let batch = i64::from(batch.max(1));
+        let n = match &self.db {
+            Database::Sqlite(s) => sqlx::query(
+                "DELETE FROM oncely_outbox WHERE id IN (SELECT id FROM oncely_outbox \
+                 WHERE state = 'published' AND published_at < $1 LIMIT $2)",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(s.writer())
+            .await?
+            .rows_affected(),
+            Database::Postgres(p) => sqlx::query(
+                "DELETE FROM oncely_outbox WHERE id IN (SELECT id FROM oncely_outbox \
+                 WHERE state = 'published' AND published_at < $1 LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+        };
+        Ok(n)
+    }
+}
