@@ -304,18 +304,18 @@ where
             Reservation::Reserved(token) => {
                 metrics::counter!("oncely_idempotency_executions_total").increment(1);
                 parts.extensions.insert(IdempotencyContext {
-                    scope,
-                    key: Some(key),
+                    scope: scope.clone(),
+                    key: Some(key.clone()),
                 });
                 let req = Request::from_parts(parts, Body::from(bytes));
-                return run_in_tx(
-                    inner,
-                    req,
-                    tx,
-                    Some((store, token)),
-                    config.max_stored_response,
-                )
-                .await;
+                let claim = Claim {
+                    store,
+                    token,
+                    scope,
+                    key,
+                    fingerprint,
+                };
+                return run_in_tx(inner, req, tx, Some(claim), config.max_stored_response).await;
             }
             Reservation::Existing(record) => {
                 drop(tx.rollback().await);
@@ -439,14 +439,23 @@ fn replay(stored: &StoredResponse) -> Response {
     res
 }
 
+/// A reservation held by the request being executed.
+struct Claim {
+    store: IdempotencyStore,
+    token: ReservationToken,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+}
+
 /// Runs `inner` with `tx` lent through the request extensions, then stores the answer (when
-/// `reservation` is given) and commits — all in a spawned task, so a client that hangs up
+/// `claim` is given) and commits — all in a spawned task, so a client that hangs up
 /// mid-request cannot cancel an operation half way: it runs to commit or rollback.
 async fn run_in_tx<S>(
     inner: S,
     mut req: Request<Body>,
     tx: oncely_sql::Tx,
-    reservation: Option<(IdempotencyStore, ReservationToken)>,
+    claim: Option<Claim>,
     max_stored_response: usize,
 ) -> Response
 where
@@ -502,7 +511,7 @@ where
                 };
             }
         };
-        if let Some((store, token)) = reservation {
+        if let Some(claim) = claim {
             let stored = StoredResponse::new(
                 parts.status.as_u16(),
                 parts
@@ -511,9 +520,29 @@ where
                     .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
                 bytes.to_vec(),
             );
-            if let Err(e) = store.complete(&mut tx, token, &stored, now_ms()).await {
-                drop(tx.rollback().await);
-                return store_problem(&e, 1);
+            match claim
+                .store
+                .complete(&mut tx, claim.token, &stored, now_ms())
+                .await
+            {
+                Ok(()) => {}
+                Err(StoreError::NotHeld) => {
+                    // Another transaction committed this key first: this execution's writes
+                    // roll back, and the client gets the committed answer.
+                    drop(tx.rollback().await);
+                    metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "lost_race")
+                        .increment(1);
+                    return match claim.store.lookup(&claim.scope, &claim.key).await {
+                        Ok(Some(record)) => answer_existing(&record, &claim.fingerprint)
+                            .unwrap_or_else(|| in_flight(1)),
+                        Ok(None) => in_flight(1),
+                        Err(e) => store_problem(&e, 1),
+                    };
+                }
+                Err(e) => {
+                    drop(tx.rollback().await);
+                    return store_problem(&e, 1);
+                }
             }
         }
         if let Err(e) = tx.commit().await {

@@ -101,6 +101,7 @@ struct App {
     base: String,
     db: Database,
     client: reqwest::Client,
+    calls: Calls,
 }
 
 async fn start(t: &TestDb, wait: Option<Duration>) -> App {
@@ -125,6 +126,7 @@ async fn start(t: &TestDb, wait: Option<Duration>) -> App {
         IdempotencyStore::new(db.clone(), Duration::from_secs(3600)),
         config,
     );
+    let calls = Calls::default();
     let app = Router::new()
         .route("/flaky", post(flaky))
         .route("/panicky", post(panicky))
@@ -135,7 +137,7 @@ async fn start(t: &TestDb, wait: Option<Duration>) -> App {
         .route("/reject", post(reject))
         .route_layer(layer)
         .route_layer(middleware::from_fn(tenant_from_header))
-        .with_state(Calls::default());
+        .with_state(calls.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -143,10 +145,22 @@ async fn start(t: &TestDb, wait: Option<Duration>) -> App {
         base,
         db,
         client: reqwest::Client::new(),
+        calls,
     }
 }
 
 impl App {
+    /// Waits until a handler has started (so its key is reserved), at most 5 s.
+    async fn handler_started(&self) {
+        for _ in 0..500 {
+            if self.calls.0.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the first request never reached its handler");
+    }
+
     async fn post(&self, path: &str, key: &str, body: &str) -> reqwest::Response {
         self.client
             .post(format!("{}{path}", self.base))
@@ -244,7 +258,7 @@ async fn in_flight_retry_gets_409_with_retry_after(t: TestDb) {
         let app = app.clone();
         tokio::spawn(async move { app.post("/slow", "k-slow", "{}").await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.handler_started().await;
     let second = app.post("/slow", "k-slow", "{}").await;
     // PostgreSQL sees the key in flight at once. SQLite has one writer: the retry queues
     // behind the first request's transaction and then gets its replay. Never a second run.
@@ -270,7 +284,7 @@ async fn in_flight_retry_waits_and_replays_when_configured(t: TestDb) {
         let app = app.clone();
         tokio::spawn(async move { app.post("/slow", "k-wait", "{}").await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.handler_started().await;
     let second = app.post("/slow", "k-wait", "{}").await;
     assert_eq!(second.status(), StatusCode::CREATED);
     assert!(

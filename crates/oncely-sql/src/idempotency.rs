@@ -20,7 +20,8 @@ pub struct IdempotencyStore {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Reservation {
-    /// This transaction inserted the record (state `processing`); it alone may complete it.
+    /// This transaction holds the key; it alone may complete it. No other transaction can
+    /// see a record until this one commits.
     Reserved(ReservationToken),
     /// A committed record with this key exists; compare its fingerprint before using it.
     Existing(Record),
@@ -37,6 +38,8 @@ pub struct ReservationToken {
     operation: String,
     key: String,
     owner: String,
+    fingerprint: Fingerprint,
+    created_at: i64,
 }
 
 impl ReservationToken {
@@ -80,6 +83,52 @@ struct RecordRow {
 const SELECT_RECORD: &str = "SELECT state, fingerprint, route_digest, response_status, \
      response_headers, response_body, created_at, completed_at, expires_at \
      FROM oncely_idempotency WHERE tenant = $1 AND operation = $2 AND key = $3";
+
+/// `SELECT` of the claim: whether this transaction holds the key, and the committed record
+/// if there is one. One row always (the `LEFT JOIN` against a one-row relation).
+const CLAIM_POSTGRES: &str = "SELECT pg_try_advisory_xact_lock($4) AS claimed, r.state, \
+     r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
+     r.created_at, r.completed_at, r.expires_at \
+     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
+     ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
+
+/// SQLite: the write lock is already held (`BEGIN IMMEDIATE`), so the claim always holds.
+const CLAIM_SQLITE: &str = "SELECT 1 AS claimed, r.state, \
+     r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
+     r.created_at, r.completed_at, r.expires_at \
+     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
+     ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
+
+/// The claim's row: every record column is NULL when no record exists.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    claimed: bool,
+    state: Option<String>,
+    fingerprint: Option<Vec<u8>>,
+    route_digest: Option<Vec<u8>>,
+    response_status: Option<i32>,
+    response_headers: Option<String>,
+    response_body: Option<Vec<u8>>,
+    created_at: Option<i64>,
+    completed_at: Option<i64>,
+    expires_at: Option<i64>,
+}
+
+impl ClaimRow {
+    fn into_record_row(self) -> Option<RecordRow> {
+        Some(RecordRow {
+            state: self.state?,
+            fingerprint: self.fingerprint?,
+            route_digest: self.route_digest?,
+            response_status: self.response_status,
+            response_headers: self.response_headers,
+            response_body: self.response_body,
+            created_at: self.created_at?,
+            completed_at: self.completed_at,
+            expires_at: self.expires_at,
+        })
+    }
+}
 
 impl RecordRow {
     fn into_record(self) -> Result<Record, StoreError> {
@@ -143,16 +192,24 @@ impl IdempotencyStore {
         self.retention
     }
 
-    /// Atomically reserves `key` in `scope` inside `tx`.
+    /// Reserves `key` in `scope` inside `tx` (atomic mode: the record is written by
+    /// [`IdempotencyStore::complete`] in the same transaction, so it commits together with
+    /// the business writes and the response, or not at all).
     ///
-    /// - PostgreSQL: a transaction-scoped advisory *try*-lock on the key guards the insert,
-    ///   so a request never blocks on another uncommitted reservation of the same key (64
-    ///   requests on one hot key do not pin 64 connections): it gets
-    ///   [`Reservation::InFlight`] at once. The UNIQUE primary key remains the guarantee.
-    /// - SQLite: the transaction already holds the database's write lock (`BEGIN
-    ///   IMMEDIATE`), so the insert never races.
+    /// One statement reads any committed record for the key and takes the key's exclusive
+    /// claim for this transaction:
+    /// - PostgreSQL: a transaction-scoped advisory *try*-lock on the key, so a request never
+    ///   blocks on another in-flight request with the same key (64 requests on one hot key
+    ///   do not pin 64 connections): it gets [`Reservation::InFlight`] at once;
+    /// - SQLite: the transaction already holds the database's write lock (`BEGIN IMMEDIATE`).
     ///
-    /// `now_ms` is the reservation time (Unix ms).
+    /// The claim only avoids wasted work. The guarantee is the UNIQUE primary key checked by
+    /// the `INSERT … ON CONFLICT DO NOTHING` in [`IdempotencyStore::complete`]: two
+    /// transactions can never both commit a record for one key, and the loser's business
+    /// writes roll back with it. Nothing here is SELECT-then-INSERT: the SELECT decides
+    /// only what to *answer*, never whether a second execution may commit.
+    ///
+    /// `now_ms` is the reservation time (Unix ms), stored as `created_at`.
     ///
     /// # Errors
     /// [`StoreError`] when the database fails; the caller must then not run the operation.
@@ -164,70 +221,54 @@ impl IdempotencyStore {
         fingerprint: &Fingerprint,
         now_ms: i64,
     ) -> Result<Reservation, StoreError> {
-        let owner = uuid::Uuid::new_v4().to_string();
         let tenant = scope.tenant.as_str();
         let operation = scope.operation.as_str();
-        let inserted = match tx {
-            Tx::Sqlite(t) => sqlx::query(
-                "INSERT INTO oncely_idempotency \
-                 (tenant, operation, key, fingerprint, route_digest, state, owner, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7) ON CONFLICT DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(operation)
-            .bind(key.as_str())
-            .bind(&fingerprint.full()[..])
-            .bind(&fingerprint.route()[..])
-            .bind(&owner)
-            .bind(now_ms)
-            .execute(&mut **t)
-            .await?
-            .rows_affected(),
-            Tx::Postgres(t) => sqlx::query(
-                "INSERT INTO oncely_idempotency \
-                 (tenant, operation, key, fingerprint, route_digest, state, owner, created_at) \
-                 SELECT $1, $2, $3, $4, $5, 'processing', $6, $7 \
-                 WHERE pg_try_advisory_xact_lock($8) ON CONFLICT DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(operation)
-            .bind(key.as_str())
-            .bind(&fingerprint.full()[..])
-            .bind(&fingerprint.route()[..])
-            .bind(&owner)
-            .bind(now_ms)
-            .bind(advisory_lock_id(tenant, operation, key.as_str()))
-            .execute(&mut **t)
-            .await?
-            .rows_affected(),
+        let lock_id = advisory_lock_id(tenant, operation, key.as_str());
+        let row: ClaimRow = match tx {
+            Tx::Sqlite(t) => {
+                sqlx::query_as(CLAIM_SQLITE)
+                    .bind(tenant)
+                    .bind(operation)
+                    .bind(key.as_str())
+                    .fetch_one(&mut **t)
+                    .await?
+            }
+            Tx::Postgres(t) => {
+                sqlx::query_as(CLAIM_POSTGRES)
+                    .bind(tenant)
+                    .bind(operation)
+                    .bind(key.as_str())
+                    .bind(lock_id)
+                    .fetch_one(&mut **t)
+                    .await?
+            }
         };
-        if inserted == 1 {
-            return Ok(Reservation::Reserved(ReservationToken {
-                tenant: tenant.to_owned(),
-                operation: operation.to_owned(),
-                key: key.as_str().to_owned(),
-                owner,
-            }));
+        let claimed = row.claimed;
+        if let Some(record) = row.into_record_row() {
+            return Ok(Reservation::Existing(record.into_record()?));
         }
-        let row: Option<RecordRow> = on_tx!(tx, |c| sqlx::query_as(SELECT_RECORD)
-            .bind(tenant)
-            .bind(operation)
-            .bind(key.as_str())
-            .fetch_optional(c)
-            .await)?;
-        match row {
-            Some(row) => Ok(Reservation::Existing(row.into_record()?)),
-            None => Ok(Reservation::InFlight),
+        if !claimed {
+            return Ok(Reservation::InFlight);
         }
+        Ok(Reservation::Reserved(ReservationToken {
+            tenant: tenant.to_owned(),
+            operation: operation.to_owned(),
+            key: key.as_str().to_owned(),
+            owner: uuid::Uuid::new_v4().to_string(),
+            fingerprint: *fingerprint,
+            created_at: now_ms,
+        }))
     }
 
-    /// Stores the final answer of the reservation `token` in `tx`: state
+    /// Writes the final record of the reservation `token` in `tx`: state
     /// ([`RecordState::for_status`]), response, `completed_at = now_ms` and
-    /// `expires_at = now_ms + retention`. The caller commits `tx`.
+    /// `expires_at = now_ms + retention`, with `INSERT … ON CONFLICT DO NOTHING` under the
+    /// primary key. The caller commits `tx`.
     ///
     /// # Errors
-    /// [`StoreError::NotHeld`] when the record is no longer this reservation's;
-    /// [`StoreError`] when the database fails.
+    /// [`StoreError::NotHeld`] when another transaction committed a record for this key
+    /// first (the caller must roll back `tx`, undoing its business writes, and answer with
+    /// that record); [`StoreError`] when the database fails.
     pub async fn complete(
         &self,
         tx: &mut Tx,
@@ -239,26 +280,31 @@ impl IdempotencyStore {
         let expires_at =
             now_ms.saturating_add(i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX));
         let headers = response.headers_json();
-        let n = on_tx!(tx, |c| sqlx::query(
-            "UPDATE oncely_idempotency SET state = $1, response_status = $2, \
-             response_headers = $3, response_body = $4, completed_at = $5, expires_at = $6, \
-             lease_until = NULL \
-             WHERE tenant = $7 AND operation = $8 AND key = $9 AND owner = $10 \
-             AND state = 'processing'",
+        let n = on_tx!(tx, |c| {
+            sqlx::query(
+            "INSERT INTO oncely_idempotency (tenant, operation, key, fingerprint, route_digest, \
+             state, owner, response_status, response_headers, response_body, created_at, \
+             completed_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             ON CONFLICT DO NOTHING",
         )
-        .bind(state.as_str())
-        .bind(i32::from(response.status))
-        .bind(&headers)
-        .bind(&response.body)
-        .bind(now_ms)
-        .bind(expires_at)
         .bind(&token.tenant)
         .bind(&token.operation)
         .bind(&token.key)
+        .bind(&token.fingerprint.full()[..])
+        .bind(&token.fingerprint.route()[..])
+        .bind(state.as_str())
         .bind(&token.owner)
+        .bind(i32::from(response.status))
+        .bind(&headers)
+        .bind(&response.body)
+        .bind(token.created_at)
+        .bind(now_ms)
+        .bind(expires_at)
         .execute(c)
         .await
-        .map(|r| r.rows_affected()))?;
+        .map(|r| r.rows_affected())
+        })?;
         if n == 1 {
             Ok(())
         } else {

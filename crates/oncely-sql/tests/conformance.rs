@@ -6,7 +6,7 @@ use std::time::Duration;
 use oncely_core::{
     Fingerprint, IdempotencyKey, Operation, RecordState, Scope, StoredResponse, TenantId,
 };
-use oncely_sql::{on_pool, IdempotencyStore, Reservation};
+use oncely_sql::{on_pool, on_tx, IdempotencyStore, Reservation, StoreError};
 use oncely_testkit::{on_every_backend, TestDb};
 
 fn scope(tenant: &str) -> Scope {
@@ -141,11 +141,16 @@ async fn concurrent_reservations_of_one_key_reserve_once(t: TestDb) {
             {
                 Reservation::Reserved(token) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    s.complete(&mut tx, token, &StoredResponse::new(201, [], vec![]), 2)
-                        .await
-                        .unwrap();
-                    tx.commit().await.unwrap();
-                    "reserved"
+                    let done = StoredResponse::new(201, [], vec![]);
+                    match s.complete(&mut tx, token, &done, 2).await {
+                        Ok(()) => {
+                            tx.commit().await.unwrap();
+                            "reserved"
+                        }
+                        // Lost to a transaction that committed first: the UNIQUE key held.
+                        Err(StoreError::NotHeld) => "lost",
+                        Err(e) => panic!("{e}"),
+                    }
                 }
                 Reservation::Existing(r) => {
                     assert_eq!(
@@ -168,7 +173,10 @@ async fn concurrent_reservations_of_one_key_reserve_once(t: TestDb) {
             reserved += 1;
         }
     }
-    assert_eq!(reserved, 1);
+    assert_eq!(
+        reserved, 1,
+        "exactly one transaction commits a record for the key"
+    );
 }
 
 async fn collector_deletes_only_expired_finished_records(t: TestDb) {
@@ -189,14 +197,25 @@ async fn collector_deletes_only_expired_finished_records(t: TestDb) {
             .unwrap();
         tx.commit().await.unwrap();
     }
+    // A record left `processing` (as a multi-phase reservation commits it) and one left
+    // `unknown`: neither is ever collected.
     let mut tx = t.db.begin().await.unwrap();
-    assert!(matches!(
-        s.reserve(&mut tx, &sc, &key("p"), &fp("{}"), 0)
-            .await
-            .unwrap(),
-        Reservation::Reserved(_)
-    ));
-    tx.commit().await.unwrap(); // committed while processing (as a multi-phase reservation would be)
+    for (k, state) in [("p", "processing"), ("u", "unknown")] {
+        on_tx!(&mut tx, |c| sqlx::query(
+            "INSERT INTO oncely_idempotency (tenant, operation, key, fingerprint, route_digest, \
+             state, owner, created_at, expires_at) VALUES ($1, $2, $3, $4, $4, $5, 'o', 0, 0)"
+        )
+        .bind("t1")
+        .bind(sc.operation.as_str())
+        .bind(k)
+        .bind(&[0_u8; 32][..])
+        .bind(state)
+        .execute(c)
+        .await
+        .map(drop))
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
 
     assert_eq!(
         s.collect_expired(59_999, 10).await.unwrap(),
@@ -216,7 +235,10 @@ async fn collector_deletes_only_expired_finished_records(t: TestDb) {
     .fetch_one(p)
     .await)
     .unwrap();
-    assert_eq!(left, 1, "the processing record is never collected");
+    assert_eq!(
+        left, 2,
+        "processing and unknown records are never collected"
+    );
     assert_eq!(
         s.lookup(&sc, &key("p")).await.unwrap().unwrap().state,
         RecordState::Processing
