@@ -21,6 +21,11 @@ pub struct IdempotencyConfig {
     /// `Retry-After` sent with 409 (in flight) and 503 (store unreachable), in seconds.
     /// Default 1.
     pub retry_after_secs: u32,
+    /// Bytes of finished outcomes kept in this process to answer replays without a
+    /// database round trip (0 disables). Only committed, final records are cached, a hit
+    /// still compares the fingerprint, and nothing is served past its `expires_at`. Default
+    /// 16 MiB.
+    pub replay_cache_bytes: usize,
 }
 
 impl Default for IdempotencyConfig {
@@ -31,6 +36,7 @@ impl Default for IdempotencyConfig {
             max_stored_response: 256 * 1024,
             in_flight_wait: None,
             retry_after_secs: 1,
+            replay_cache_bytes: 16 * 1024 * 1024,
         }
     }
 }

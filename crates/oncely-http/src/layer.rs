@@ -18,6 +18,7 @@ use oncely_sql::{Database, IdempotencyStore, Record, Reservation, ReservationTok
 use tokio::sync::Mutex;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::cache::{ReplayCache, Settled};
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::{IdempotencyConfig, Problem};
 
@@ -45,6 +46,7 @@ pub struct NotStored;
 pub struct IdempotencyLayer {
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
+    cache: Arc<ReplayCache>,
 }
 
 impl IdempotencyLayer {
@@ -52,6 +54,7 @@ impl IdempotencyLayer {
     pub fn new(store: IdempotencyStore, config: IdempotencyConfig) -> Self {
         Self {
             store,
+            cache: Arc::new(ReplayCache::new(config.replay_cache_bytes)),
             config: Arc::new(config),
         }
     }
@@ -64,6 +67,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             inner,
             store: self.store.clone(),
             config: self.config.clone(),
+            cache: self.cache.clone(),
         }
     }
 }
@@ -74,6 +78,7 @@ pub struct Idempotency<S> {
     inner: S,
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
+    cache: Arc<ReplayCache>,
 }
 
 /// Runs each request in a database transaction lent to the handler through
@@ -126,13 +131,13 @@ where
         let inner = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, inner);
         let db = self.db.clone();
-        Box::pin(async move {
-            let tx = match db.begin().await {
-                Ok(tx) => tx,
-                Err(e) => return Ok(store_problem(&e, 1)),
-            };
-            Ok(run_in_tx(inner, req, tx, None, usize::MAX).await)
-        })
+        let task = tokio::spawn(async move {
+            match db.begin().await {
+                Ok(tx) => run_in_tx(inner, req, tx, None, usize::MAX).await,
+                Err(e) => store_problem(&e, 1),
+            }
+        });
+        Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
     }
 }
 
@@ -154,9 +159,10 @@ where
         let inner = std::mem::replace(&mut self.inner, inner);
         let store = self.store.clone();
         let config = self.config.clone();
+        let cache = self.cache.clone();
         // Spawned: once a request has been received, a client hanging up (which makes the
         // server drop this future) cannot cancel it between reservation and commit.
-        let task = tokio::spawn(handle(inner, store, config, req));
+        let task = tokio::spawn(handle(inner, store, config, cache, req));
         Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
     }
 }
@@ -165,6 +171,7 @@ async fn handle<S>(
     inner: S,
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
+    cache: Arc<ReplayCache>,
     req: Request<Body>,
 ) -> Response
 where
@@ -286,6 +293,19 @@ where
         }
     };
 
+    // A finished outcome this process has seen: answered without a database round trip.
+    if let Some(settled) = cache.get(&scope, &key, now_ms()) {
+        metrics::counter!("oncely_idempotency_replay_cache_hits_total").increment(1);
+        if let Some(res) = answer(
+            settled.state,
+            &settled.fingerprint,
+            Some(&settled.response),
+            &fingerprint,
+        ) {
+            return res;
+        }
+    }
+
     let deadline = config.in_flight_wait.map(|d| Instant::now() + d);
     let mut pause = Duration::from_millis(10);
     loop {
@@ -310,6 +330,7 @@ where
                 let req = Request::from_parts(parts, Body::from(bytes));
                 let claim = Claim {
                     store,
+                    cache,
                     token,
                     scope,
                     key,
@@ -319,6 +340,18 @@ where
             }
             Reservation::Existing(record) => {
                 drop(tx.rollback().await);
+                if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
+                    cache.insert(
+                        &scope,
+                        &key,
+                        Settled {
+                            state: record.state,
+                            fingerprint: record.fingerprint,
+                            response: response.clone(),
+                            expires_at,
+                        },
+                    );
+                }
                 // `None`: still processing; wait below if configured.
                 if let Some(res) = answer_existing(&record, &fingerprint) {
                     return res;
@@ -339,8 +372,24 @@ where
 
 /// The answer for a committed record, or `None` while it is still `processing`.
 fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
+    answer(
+        record.state,
+        &record.fingerprint,
+        record.response.as_ref(),
+        fingerprint,
+    )
+}
+
+/// The answer for a record in `state`, first requested with `stored_fp`, to a request with
+/// `fingerprint`; `None` while it is still `processing`.
+fn answer(
+    state: RecordState,
+    stored_fp: &Fingerprint,
+    response: Option<&StoredResponse>,
+    fingerprint: &Fingerprint,
+) -> Option<Response> {
     // The fingerprint is compared on every path that can return a stored outcome.
-    if let Some(part) = record.fingerprint.mismatch(fingerprint) {
+    if let Some(part) = stored_fp.mismatch(fingerprint) {
         metrics::counter!("oncely_idempotency_fingerprint_mismatches_total").increment(1);
         return Some(
             Problem::new(
@@ -356,8 +405,8 @@ fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Respons
             .into_response(),
         );
     }
-    match record.state {
-        RecordState::Succeeded | RecordState::Failed => match &record.response {
+    match state {
+        RecordState::Succeeded | RecordState::Failed => match response {
             Some(stored) => {
                 metrics::counter!("oncely_idempotency_replays_total").increment(1);
                 Some(replay(stored))
@@ -442,6 +491,7 @@ fn replay(stored: &StoredResponse) -> Response {
 /// A reservation held by the request being executed.
 struct Claim {
     store: IdempotencyStore,
+    cache: Arc<ReplayCache>,
     token: ReservationToken,
     scope: Scope,
     key: IdempotencyKey,
@@ -449,8 +499,8 @@ struct Claim {
 }
 
 /// Runs `inner` with `tx` lent through the request extensions, then stores the answer (when
-/// `claim` is given) and commits — all in a spawned task, so a client that hangs up
-/// mid-request cannot cancel an operation half way: it runs to commit or rollback.
+/// `claim` is given) and commits. Callers run it in a spawned task, so a client that hangs
+/// up mid-request cannot cancel an operation half way: it runs to commit or rollback.
 async fn run_in_tx<S>(
     inner: S,
     mut req: Request<Body>,
@@ -464,97 +514,105 @@ where
 {
     let slot = TxSlot(Arc::new(Mutex::new(Some(tx))));
     req.extensions_mut().insert(slot.clone());
-    let task = tokio::spawn(async move {
-        let res = inner.oneshot(req).await.unwrap_or_else(|e| match e {});
-        let Some(mut tx) = slot.0.lock().await.take() else {
-            return Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "no-transaction",
-                "The transaction was lost",
-            )
-            .into_response();
+    let res = inner.oneshot(req).await.unwrap_or_else(|e| match e {});
+    let Some(mut tx) = slot.0.lock().await.take() else {
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no-transaction",
+            "The transaction was lost",
+        )
+        .into_response();
+    };
+    if res.status().is_server_error() || res.extensions().get::<NotStored>().is_some() {
+        // Nothing of a failed execution is kept: the key stays free for the retry.
+        drop(tx.rollback().await);
+        let reason = if res.status().is_server_error() {
+            "5xx"
+        } else {
+            "not_stored"
         };
-        if res.status().is_server_error() || res.extensions().get::<NotStored>().is_some() {
-            // Nothing of a failed execution is kept: the key stays free for the retry.
+        metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => reason).increment(1);
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let bytes: Bytes = match Limited::new(body, max_stored_response).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
             drop(tx.rollback().await);
-            let reason = if res.status().is_server_error() {
-                "5xx"
-            } else {
-                "not_stored"
-            };
-            metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => reason)
-                .increment(1);
-            return res;
-        }
-        let (parts, body) = res.into_parts();
-        let bytes: Bytes = match Limited::new(body, max_stored_response).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) => {
-                drop(tx.rollback().await);
-                let too_large = e.downcast_ref::<LengthLimitError>().is_some();
-                metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => if too_large { "response_too_large" } else { "response_body" }).increment(1);
-                return if too_large {
-                    Problem::new(
+            let too_large = e.downcast_ref::<LengthLimitError>().is_some();
+            metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => if too_large { "response_too_large" } else { "response_body" }).increment(1);
+            return if too_large {
+                Problem::new(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         "response-too-large",
                         "The response is too large to store for replay",
                     )
                     .detail(format!("responses over {max_stored_response} bytes are not stored; the operation was rolled back"))
                     .into_response()
-                } else {
-                    Problem::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "response-body",
-                        "The response body failed",
-                    )
-                    .into_response()
+            } else {
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "response-body",
+                    "The response body failed",
+                )
+                .into_response()
+            };
+        }
+    };
+    let mut settled = None;
+    if let Some(claim) = claim {
+        let stored = StoredResponse::new(
+            parts.status.as_u16(),
+            parts
+                .headers
+                .iter()
+                .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
+            bytes.to_vec(),
+        );
+        let now = now_ms();
+        let retention_ms = i64::try_from(claim.store.retention().as_millis()).unwrap_or(i64::MAX);
+        match claim
+            .store
+            .complete(&mut tx, claim.token, &stored, now)
+            .await
+        {
+            Ok(()) => {
+                let entry = Settled {
+                    state: RecordState::for_status(stored.status),
+                    fingerprint: claim.fingerprint,
+                    response: stored,
+                    expires_at: now.saturating_add(retention_ms),
+                };
+                settled = Some((claim.cache, claim.scope, claim.key, entry));
+            }
+            Err(StoreError::NotHeld) => {
+                // Another transaction committed this key first: this execution's writes
+                // roll back, and the client gets the committed answer.
+                drop(tx.rollback().await);
+                metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "lost_race")
+                    .increment(1);
+                return match claim.store.lookup(&claim.scope, &claim.key).await {
+                    Ok(Some(record)) => {
+                        answer_existing(&record, &claim.fingerprint).unwrap_or_else(|| in_flight(1))
+                    }
+                    Ok(None) => in_flight(1),
+                    Err(e) => store_problem(&e, 1),
                 };
             }
-        };
-        if let Some(claim) = claim {
-            let stored = StoredResponse::new(
-                parts.status.as_u16(),
-                parts
-                    .headers
-                    .iter()
-                    .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
-                bytes.to_vec(),
-            );
-            match claim
-                .store
-                .complete(&mut tx, claim.token, &stored, now_ms())
-                .await
-            {
-                Ok(()) => {}
-                Err(StoreError::NotHeld) => {
-                    // Another transaction committed this key first: this execution's writes
-                    // roll back, and the client gets the committed answer.
-                    drop(tx.rollback().await);
-                    metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "lost_race")
-                        .increment(1);
-                    return match claim.store.lookup(&claim.scope, &claim.key).await {
-                        Ok(Some(record)) => answer_existing(&record, &claim.fingerprint)
-                            .unwrap_or_else(|| in_flight(1)),
-                        Ok(None) => in_flight(1),
-                        Err(e) => store_problem(&e, 1),
-                    };
-                }
-                Err(e) => {
-                    drop(tx.rollback().await);
-                    return store_problem(&e, 1);
-                }
+            Err(e) => {
+                drop(tx.rollback().await);
+                return store_problem(&e, 1);
             }
         }
-        if let Err(e) = tx.commit().await {
-            // The commit may or may not have happened; a retry with the same key finds out.
-            return store_problem(&e, 1);
-        }
-        Response::from_parts(parts, Body::from(bytes))
-    });
-    match task.await {
-        Ok(res) => res,
-        Err(e) => panicked(&e),
     }
+    if let Err(e) = tx.commit().await {
+        // The commit may or may not have happened; a retry with the same key finds out.
+        return store_problem(&e, 1);
+    }
+    if let Some((cache, scope, key, entry)) = settled {
+        cache.insert(&scope, &key, entry);
+    }
+    Response::from_parts(parts, Body::from(bytes))
 }
 
 /// A panicking handler unwound and dropped its transaction: rolled back, nothing stored.

@@ -23,11 +23,14 @@
 //!
 //! # Layout
 //! - `config` — [`IdempotencyConfig`]: key requirement, size bounds, in-flight policy.
+//! - `cache` — the per-process cache of finished outcomes that serves replays without a
+//!   database round trip.
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
 //!   [`TransactionLayer`] (the same transaction handling without keys).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs.
 
+mod cache;
 mod config;
 mod extract;
 mod layer;

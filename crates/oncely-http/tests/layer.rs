@@ -105,6 +105,10 @@ struct App {
 }
 
 async fn start(t: &TestDb, wait: Option<Duration>) -> App {
+    start_with(t, wait, IdempotencyConfig::default().replay_cache_bytes).await
+}
+
+async fn start_with(t: &TestDb, wait: Option<Duration>, replay_cache_bytes: usize) -> App {
     let db = t.db.clone();
     db.migrate().await.unwrap();
     let mut tx = db.begin().await.unwrap();
@@ -120,6 +124,7 @@ async fn start(t: &TestDb, wait: Option<Duration>) -> App {
         max_stored_response: 1024,
         max_request_body: 64 * 1024,
         in_flight_wait: wait,
+        replay_cache_bytes,
         ..IdempotencyConfig::default()
     };
     let layer = IdempotencyLayer::new(
@@ -209,7 +214,20 @@ on_every_backend!(
     key_reused_on_another_route_parameter_is_422_route,
     business_rejection_is_stored_and_replayed,
     no_tenant_is_401_and_oversized_body_is_413,
+    replays_come_from_the_store_when_the_cache_is_off,
 );
+
+async fn replays_come_from_the_store_when_the_cache_is_off(t: TestDb) {
+    let app = start_with(&t, None, 0).await;
+    let first = app.post("/headers", "k-store", "{}").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let replay = app.post("/headers", "k-store", "{ }").await;
+    assert!(replayed(&replay));
+    assert!(replay.headers().get("set-cookie").is_none());
+    let other = app.post("/headers", "k-store", "{\"a\":1}").await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(app.effects("headers").await, 1);
+}
 
 async fn handler_failing_once_then_succeeding_runs_again_on_retry(t: TestDb) {
     let app = start(&t, None).await;
