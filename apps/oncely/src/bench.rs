@@ -16,6 +16,9 @@ pub(crate) enum BenchCommand {
     /// Order intake: creates/s through the idempotency layer vs the same handler without
     /// it, and replays/s.
     Intake(IntakeArgs),
+    /// Outbox relay: events/s to RabbitMQ and NATS beside the raw client with the same
+    /// confirmation window, and commit-to-publish latency p50/p99 at a steady rate.
+    Relay(crate::bench_relay::RelayBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -43,6 +46,7 @@ const API_KEY: &str = "bench-key-0123456789abcdef";
 pub(crate) async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Intake(args) => intake(args).await,
+        BenchCommand::Relay(args) => crate::bench_relay::run(args).await,
     }
 }
 

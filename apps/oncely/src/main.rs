@@ -7,6 +7,7 @@
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
 
 mod bench;
+mod bench_relay;
 mod relay_cmd;
 
 use std::net::SocketAddr;

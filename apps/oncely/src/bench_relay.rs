@@ -1,0 +1,435 @@
+//! `oncely bench relay`: relay throughput against the raw broker client with the same
+//! confirmation mode, and commit-to-publish latency at a steady event rate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Args;
+use oncely_broker::{NatsConfig, NatsPublisher, Publisher, RabbitMqConfig, RabbitMqPublisher};
+use oncely_core::MessageId;
+use oncely_outbox::{Relay, RelayConfig};
+use oncely_sql::{Database, DbOptions, OutboxEvent, OutboxStore};
+use oncely_testkit::TestDb;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Args)]
+pub(crate) struct RelayBenchArgs {
+    /// Database holding the outbox; a fresh schema (PostgreSQL) or file (SQLite) is used.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// NATS URL.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats_url: String,
+    /// Events per throughput run (relay and raw client each).
+    #[arg(long, default_value_t = 20_000)]
+    events: usize,
+    /// Confirmation window: messages in flight before waiting for their confirmations
+    /// (the relay's batch size and the raw client's window).
+    #[arg(long, default_value_t = 256)]
+    window: usize,
+    /// Steady rate of the latency run, events/s (one transaction per event).
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Seconds of the latency run.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broker {
+    RabbitMq,
+    Nats,
+}
+
+impl Broker {
+    fn name(self) -> &'static str {
+        match self {
+            Self::RabbitMq => "rabbitmq",
+            Self::Nats => "nats",
+        }
+    }
+}
+
+/// A destination created for one run (queue / stream), removed at the end.
+struct Target {
+    broker: Broker,
+    topic: String,
+    publisher: Arc<dyn Publisher>,
+    amqp: Option<(lapin::Connection, lapin::Channel, String)>,
+    nats: Option<(NatsPublisher, String)>,
+}
+
+const EXCHANGE: &str = "oncely.bench";
+
+fn payload(n: usize) -> Vec<u8> {
+    // About the size of an order.created body.
+    serde_json::json!({
+        "id": format!("0190b7a2-5f3c-7e11-a1b2-{n:012}"), "status": "created",
+        "source": "bench", "external_ref": format!("bench-{n}"), "customer_id": "c-42",
+        "items": [{"sku": "sku-1", "quantity": 2}, {"sku": "sku-2", "quantity": 1}],
+        "amount_minor": 1999, "currency": "EUR", "created_at": 1_767_225_600_000_i64
+    })
+    .to_string()
+    .into_bytes()
+}
+
+async fn amqp_connect(url: &str) -> anyhow::Result<(lapin::Connection, lapin::Channel)> {
+    let props = lapin::ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    let conn = lapin::Connection::connect(url, props).await?;
+    let ch = conn.create_channel().await?;
+    Ok((conn, ch))
+}
+
+impl Target {
+    async fn new(broker: Broker, args: &RelayBenchArgs, window: usize) -> anyhow::Result<Self> {
+        use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+        use lapin::types::FieldTable;
+        let topic = format!("bench{}", uuid::Uuid::new_v4().simple());
+        match broker {
+            Broker::RabbitMq => {
+                let (conn, ch) = amqp_connect(&args.amqp_url)
+                    .await
+                    .context("connecting to RabbitMQ")?;
+                ch.exchange_declare(
+                    EXCHANGE,
+                    lapin::ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+                // A durable queue, so persistent messages are written as in production.
+                ch.queue_declare(
+                    topic.as_str(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+                ch.queue_bind(
+                    topic.as_str(),
+                    EXCHANGE,
+                    topic.as_str(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+                let mut c = RabbitMqConfig::new(&args.amqp_url);
+                EXCHANGE.clone_into(&mut c.exchange);
+                c.max_in_flight = window;
+                let publisher = Arc::new(RabbitMqPublisher::connect(c).await?);
+                Ok(Self {
+                    broker,
+                    topic: topic.clone(),
+                    publisher,
+                    amqp: Some((conn, ch, topic)),
+                    nats: None,
+                })
+            }
+            Broker::Nats => {
+                let mut c = NatsConfig::new(&args.nats_url);
+                c.max_in_flight = window;
+                let p = NatsPublisher::connect(c)
+                    .await
+                    .context("connecting to NATS")?;
+                let stream = format!("BENCH{}", uuid::Uuid::new_v4().simple());
+                p.ensure_stream(&stream, std::slice::from_ref(&topic))
+                    .await?;
+                Ok(Self {
+                    broker,
+                    topic,
+                    publisher: Arc::new(p.clone()),
+                    amqp: None,
+                    nats: Some((p, stream)),
+                })
+            }
+        }
+    }
+
+    /// The raw client: the same messages, persistent / with a message id, published in
+    /// windows of `window` whose confirmations (AMQP confirms / JetStream PubAcks) are
+    /// awaited together — the relay's confirmation mode. Returns messages/s.
+    async fn raw(&self, args: &RelayBenchArgs, n: usize, window: usize) -> anyhow::Result<f64> {
+        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+        let started = Instant::now();
+        match self.broker {
+            Broker::RabbitMq => {
+                let (_conn, ch) = amqp_connect(&args.amqp_url).await?;
+                ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                let mut i = 0;
+                while i < n {
+                    let mut confirms = Vec::with_capacity(window);
+                    for k in i..(i + window).min(n) {
+                        let props = lapin::BasicProperties::default()
+                            .with_delivery_mode(2)
+                            .with_message_id(MessageId::new_random().to_string().into());
+                        confirms.push(
+                            ch.basic_publish(
+                                EXCHANGE,
+                                self.topic.as_str(),
+                                BasicPublishOptions {
+                                    mandatory: true,
+                                    ..BasicPublishOptions::default()
+                                },
+                                &payload(k),
+                                props,
+                            )
+                            .await?,
+                        );
+                    }
+                    i += confirms.len();
+                    for c in confirms {
+                        anyhow::ensure!(
+                            matches!(c.await?, lapin::publisher_confirm::Confirmation::Ack(None)),
+                            "raw publish not acknowledged"
+                        );
+                    }
+                }
+            }
+            Broker::Nats => {
+                let (p, _) = self.nats.as_ref().expect("nats target");
+                let js = p.jetstream();
+                let mut i = 0;
+                while i < n {
+                    let mut acks = Vec::with_capacity(window);
+                    for k in i..(i + window).min(n) {
+                        let mut h = async_nats::HeaderMap::new();
+                        h.insert(
+                            async_nats::header::NATS_MESSAGE_ID,
+                            MessageId::new_random().to_string().as_str(),
+                        );
+                        acks.push(
+                            js.publish_with_headers(self.topic.clone(), h, payload(k).into())
+                                .await?,
+                        );
+                    }
+                    i += acks.len();
+                    for a in acks {
+                        a.await?;
+                    }
+                }
+            }
+        }
+        Ok(n as f64 / started.elapsed().as_secs_f64())
+    }
+
+    async fn cleanup(self) {
+        if let Some((conn, ch, queue)) = self.amqp {
+            drop(
+                ch.queue_delete(
+                    queue.as_str(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await,
+            );
+            drop(conn.close(0, "bench done").await);
+        }
+        if let Some((p, stream)) = self.nats {
+            drop(p.jetstream().delete_stream(&stream).await);
+        }
+    }
+}
+
+fn event(topic: &str, n: usize) -> OutboxEvent {
+    OutboxEvent::new(
+        MessageId::new_random(),
+        topic,
+        format!("agg-{n}"),
+        "order.created",
+        payload(n),
+    )
+    .with_header("correlation-id", format!("bench-{n}"))
+}
+
+/// Relay throughput: `n` events committed first, then one relay drains them (claim →
+/// publish with confirms → mark, back to back). Returns events/s.
+async fn relay_throughput(
+    db: &Database,
+    target: &Target,
+    n: usize,
+    window: usize,
+) -> anyhow::Result<f64> {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let mut tx = db.begin().await?;
+        for &k in chunk {
+            OutboxStore::enqueue(&mut tx, &event(&target.topic, k)).await?;
+        }
+        tx.commit().await?;
+    }
+    let relay = Relay::new(
+        db.clone(),
+        target.publisher.clone(),
+        RelayConfig {
+            batch_size: u32::try_from(window).unwrap_or(u32::MAX),
+            ..RelayConfig::default()
+        },
+    );
+    let started = Instant::now();
+    let mut published = 0;
+    loop {
+        let r = relay.run_once().await?;
+        published += r.published;
+        anyhow::ensure!(r.retried + r.dead == 0, "publish failures during the run");
+        if r.claimed == 0 {
+            break;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(published == n, "published {published} of {n}");
+    Ok(n as f64 / secs)
+}
+
+/// Commit-to-publish latency: writers commit one event per transaction at `rate`/s for
+/// `secs` while a relay runs (LISTEN/NOTIFY on PostgreSQL); latency is the relay's
+/// `published_at` (broker confirmation) minus the writer's commit time. Returns sorted ms.
+async fn latency(
+    db: &Database,
+    target: &Target,
+    rate: u64,
+    secs: u64,
+    window: usize,
+) -> anyhow::Result<Vec<i64>> {
+    let stop = CancellationToken::new();
+    let relay = Relay::new(
+        db.clone(),
+        target.publisher.clone(),
+        RelayConfig {
+            batch_size: u32::try_from(window).unwrap_or(u32::MAX),
+            ..RelayConfig::default()
+        },
+    );
+    let relay = tokio::spawn(relay.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let writers = 4_u64;
+    let per_writer = (rate / writers).max(1);
+    let total = per_writer * secs;
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let db = db.clone();
+            let topic = target.topic.clone();
+            tokio::spawn(async move {
+                let mut commits = HashMap::new();
+                let mut tick =
+                    tokio::time::interval(Duration::from_secs_f64(1.0 / per_writer as f64));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                for k in 0..total {
+                    tick.tick().await;
+                    let mut tx = db.begin().await?;
+                    let id =
+                        OutboxStore::enqueue(&mut tx, &event(&topic, (w * total + k) as usize))
+                            .await?;
+                    tx.commit().await?;
+                    commits.insert(id, oncely_core::now_ms());
+                }
+                Ok::<_, anyhow::Error>(commits)
+            })
+        })
+        .collect();
+    let mut commits = HashMap::new();
+    for t in tasks {
+        commits.extend(t.await??);
+    }
+    let store = OutboxStore::new(db.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.stats().await?.pending > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "the relay did not drain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    relay.await?;
+    let mut lat = Vec::with_capacity(commits.len());
+    for (id, committed) in commits {
+        let row = store.get(id).await?.context("row vanished")?;
+        let published = row.published_at.context("row not published")?;
+        lat.push((published - committed).max(0));
+    }
+    lat.sort_unstable();
+    Ok(lat)
+}
+
+fn pct(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
+    let options = DbOptions {
+        max_connections: 16,
+        ..DbOptions::default()
+    };
+    println!(
+        "relay benchmark: database {}, {} events per throughput run, window {}",
+        if args.database_url.starts_with("sqlite") {
+            "SQLite"
+        } else {
+            "PostgreSQL"
+        },
+        args.events,
+        args.window
+    );
+    for broker in [Broker::RabbitMq, Broker::Nats] {
+        let target = match Target::new(broker, &args, args.window).await {
+            Ok(t) => t,
+            Err(e) => {
+                println!("{}: SKIPPED ({e:#})", broker.name());
+                continue;
+            }
+        };
+        let test_db = TestDb::fresh(&args.database_url, &options)
+            .await
+            .context("database unreachable")?;
+        test_db.db.migrate().await?;
+        // Warm-up, then alternate raw / relay so drift hits both.
+        target.raw(&args, 1000, args.window).await?;
+        let raw = target.raw(&args, args.events, args.window).await?;
+        let relay = relay_throughput(&test_db.db, &target, args.events, args.window).await?;
+        println!(
+            "{:>8}: relay {:>8.0} events/s | raw client {:>8.0} msg/s (same confirmation \
+             window) | ratio {:.2}",
+            broker.name(),
+            relay,
+            raw,
+            relay / raw
+        );
+        let lat = latency(&test_db.db, &target, args.rate, args.seconds, args.window).await?;
+        println!(
+            "{:>8}: commit-to-publish at {} events/s for {} s: p50 {} ms, p99 {} ms, max {} ms \
+             (n = {})",
+            broker.name(),
+            args.rate,
+            args.seconds,
+            pct(&lat, 0.50),
+            pct(&lat, 0.99),
+            lat.last().copied().unwrap_or(0),
+            lat.len()
+        );
+        target.cleanup().await;
+    }
+    Ok(())
+}
