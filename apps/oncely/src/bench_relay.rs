@@ -264,8 +264,8 @@ fn event(topic: &str, n: usize) -> OutboxEvent {
     .with_header("correlation-id", format!("bench-{n}"))
 }
 
-/// Relay throughput: `n` events committed first, then one relay drains them (claim →
-/// publish with confirms → mark, back to back). Returns events/s.
+/// Relay throughput: `n` events committed first, then one relay drains them
+/// ([`Relay::drain`]: claim → publish with confirms → mark, pipelined). Returns events/s.
 async fn relay_throughput(
     db: &Database,
     target: &Target,
@@ -288,15 +288,9 @@ async fn relay_throughput(
         },
     );
     let started = Instant::now();
-    let mut published = 0;
-    loop {
-        let r = relay.run_once().await?;
-        published += r.published;
-        anyhow::ensure!(r.retried + r.dead == 0, "publish failures during the run");
-        if r.claimed == 0 {
-            break;
-        }
-    }
+    let r = relay.drain(&CancellationToken::new()).await?;
+    anyhow::ensure!(r.retried + r.dead == 0, "publish failures during the run");
+    let published = r.published;
     let secs = started.elapsed().as_secs_f64();
     anyhow::ensure!(published == n, "published {published} of {n}");
     Ok(n as f64 / secs)

@@ -66,7 +66,7 @@ pub enum RelayError {
     Store(#[from] StoreError),
 }
 
-/// What one [`Relay::run_once`] round did.
+/// What one [`Relay::run_once`] round (or a [`Relay::drain`]) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RoundReport {
@@ -78,6 +78,15 @@ pub struct RoundReport {
     pub retried: usize,
     /// Rows that reached the attempt limit and went dead.
     pub dead: usize,
+}
+
+impl RoundReport {
+    fn add(&mut self, other: Self) {
+        self.claimed += other.claimed;
+        self.published += other.published;
+        self.retried += other.retried;
+        self.dead += other.dead;
+    }
 }
 
 /// The outbox relay: claims the heads of the outbox's partitions (see
@@ -125,48 +134,98 @@ impl Relay {
     /// [`RelayError::Store`] when the claim fails. Failures while settling are logged; the
     /// affected rows keep their lease and are retried after it runs out.
     pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
-        let now = oncely_core::now_ms();
-        let rows = self
-            .store
+        let rows = self.claim().await?;
+        if rows.is_empty() {
+            return Ok(RoundReport::default());
+        }
+        let results = self.publish(&rows).await;
+        Ok(self.settle(&rows, results).await)
+    }
+
+    /// Publishes until nothing is claimable, pipelined: while one batch is being published
+    /// the next is claimed and the previous one is marked, so the database work overlaps
+    /// the wait for the broker's confirmations (still one confirmation window at a time).
+    /// Returns the totals. Stops early when `shutdown` is cancelled.
+    ///
+    /// # Errors
+    /// [`RelayError::Store`] when the first claim fails (later claim failures end the
+    /// drain early and are logged).
+    pub async fn drain(&self, shutdown: &CancellationToken) -> Result<RoundReport, RelayError> {
+        let mut total = RoundReport::default();
+        let mut settling: Option<tokio::task::JoinHandle<RoundReport>> = None;
+        let mut next = self.claim().await?;
+        while !next.is_empty() {
+            let batch = next;
+            let full = batch.len() >= self.config.batch_size as usize;
+            let (results, claimed) = if full && !shutdown.is_cancelled() {
+                tokio::join!(self.publish(&batch), self.claim())
+            } else {
+                (self.publish(&batch).await, Ok(Vec::new()))
+            };
+            if let Some(previous) = settling.take() {
+                total.add(previous.await.unwrap_or_default());
+            }
+            let this = self.clone();
+            settling = Some(tokio::spawn(
+                async move { this.settle(&batch, results).await },
+            ));
+            next = claimed.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "relay claim failed");
+                Vec::new()
+            });
+        }
+        if let Some(previous) = settling {
+            total.add(previous.await.unwrap_or_default());
+        }
+        Ok(total)
+    }
+
+    async fn claim(&self) -> Result<Vec<OutboxRow>, StoreError> {
+        self.store
             .claim(
                 &self.config.relay_id,
                 self.config.batch_size,
                 self.config.lease,
-                now,
+                oncely_core::now_ms(),
             )
-            .await?;
+            .await
+    }
+
+    async fn publish(&self, rows: &[OutboxRow]) -> Vec<Result<(), PublishError>> {
+        let messages: Vec<Message> = rows.iter().map(to_message).collect();
+        let started = std::time::Instant::now();
+        let results = self.publisher.publish(&messages).await;
+        metrics::histogram!(m::PUBLISH_BATCH_SECONDS, "broker" => self.publisher.name())
+            .record(started.elapsed().as_secs_f64());
+        results
+    }
+
+    /// Marks the confirmed rows published and reschedules the others.
+    async fn settle(
+        &self,
+        rows: &[OutboxRow],
+        results: Vec<Result<(), PublishError>>,
+    ) -> RoundReport {
+        let broker = self.publisher.name();
+        let confirmed_at = oncely_core::now_ms();
         let mut report = RoundReport {
             claimed: rows.len(),
             ..RoundReport::default()
         };
-        if rows.is_empty() {
-            return Ok(report);
-        }
-        let messages: Vec<Message> = rows.iter().map(to_message).collect();
-        let started = std::time::Instant::now();
-        let results = self.publisher.publish(&messages).await;
-        let broker = self.publisher.name();
-        metrics::histogram!(m::PUBLISH_BATCH_SECONDS, "broker" => broker)
-            .record(started.elapsed().as_secs_f64());
-        let confirmed_at = oncely_core::now_ms();
+        let mut results = results.into_iter();
         let mut ok_ids = Vec::with_capacity(rows.len());
-        for (row, result) in rows
-            .iter()
-            .zip(results.iter().map(Some).chain(std::iter::repeat(None)))
-        {
-            match result {
+        for row in rows {
+            match results.next() {
                 Some(Ok(())) => {
                     ok_ids.push(row.id);
                     let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
                     metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker)
                         .record(latency_ms as f64 / 1000.0);
                 }
-                Some(Err(e)) => {
-                    self.fail(row, &e.to_string(), &mut report).await;
-                }
+                Some(Err(e)) => self.fail(row, &e.to_string(), &mut report).await,
                 None => {
-                    let e = PublishError::Rejected("publisher returned no result".to_owned());
-                    self.fail(row, &e.to_string(), &mut report).await;
+                    self.fail(row, "publisher returned no result", &mut report)
+                        .await;
                 }
             }
         }
@@ -195,7 +254,7 @@ impl Relay {
                 }
             }
         }
-        Ok(report)
+        report
     }
 
     async fn fail(&self, row: &OutboxRow, error: &str, report: &mut RoundReport) {
@@ -263,8 +322,8 @@ impl Relay {
             if shutdown.is_cancelled() {
                 break;
             }
-            let busy = match self.run_once().await {
-                Ok(r) => r.claimed >= self.config.batch_size as usize,
+            let busy = match self.drain(&shutdown).await {
+                Ok(r) => r.claimed > 0,
                 Err(e) => {
                     tracing::warn!(error = %e, "relay round failed");
                     false

@@ -657,7 +657,7 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     // While A's lease holds, nobody else takes the rows.
     let b = h.relay(h.publisher.clone(), |c| {
-        "relay-b".clone_into(&mut c.relay_id)
+        "relay-b".clone_into(&mut c.relay_id);
     });
     assert_eq!(b.run_once().await.unwrap().claimed, 0);
     tokio::time::sleep(Duration::from_millis(700)).await;

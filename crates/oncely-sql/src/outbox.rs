@@ -262,9 +262,10 @@ impl OutboxStore {
 
     /// Leases up to `batch` rows for `owner` until `now_ms + lease` and returns them in id
     /// order. A row is claimable when it is `pending`, available (`available_at ≤ now`), not
-    /// leased by a live lease, and the oldest pending row of its partition key — so each
-    /// partition contributes at most one row, and none while an earlier row of it is in
-    /// flight or in backoff.
+    /// leased by a live lease, the oldest pending row of its partition key, and no other row
+    /// of its partition is leased — so each partition contributes at most one row, and none
+    /// while another row of it is in flight (even one with a higher id whose transaction
+    /// committed first) or an earlier one is in backoff.
     ///
     /// `lease` must exceed the publish timeout: a relay that outlives its lease may see its
     /// rows republished by another (same message ids, so consumers' inboxes and JetStream's
@@ -290,7 +291,7 @@ impl OutboxStore {
                    AND (o.locked_until IS NULL OR o.locked_until < $3) \
                    AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
                      WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
-                     AND p.id < o.id) \
+                     AND (p.id < o.id OR p.locked_until >= $3)) \
                    ORDER BY o.id LIMIT $4 {lock}) \
                  RETURNING {COLUMNS}"
             )
