@@ -231,6 +231,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         retention_secs = args.retention_secs,
         "oncely serve: order service ready"
     );
+    // Install the metrics recorder before the relay records anything.
+    let _ = orders::metrics_handle();
     let stop_relay = tokio_util::sync::CancellationToken::new();
     let relay = if args.no_relay {
         None

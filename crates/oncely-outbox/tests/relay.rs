@@ -425,6 +425,7 @@ async fn nats_consumer(p: &NatsPublisher, stream: &str) -> Consumer {
 /// transaction rolled back yield none.
 async fn every_created_order_yields_exactly_one_order_created(mut h: Harness) {
     use oncely_http::IdempotencyConfig;
+    let metrics = orders::metrics_handle();
     orders::migrate(&h.db.db).await.expect("order migrations");
     let api_key = "test-key-0123456789abcdef";
     let base_config = orders::AppConfig {
@@ -554,6 +555,13 @@ async fn every_created_order_yields_exactly_one_order_created(mut h: Harness) {
     }
     let stats = h.store().stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
+    // The relay's metrics reach the service's Prometheus endpoint.
+    let text = metrics.render();
+    assert!(text.contains("oncely_outbox_published_total"), "{text}");
+    assert!(
+        text.contains("oncely_outbox_publish_latency_seconds_bucket"),
+        "{text}"
+    );
     h.finish().await;
 }
 
