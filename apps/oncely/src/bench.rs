@@ -140,6 +140,9 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
         ..AppConfig::default()
     };
     let layer_url = start(orders::router(test_db.db.clone(), &config)).await?;
+    let mut uncached = config.clone();
+    uncached.idempotency.replay_cache_bytes = 0;
+    let uncached_url = start(orders::router(test_db.db.clone(), &uncached)).await?;
     let bare_url = start(orders::router_without_idempotency(
         test_db.db.clone(),
         &config,
@@ -172,7 +175,7 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
         "oncely bench intake — {backend}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
         args.concurrency, args.rounds, args.seconds
     );
-    let (mut bare, mut layer, mut replay) = (0.0, 0.0, 0.0);
+    let (mut bare, mut layer, mut replay, mut replay_store) = (0.0, 0.0, 0.0, 0.0);
     for round in 0..args.rounds {
         let tag = format!("r{round}-{}", uuid::Uuid::now_v7().simple());
         let t = tag.clone();
@@ -196,6 +199,16 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
         )
         .await?;
         let set = replay_set.clone();
+        replay_store += load(
+            &client,
+            &uncached_url,
+            args.concurrency,
+            args.seconds,
+            201,
+            Arc::new(move |n| set[(n as usize) % set.len()].clone()),
+        )
+        .await?;
+        let set = replay_set.clone();
         replay += load(
             &client,
             &layer_url,
@@ -207,7 +220,7 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
         .await?;
     }
     let r = f64::from(args.rounds);
-    let (bare, layer, replay) = (bare / r, layer / r, replay / r);
+    let (bare, layer, replay, replay_store) = (bare / r, layer / r, replay / r, replay_store / r);
     println!(
         "{:<44} {:>10.1} /s   (baseline)",
         "creates, bare handler (no idempotency layer)", bare
@@ -220,9 +233,15 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
     );
     println!(
         "{:<44} {:>10.1} /s   ratio {:.2}× bare creates (target ≥ 1.5)",
-        "replays, idempotency layer",
+        "replays, idempotency layer (replay cache)",
         replay,
         replay / bare
+    );
+    println!(
+        "{:<44} {:>10.1} /s   ratio {:.2}× bare creates",
+        "replays, store lookups (replay cache off)",
+        replay_store,
+        replay_store / bare
     );
     Ok(())
 }
