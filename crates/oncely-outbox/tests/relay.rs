@@ -243,6 +243,27 @@ fn nats_config(url: &str) -> NatsConfig {
     c
 }
 
+/// Delays every batch by a random 0–15 ms before handing it to the real publisher.
+#[derive(Debug)]
+struct Jittery(Arc<dyn Publisher>);
+
+impl Publisher for Jittery {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [oncely_broker::Message],
+    ) -> oncely_broker::BoxFuture<'a, Vec<Result<(), oncely_broker::PublishError>>> {
+        Box::pin(async move {
+            let us = u64::from(uuid::Uuid::new_v4().as_bytes()[0]) * 60;
+            tokio::time::sleep(Duration::from_micros(us)).await;
+            self.0.publish(batch).await
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+}
+
 fn spawn_relay(relay: Relay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = CancellationToken::new();
     let handle = tokio::spawn(relay.run(token.clone()));
@@ -570,9 +591,20 @@ async fn every_created_order_yields_exactly_one_order_created(mut h: Harness) {
 async fn three_relays_keep_each_aggregates_order(mut h: Harness) {
     const AGGREGATES: usize = 50;
     const PER: usize = 20;
+    let event = |a: usize, seq: usize| h.event(&format!("agg-{a}"), seq);
+    // A backlog first (the first half of every aggregate's events), so the relays start by
+    // competing for the same partitions; then four writers add the rest while they run.
+    let backlog: Vec<OutboxEvent> = (0..PER / 2)
+        .flat_map(|seq| (0..AGGREGATES).map(move |a| (a, seq)))
+        .map(|(a, seq)| event(a, seq))
+        .collect();
+    h.enqueue(&backlog).await;
+    // Each relay's broker round trips get a random extra 0–15 ms, so their batches
+    // interleave every which way (the brokers are still the real ones).
     let relays: Vec<_> = (0..3)
         .map(|i| {
-            spawn_relay(h.relay(h.publisher.clone(), |c| {
+            let jittery: Arc<dyn Publisher> = Arc::new(Jittery(h.publisher.clone()));
+            spawn_relay(h.relay(jittery, |c| {
                 c.relay_id = format!("relay-{i}");
                 c.batch_size = 16;
             }))
@@ -583,13 +615,13 @@ async fn three_relays_keep_each_aggregates_order(mut h: Harness) {
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let db = h.db.db.clone();
-            let events: Vec<OutboxEvent> = (0..PER)
+            let events: Vec<OutboxEvent> = (PER / 2..PER)
                 .flat_map(|seq| {
                     (0..AGGREGATES)
                         .filter(move |a| a % 4 == w)
                         .map(move |a| (a, seq))
                 })
-                .map(|(a, seq)| h.event(&format!("agg-{a}"), seq))
+                .map(|(a, seq)| event(a, seq))
                 .collect();
             tokio::spawn(async move {
                 for e in events {
