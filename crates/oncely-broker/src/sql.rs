@@ -129,27 +129,32 @@ impl SqlTransport {
     /// [`StoreError`] when the database fails or a row is corrupt; nothing is taken then.
     pub async fn receive(&self, topic: &str, max: u32) -> Result<Vec<ReceivedMessage>, StoreError> {
         let max = i64::from(max.max(1));
-        let sql = |lock: &str| {
-            format!(
-                "DELETE FROM oncely_queue WHERE id IN (SELECT id FROM oncely_queue \
-                 WHERE topic = $1 ORDER BY id LIMIT $2 {lock}) RETURNING id, topic, message_id, \
-                 partition_key, event_type, headers, payload, enqueued_at"
-            )
-        };
         let rows: Vec<QueueRow> = match &self.db {
             Database::Sqlite(s) => {
-                sqlx::query_as(&sql(""))
-                    .bind(topic)
-                    .bind(max)
-                    .fetch_all(s.writer())
-                    .await?
+                sqlx::query_as(
+                    "DELETE FROM oncely_queue WHERE id IN (SELECT id FROM oncely_queue \
+                     WHERE topic = $1 ORDER BY id LIMIT $2) RETURNING id, topic, message_id, \
+                     partition_key, event_type, headers, payload, enqueued_at",
+                )
+                .bind(topic)
+                .bind(max)
+                .fetch_all(s.writer())
+                .await?
             }
+            // The locking subquery in a CTE runs once (an `IN (…)` subquery may be
+            // rescanned, and with SKIP LOCKED a rescan takes other rows).
             Database::Postgres(p) => {
-                sqlx::query_as(&sql("FOR UPDATE SKIP LOCKED"))
-                    .bind(topic)
-                    .bind(max)
-                    .fetch_all(p.pool())
-                    .await?
+                sqlx::query_as(
+                    "WITH c AS (SELECT id FROM oncely_queue WHERE topic = $1 ORDER BY id \
+                     LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                     DELETE FROM oncely_queue q USING c WHERE q.id = c.id \
+                     RETURNING q.id, q.topic, q.message_id, q.partition_key, q.event_type, \
+                     q.headers, q.payload, q.enqueued_at",
+                )
+                .bind(topic)
+                .bind(max)
+                .fetch_all(p.pool())
+                .await?
             }
         };
         let mut out = rows

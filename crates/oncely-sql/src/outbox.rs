@@ -130,6 +130,15 @@ struct Row {
 const COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
 
+/// [`COLUMNS`] prefixed with a table alias.
+fn qualified(alias: &str) -> String {
+    COLUMNS
+        .split(", ")
+        .map(|c| format!("{alias}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl Row {
     fn into_row(self) -> Result<OutboxRow, StoreError> {
         let headers: BTreeMap<String, String> = serde_json::from_str(&self.headers)
@@ -282,38 +291,47 @@ impl OutboxStore {
     ) -> Result<Vec<OutboxRow>, StoreError> {
         let until = now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
         let batch = i64::from(batch.max(1));
-        let sql = |lock: &str| {
-            format!(
-                "UPDATE oncely_outbox SET locked_by = $1, locked_until = $2 \
-                 WHERE state = 'pending' AND (locked_until IS NULL OR locked_until < $3) \
-                 AND id IN (SELECT o.id FROM oncely_outbox o \
-                   WHERE o.state = 'pending' AND o.available_at <= $3 \
-                   AND (o.locked_until IS NULL OR o.locked_until < $3) \
-                   AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
-                     WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
-                     AND (p.id < o.id OR p.locked_until >= $3)) \
-                   ORDER BY o.id LIMIT $4 {lock}) \
-                 RETURNING {COLUMNS}"
-            )
-        };
+        // Candidates: pending, available, unleased heads of partitions with nothing leased.
+        let candidates = "SELECT o.id FROM oncely_outbox o \
+             WHERE o.state = 'pending' AND o.available_at <= $3 \
+             AND (o.locked_until IS NULL OR o.locked_until < $3) \
+             AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
+               WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
+               AND (p.id < o.id OR p.locked_until >= $3)) \
+             ORDER BY o.id LIMIT $4";
         let rows: Vec<Row> = match &self.db {
+            // One writer: the statement runs alone, the subquery once.
             Database::Sqlite(s) => {
-                sqlx::query_as(&sql(""))
-                    .bind(owner)
-                    .bind(until)
-                    .bind(now_ms)
-                    .bind(batch)
-                    .fetch_all(s.writer())
-                    .await?
+                sqlx::query_as(&format!(
+                    "UPDATE oncely_outbox SET locked_by = $1, locked_until = $2 \
+                     WHERE id IN ({candidates}) RETURNING {COLUMNS}"
+                ))
+                .bind(owner)
+                .bind(until)
+                .bind(now_ms)
+                .bind(batch)
+                .fetch_all(s.writer())
+                .await?
             }
+            // The locking subquery sits in a CTE so it runs exactly once: as an `IN (…)`
+            // subquery the planner may rescan it, and with SKIP LOCKED a rescan returns
+            // other rows (more than LIMIT in all). The outer WHERE re-checks the lease on
+            // the row version the lock returned.
             Database::Postgres(p) => {
-                sqlx::query_as(&sql("FOR UPDATE SKIP LOCKED"))
-                    .bind(owner)
-                    .bind(until)
-                    .bind(now_ms)
-                    .bind(batch)
-                    .fetch_all(p.pool())
-                    .await?
+                sqlx::query_as(&format!(
+                    "WITH c AS ({candidates} FOR UPDATE SKIP LOCKED) \
+                     UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 FROM c \
+                     WHERE t.id = c.id AND t.state = 'pending' \
+                     AND (t.locked_until IS NULL OR t.locked_until < $3) \
+                     RETURNING {}",
+                    qualified("t")
+                ))
+                .bind(owner)
+                .bind(until)
+                .bind(now_ms)
+                .bind(batch)
+                .fetch_all(p.pool())
+                .await?
             }
         };
         let mut rows = rows
@@ -583,9 +601,9 @@ impl OutboxStore {
             .await?
             .rows_affected(),
             Database::Postgres(p) => sqlx::query(
-                "DELETE FROM oncely_outbox WHERE id IN (SELECT id FROM oncely_outbox \
-                 WHERE state = 'published' AND published_at < $1 LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED)",
+                "WITH c AS (SELECT id FROM oncely_outbox WHERE state = 'published' \
+                 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM oncely_outbox t USING c WHERE t.id = c.id",
             )
             .bind(before_ms)
             .bind(batch)
