@@ -87,7 +87,12 @@ where
 {
     let keys = Arc::new(config.api_keys.clone());
     let api = Router::new()
-        .route("/v1/orders", post(orders::create_order))
+        // The idempotency layer bounds the body (413 before any reservation); axum's own
+        // 2 MiB extractor limit must not answer a second, storable 413 behind it.
+        .route(
+            "/v1/orders",
+            post(orders::create_order).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route_layer(tx_layer)
         .route("/v1/orders/{id}", get(orders::get_order))
         .route_layer(middleware::from_fn_with_state(keys, auth::authenticate))
@@ -100,6 +105,17 @@ where
         .route("/metrics", get(metrics))
         .with_state(db);
     api.merge(ops)
+        .fallback(|| async {
+            Problem::new(StatusCode::NOT_FOUND, "not-found", "No such resource").into_response()
+        })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "This method is not allowed on this resource",
+            )
+            .into_response()
+        })
 }
 
 async fn healthz(State(db): State<Database>) -> Response {

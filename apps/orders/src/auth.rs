@@ -16,9 +16,13 @@ pub(crate) async fn authenticate(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let tenant = req
-        .headers()
-        .get(header::AUTHORIZATION)
+    // Exactly one Authorization header: with two, which credential counts is ambiguous.
+    let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+    let only = match (values.next(), values.next()) {
+        (Some(v), None) => Some(v),
+        _ => None,
+    };
+    let tenant = only
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             let (scheme, token) = v.split_once(' ')?;

@@ -88,9 +88,18 @@ fn invalid(status: StatusCode, kind: &str, title: &str, detail: String) -> Respo
 }
 
 fn validate(o: &NewOrder) -> Result<(), String> {
+    // Identifiers are compared byte for byte by the business key, so invisible differences
+    // ("A-1", "A-1 ", "A-1\u{200b}") would make distinct orders: refuse them.
     let text = |name: &str, v: &str, max: usize| {
-        if v.is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
-            Err(format!("{name} must have 1 to {max} printable characters"))
+        let invisible = |c: char| {
+            c.is_control()
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
+        };
+        if v.is_empty() || v.chars().count() > max || v.chars().any(invisible) || v.trim() != v {
+            Err(format!(
+                "{name} must have 1 to {max} printable characters, without leading or trailing \
+                 whitespace"
+            ))
         } else {
             Ok(())
         }
@@ -144,14 +153,30 @@ pub(crate) async fn create_order(
     mut tx: IdempotentTx,
     body: Bytes,
 ) -> Response {
+    // The fingerprint canonicalises JSON only for a JSON media type, so the body is read
+    // only under one: the same bytes can never be fingerprinted two ways.
+    let is_json = request_headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return invalid(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "The order must be sent as application/json",
+            "set Content-Type: application/json".to_owned(),
+        );
+    }
     let order: NewOrder = match serde_json::from_slice(&body) {
         Ok(o) => o,
+        // serde's messages quote the offending input; problem details never echo values.
         Err(e) if e.is_syntax() || e.is_eof() => {
             return invalid(
                 StatusCode::BAD_REQUEST,
                 "malformed-json",
                 "The request body is not valid JSON",
-                e.to_string(),
+                format!("syntax error at line {}, column {}", e.line(), e.column()),
             );
         }
         Err(e) => {
@@ -159,7 +184,12 @@ pub(crate) async fn create_order(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-order",
                 "The order is invalid",
-                e.to_string(),
+                format!(
+                    "the body does not match the order schema (a missing or unknown field, or a \
+                     value of the wrong type) at line {}, column {}",
+                    e.line(),
+                    e.column()
+                ),
             );
         }
     };

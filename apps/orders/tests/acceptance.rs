@@ -151,7 +151,151 @@ on_every_backend!(
     unauthenticated_requests_are_401_before_any_lookup,
     store_unreachable_answers_503_and_runs_nothing,
     healthz_and_metrics_answer,
+    ambiguous_or_unsupported_bodies_are_rejected_and_not_stored,
+    bodies_over_two_mebibytes_within_the_bound_are_not_a_stored_413,
+    a_held_lock_on_the_idempotency_table_is_503_not_500,
+    ambiguous_credentials_and_unknown_routes_are_problems,
 );
+
+async fn ambiguous_or_unsupported_bodies_are_rejected_and_not_stored(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let ext = unique("ext");
+    let body = order(&ext, 1999).to_string();
+    // The same bytes without a JSON media type: 415, nothing stored, the key stays usable.
+    let key = unique("ct");
+    let res = s
+        .client
+        .post(format!("{}/v1/orders", s.base))
+        .bearer_auth(KEY_A)
+        .header("idempotency-key", &key)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        s.post_raw(KEY_A, Some(&key), body.clone()).await.status,
+        StatusCode::CREATED
+    );
+    // A duplicate member name is ambiguous (RFC 8785 §3.1 needs I-JSON): 400, not a replay.
+    let dup = body.replacen(
+        "\"amount_minor\":1999",
+        "\"amount_minor\":5,\"amount_minor\":1999",
+        1,
+    );
+    assert_ne!(dup, body);
+    let res = s.post_raw(KEY_A, Some(&key), dup).await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(!res.replayed);
+    // Values are never echoed in problem details.
+    let mut secret = order(&unique("ext"), 1);
+    secret["amount_minor"] = json!("SECRET-VALUE-123");
+    let res = s.post(KEY_A, &unique("secret"), &secret).await;
+    assert_eq!(res.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(!String::from_utf8_lossy(&res.body).contains("SECRET"));
+    // Invisible differences in business identifiers would make distinct orders.
+    for bad in ["A-1 ", " A-1", "A-1\u{200b}", "A-\u{202e}1"] {
+        let res = s.post(KEY_A, &unique("inv"), &order(bad, 1)).await;
+        assert_eq!(res.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
+    }
+    assert_eq!(
+        count_records(&t.db).await,
+        1,
+        "only the created order's record exists"
+    );
+}
+
+async fn bodies_over_two_mebibytes_within_the_bound_are_not_a_stored_413(t: TestDb) {
+    let mut cfg = config();
+    cfg.idempotency.max_request_body = 4_000_000;
+    let s = start(&t.db, cfg).await;
+    let (key, ext) = (unique("big"), unique("ext"));
+    let body = order(&ext, 1999).to_string();
+    let padded = format!("{}{}}}", &body[..body.len() - 1], " ".repeat(2_200_000));
+    let first = s.post_raw(KEY_A, Some(&key), padded).await;
+    assert_eq!(
+        first.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    // The same JSON without the padding is the same request (RFC 8785): a replay.
+    let again = s.post_raw(KEY_A, Some(&key), body).await;
+    assert!(again.replayed);
+    assert_eq!(again.body, first.body);
+    // Over the configured bound: 413 before any reservation, nothing stored.
+    let over = format!(
+        "{}{}}}",
+        &order(&unique("ext"), 1).to_string()[..10],
+        " ".repeat(4_100_000)
+    );
+    let res = s.post_raw(KEY_A, Some(&unique("over")), over).await;
+    assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(count_records(&t.db).await, 1);
+}
+
+async fn a_held_lock_on_the_idempotency_table_is_503_not_500(t: TestDb) {
+    orders::migrate(&t.db).await.unwrap();
+    let opts = DbOptions {
+        lock_timeout: Duration::from_millis(300),
+        ..DbOptions::default()
+    };
+    let db = Database::connect(&t.url, &opts).await.unwrap();
+    let s = start(&db, config()).await;
+    // Another session holds the table (a migration, VACUUM FULL, a long writer).
+    let blocker = Database::connect(&t.url, &DbOptions::default())
+        .await
+        .unwrap();
+    let mut held = blocker.begin().await.unwrap();
+    match &mut held {
+        oncely_sql::Tx::Postgres(c) => {
+            sqlx::query("LOCK TABLE oncely_idempotency IN ACCESS EXCLUSIVE MODE")
+                .execute(&mut **c)
+                .await
+                .unwrap();
+        }
+        oncely_sql::Tx::Sqlite(_) => {} // BEGIN IMMEDIATE already holds the write lock
+    }
+    let (key, ext) = (unique("lock"), unique("ext"));
+    let res = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(
+        res.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&res.body)
+    );
+    assert!(res.retry_after.is_some());
+    held.rollback().await.unwrap();
+    let res = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+    assert_eq!(res.status, StatusCode::CREATED);
+}
+
+async fn ambiguous_credentials_and_unknown_routes_are_problems(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    let res = s
+        .client
+        .post(format!("{}/v1/orders", s.base))
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("authorization", format!("Bearer {KEY_B}"))
+        .header("idempotency-key", unique("two"))
+        .header("content-type", "application/json")
+        .body(order(&unique("ext"), 1).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    for (method, path, status) in [("GET", "/nope", 404), ("PUT", "/v1/orders", 405)] {
+        let res = s
+            .client
+            .request(method.parse().unwrap(), format!("{}{path}", s.base))
+            .bearer_auth(KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+    }
+}
 
 async fn s1_sequential_retries_create_one_order(t: TestDb) {
     let s = start(&t.db, config()).await;

@@ -81,8 +81,9 @@ impl Fingerprint {
 
         let canonical;
         let (kind, bytes): (&[u8], &[u8]) = if is_json(content_type) && !body.is_empty() {
-            let value: serde_json::Value =
-                serde_json::from_slice(body).map_err(FingerprintError::InvalidJson)?;
+            let value = serde_json::from_slice::<IJson>(body)
+                .map_err(FingerprintError::InvalidJson)?
+                .0;
             canonical =
                 serde_json_canonicalizer::to_vec(&value).map_err(FingerprintError::InvalidJson)?;
             (b"jcs", &canonical)
@@ -125,6 +126,72 @@ impl Fingerprint {
         } else {
             Some(FingerprintMismatch::Route)
         }
+    }
+}
+
+/// A JSON value parsed as I-JSON (RFC 7493 §2.3): an object with a duplicate member name
+/// is an error. RFC 8785 §3.1 canonicalises I-JSON only; `serde_json::Value` would keep the
+/// last duplicate silently, so `{"a":5,"a":1}` and `{"a":1}` would share a fingerprint
+/// while a handler may read either value. (serde_json has no switch for this, hence the
+/// small visitor.)
+struct IJson(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for IJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(IJsonVisitor).map(IJson)
+    }
+}
+
+struct IJsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for IJsonVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an I-JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        serde_json::Number::from_f64(v)
+            .map(serde_json::Value::Number)
+            .ok_or_else(|| E::custom("a number that is not finite"))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(IJson(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let IJson(v) = map.next_value()?;
+            if out.insert(name, v).is_some() {
+                return Err(serde::de::Error::custom(
+                    "duplicate member name in an object",
+                ));
+            }
+        }
+        Ok(serde_json::Value::Object(out))
     }
 }
 
@@ -195,6 +262,28 @@ mod tests {
         let a = fp("/x", Some("text/plain"), "{\"a\":1}");
         let b = fp("/x", Some("text/plain"), "{ \"a\":1}");
         assert_eq!(a.mismatch(&b), Some(FingerprintMismatch::Body));
+    }
+
+    #[test]
+    fn duplicate_member_names_are_an_error() {
+        let dup = Fingerprint::compute("POST", "/x", "/x", JSON, br#"{"a":{"b":1,"b":2}}"#);
+        assert!(dup.is_err());
+        assert!(Fingerprint::compute("POST", "/x", "/x", JSON, br#"[{"b":1},{"b":1}]"#).is_ok());
+    }
+
+    #[test]
+    fn numbers_canonicalise_as_rfc_8785_doubles() {
+        assert_eq!(
+            fp("/x", JSON, "1999").mismatch(&fp("/x", JSON, "1999.0")),
+            None
+        );
+        assert_eq!(
+            fp("/x", JSON, "1999").mismatch(&fp("/x", JSON, "1.999e3")),
+            None
+        );
+        assert!(fp("/x", JSON, "1999")
+            .mismatch(&fp("/x", JSON, "\"1999\""))
+            .is_some());
     }
 
     #[test]

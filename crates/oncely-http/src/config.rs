@@ -26,6 +26,11 @@ pub struct IdempotencyConfig {
     /// still compares the fingerprint, and nothing is served past its `expires_at`. Default
     /// 16 MiB.
     pub replay_cache_bytes: usize,
+    /// Bound on one execution — handler, stored response and commit — once its key is
+    /// reserved. Past it the execution is dropped (rolled back unless its commit already
+    /// went out) and the client gets 503 `outcome-unknown` with `Retry-After`: the retry
+    /// with the same key receives the outcome. Default 30 s.
+    pub execution_timeout: Duration,
 }
 
 impl Default for IdempotencyConfig {
@@ -37,6 +42,7 @@ impl Default for IdempotencyConfig {
             in_flight_wait: None,
             retry_after_secs: 1,
             replay_cache_bytes: 16 * 1024 * 1024,
+            execution_timeout: Duration::from_secs(30),
         }
     }
 }

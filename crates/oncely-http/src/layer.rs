@@ -336,7 +336,16 @@ where
                     key,
                     fingerprint,
                 };
-                return run_in_tx(inner, req, tx, Some(claim), config.max_stored_response).await;
+                let run = run_in_tx(inner, req, tx, Some(claim), config.max_stored_response);
+                return match tokio::time::timeout(config.execution_timeout, run).await {
+                    Ok(res) => res,
+                    // Dropping the execution rolls it back unless its COMMIT already went
+                    // out; either way the retry with the same key learns the outcome.
+                    Err(_) => outcome_unknown(
+                        "the operation did not finish in time",
+                        config.retry_after_secs,
+                    ),
+                };
             }
             Reservation::Existing(record) => {
                 drop(tx.rollback().await);
@@ -444,6 +453,21 @@ fn in_flight(retry_after_secs: u32) -> Response {
         "A request with this Idempotency-Key is still being processed",
     )
     .detail("retry later with the same key to receive its answer")
+    .retry_after(retry_after_secs)
+    .into_response()
+}
+
+/// 503 for an execution whose commit may or may not have happened.
+fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
+    metrics::counter!("oncely_idempotency_outcome_unknown_total").increment(1);
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "execution-outcome-unknown",
+        "The outcome of this request is not known yet",
+    )
+    .detail(format!(
+        "{why}; it either took effect once or not at all — retry with the same key to receive the outcome"
+    ))
     .retry_after(retry_after_secs)
     .into_response()
 }
@@ -607,7 +631,8 @@ where
     }
     if let Err(e) = tx.commit().await {
         // The commit may or may not have happened; a retry with the same key finds out.
-        return store_problem(&e, 1);
+        tracing::warn!(error = %e, "commit failed; outcome unknown until the retry");
+        return outcome_unknown("the commit could not be confirmed", 1);
     }
     if let Some((cache, scope, key, entry)) = settled {
         cache.insert(&scope, &key, entry);

@@ -59,6 +59,34 @@ async fn panicky(State(calls): State<Calls>, mut tx: IdempotentTx) -> Response {
     (StatusCode::CREATED, "made").into_response()
 }
 
+/// First call: makes the database full mid-transaction (SQLite: `max_page_count`; the
+/// statement fails with SQLITE_FULL and SQLite rolls the transaction back by itself), then
+/// answers 500. Later calls succeed.
+async fn disk_full(State(calls): State<Calls>, mut tx: IdempotentTx) -> Response {
+    if calls.0.fetch_add(1, Ordering::SeqCst) == 0 {
+        if let oncely_sql::Tx::Sqlite(t) = &mut *tx {
+            let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+                .fetch_one(&mut **t)
+                .await
+                .unwrap();
+            sqlx::query(&format!("PRAGMA max_page_count = {pages}"))
+                .execute(&mut **t)
+                .await
+                .unwrap();
+            let big = "x".repeat(2 * 1024 * 1024);
+            let err = sqlx::query("INSERT INTO effects (name) VALUES ($1)")
+                .bind(big)
+                .execute(&mut **t)
+                .await
+                .expect_err("the database is full");
+            return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
+        }
+        return (StatusCode::INTERNAL_SERVER_ERROR, "failed").into_response();
+    }
+    record_effect(&mut tx, "disk-full").await;
+    (StatusCode::CREATED, "made").into_response()
+}
+
 async fn big(mut tx: IdempotentTx) -> Response {
     record_effect(&mut tx, "big").await;
     (StatusCode::CREATED, vec![b'x'; 4096]).into_response()
@@ -136,6 +164,7 @@ async fn start_with(t: &TestDb, wait: Option<Duration>, replay_cache_bytes: usiz
         .route("/flaky", post(flaky))
         .route("/panicky", post(panicky))
         .route("/big", post(big))
+        .route("/disk-full", post(disk_full))
         .route("/slow", post(slow))
         .route("/headers", post(headers))
         .route("/items/{id}", post(item))
@@ -215,7 +244,26 @@ on_every_backend!(
     business_rejection_is_stored_and_replayed,
     no_tenant_is_401_and_oversized_body_is_413,
     replays_come_from_the_store_when_the_cache_is_off,
+    a_transaction_the_database_aborted_does_not_wedge_later_requests,
 );
+
+async fn a_transaction_the_database_aborted_does_not_wedge_later_requests(t: TestDb) {
+    let app = start(&t, None).await;
+    let first = app.post("/disk-full", "k-full", "{}").await;
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    // The next requests, any key, work again: the writer connection was recycled.
+    for key in ["k-full", "k-after-1", "k-after-2"] {
+        let res = app.post("/disk-full", key, "{}").await;
+        let status = res.status();
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "{key}: {}",
+            res.text().await.unwrap()
+        );
+    }
+    assert_eq!(app.effects("disk-full").await, 3);
+}
 
 async fn replays_come_from_the_store_when_the_cache_is_off(t: TestDb) {
     let app = start_with(&t, None, 0).await;

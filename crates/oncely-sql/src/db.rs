@@ -1,4 +1,6 @@
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::pool::PoolOptions;
@@ -48,6 +50,58 @@ pub enum Backend {
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
+    /// Set when a transaction on the writer ended abnormally (failed COMMIT or ROLLBACK,
+    /// or dropped unfinished). sqlx can then keep the connection marked "inside a
+    /// transaction" although SQLite already rolled back (e.g. after SQLITE_FULL), and every
+    /// later `BEGIN` fails; so the next [`Database::begin`] closes the writer connection and
+    /// the pool opens a fresh one.
+    poisoned: Arc<AtomicBool>,
+}
+
+/// A SQLite transaction on the writer connection. Dereferences to the connection, so
+/// queries run on `&mut **tx` exactly as on a sqlx transaction.
+#[derive(Debug)]
+pub struct SqliteTx {
+    tx: Option<sqlx::Transaction<'static, Sqlite>>,
+    poisoned: Arc<AtomicBool>,
+}
+
+impl std::ops::Deref for SqliteTx {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        self.tx.as_ref().expect("SqliteTx used after it ended")
+    }
+}
+
+impl std::ops::DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.tx.as_mut().expect("SqliteTx used after it ended")
+    }
+}
+
+impl SqliteTx {
+    async fn finish(mut self, commit: bool) -> Result<(), sqlx::Error> {
+        let tx = self.tx.take().expect("SqliteTx ends once");
+        let result = if commit {
+            tx.commit().await
+        } else {
+            tx.rollback().await
+        };
+        if result.is_err() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        // Dropped unfinished (an error path or a panic): sqlx queues a ROLLBACK, which can
+        // fail silently if SQLite already rolled back; recycle the writer to be safe.
+        if self.tx.is_some() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 /// PostgreSQL: one pool; `lock_timeout` set on every connection.
@@ -91,7 +145,7 @@ pub enum Database {
 #[derive(Debug)]
 pub enum Tx {
     /// SQLite transaction (holds the write lock).
-    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    Sqlite(SqliteTx),
     /// PostgreSQL transaction.
     Postgres(sqlx::Transaction<'static, Postgres>),
 }
@@ -123,7 +177,11 @@ impl Database {
                 .acquire_timeout(options.acquire_timeout)
                 .connect_with(opts.read_only(true))
                 .await?;
-            Ok(Self::Sqlite(SqliteStore { write, read }))
+            Ok(Self::Sqlite(SqliteStore {
+                write,
+                read,
+                poisoned: Arc::new(AtomicBool::new(false)),
+            }))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let opts = PgConnectOptions::from_str(url)?;
             Self::connect_postgres(opts, options).await
@@ -142,7 +200,12 @@ impl Database {
         options: &DbOptions,
     ) -> Result<Self, StoreError> {
         let lock_ms = options.lock_timeout.as_millis().to_string();
-        let opts = opts.options([("lock_timeout", lock_ms.as_str())]);
+        // A session that stalls inside a transaction (a client that froze mid-request)
+        // must not hold its locks for ever.
+        let opts = opts.options([
+            ("lock_timeout", lock_ms.as_str()),
+            ("idle_in_transaction_session_timeout", "60000"),
+        ]);
         let pool = PoolOptions::<Postgres>::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
@@ -194,7 +257,19 @@ impl Database {
     /// [`StoreError::Unavailable`] when no connection can be had within the acquire timeout.
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         Ok(match self {
-            Self::Sqlite(s) => Tx::Sqlite(s.write.begin_with("BEGIN IMMEDIATE").await?),
+            Self::Sqlite(s) => {
+                if s.poisoned.swap(false, Ordering::SeqCst) {
+                    tracing::warn!(
+                        "recycling the SQLite writer connection after a failed transaction"
+                    );
+                    let conn = s.write.acquire().await?;
+                    drop(conn.close().await);
+                }
+                Tx::Sqlite(SqliteTx {
+                    tx: Some(s.write.begin_with("BEGIN IMMEDIATE").await?),
+                    poisoned: s.poisoned.clone(),
+                })
+            }
             Self::Postgres(p) => Tx::Postgres(p.pool.begin().await?),
         })
     }
@@ -254,7 +329,7 @@ impl Tx {
     /// [`StoreError`] when the commit fails; the transaction's writes are then lost.
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
-            Self::Sqlite(t) => t.commit().await?,
+            Self::Sqlite(t) => t.finish(true).await?,
             Self::Postgres(t) => t.commit().await?,
         }
         Ok(())
@@ -267,7 +342,7 @@ impl Tx {
     /// transaction anyway when the connection drops).
     pub async fn rollback(self) -> Result<(), StoreError> {
         match self {
-            Self::Sqlite(t) => t.rollback().await?,
+            Self::Sqlite(t) => t.finish(false).await?,
             Self::Postgres(t) => t.rollback().await?,
         }
         Ok(())

@@ -2,8 +2,9 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The database cannot be reached (connection refused or lost, pool timed out or
-    /// closed). Callers fail closed: HTTP answers 503, nothing runs unprotected.
+    /// The database cannot be reached or is too busy to answer now (connection refused or
+    /// lost, pool timed out or closed, lock or statement timeout, deadlock, disk full).
+    /// Transient: callers fail closed (HTTP 503 + `Retry-After`), nothing runs unprotected.
     #[error("the store is unreachable: {0}")]
     Unavailable(#[source] sqlx::Error),
     /// The database answered with an error.
@@ -52,15 +53,16 @@ fn is_unreachable(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            // PostgreSQL: connection exception, shutdown, too many connections.
-            // SQLite: SQLITE_BUSY (5) and SQLITE_LOCKED (6) after the busy timeout,
-            // SQLITE_CANTOPEN (14).
+            // PostgreSQL: connection exception (08), shutdown (57P0x), too many connections
+            // (53300), lock_timeout (55P03), statement_timeout (57014), serialization
+            // failure (40001), deadlock (40P01): all transient, retry later.
+            // SQLite (primary result code = extended code & 0xff): BUSY (5), LOCKED (6),
+            // IOERR (10), FULL (13), CANTOPEN (14).
             c.starts_with("08")
                 || c.starts_with("57P0")
-                || c == "53300"
-                || c == "5"
-                || c == "6"
-                || c == "14"
+                || matches!(c.as_ref(), "53300" | "55P03" | "57014" | "40001" | "40P01")
+                || c.parse::<i32>()
+                    .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14))
         }),
         _ => false,
     }

@@ -86,7 +86,9 @@ const SELECT_RECORD: &str = "SELECT state, fingerprint, route_digest, response_s
 
 /// `SELECT` of the claim: whether this transaction holds the key, and the committed record
 /// if there is one. One row always (the `LEFT JOIN` against a one-row relation).
-const CLAIM_POSTGRES: &str = "SELECT pg_try_advisory_xact_lock($4) AS claimed, r.state, \
+const CLAIM_POSTGRES: &str =
+    "SELECT pg_try_advisory_xact_lock($4 # hashtextextended(current_schema(), 0)) \
+     AS claimed, r.state, \
      r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
      r.created_at, r.completed_at, r.expires_at \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
@@ -164,7 +166,8 @@ impl RecordRow {
 }
 
 /// 64-bit PostgreSQL advisory lock id for a key: the first 8 bytes of SHA-256 over the
-/// length-prefixed scope and key.
+/// length-prefixed scope and key. The claim XORs it with a hash of the current schema, so
+/// deployments sharing one database in separate schemas never contend.
 fn advisory_lock_id(tenant: &str, operation: &str, key: &str) -> i64 {
     let mut h = Sha256::new();
     for part in [tenant, operation, key] {

@@ -21,7 +21,7 @@ mod error;
 mod idempotency;
 mod outbox;
 
-pub use db::{Backend, Database, DbOptions, PgStore, SqliteStore, Tx};
+pub use db::{Backend, Database, DbOptions, PgStore, SqliteStore, SqliteTx, Tx};
 pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use outbox::{
