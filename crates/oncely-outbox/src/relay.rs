@@ -181,20 +181,33 @@ impl Relay {
     }
 
     async fn claim(&self) -> Result<Vec<OutboxRow>, StoreError> {
-        self.store
+        let started = std::time::Instant::now();
+        let rows = self
+            .store
             .claim(
                 &self.config.relay_id,
                 self.config.batch_size,
                 self.config.lease,
                 oncely_core::now_ms(),
             )
-            .await
+            .await;
+        tracing::trace!(
+            rows = rows.as_ref().map_or(0, Vec::len),
+            micros = started.elapsed().as_micros() as u64,
+            "claim"
+        );
+        rows
     }
 
     async fn publish(&self, rows: &[OutboxRow]) -> Vec<Result<(), PublishError>> {
         let messages: Vec<Message> = rows.iter().map(to_message).collect();
         let started = std::time::Instant::now();
         let results = self.publisher.publish(&messages).await;
+        tracing::trace!(
+            rows = rows.len(),
+            micros = started.elapsed().as_micros() as u64,
+            "publish"
+        );
         metrics::histogram!(m::PUBLISH_BATCH_SECONDS, "broker" => self.publisher.name())
             .record(started.elapsed().as_secs_f64());
         results
@@ -207,6 +220,7 @@ impl Relay {
         results: Vec<Result<(), PublishError>>,
     ) -> RoundReport {
         let broker = self.publisher.name();
+        let started = std::time::Instant::now();
         let confirmed_at = oncely_core::now_ms();
         let mut report = RoundReport {
             claimed: rows.len(),
@@ -254,6 +268,11 @@ impl Relay {
                 }
             }
         }
+        tracing::trace!(
+            rows = rows.len(),
+            micros = started.elapsed().as_micros() as u64,
+            "settle"
+        );
         report
     }
 
