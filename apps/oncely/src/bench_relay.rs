@@ -236,6 +236,78 @@ impl Target {
         Ok(n as f64 / started.elapsed().as_secs_f64())
     }
 
+    /// The raw client's own publish-to-confirmation latency at `rate`/s for `secs` (one
+    /// message at a time, each confirmation awaited on its own): the broker's floor for the
+    /// relay's commit-to-publish latency. Returns sorted ms.
+    async fn raw_latency(
+        &self,
+        args: &RelayBenchArgs,
+        rate: u64,
+        secs: u64,
+    ) -> anyhow::Result<Vec<i64>> {
+        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+        let total = rate * secs;
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut waits = Vec::with_capacity(total as usize);
+        let amqp = match self.broker {
+            Broker::RabbitMq => {
+                let (conn, ch) = amqp_connect(&args.amqp_url).await?;
+                ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                Some((conn, ch))
+            }
+            Broker::Nats => None,
+        };
+        for k in 0..total as usize {
+            tick.tick().await;
+            let started = Instant::now();
+            let id = MessageId::new_random().to_string();
+            let wait: tokio::task::JoinHandle<anyhow::Result<i64>> = match (&amqp, &self.nats) {
+                (Some((_, ch)), _) => {
+                    let props = lapin::BasicProperties::default()
+                        .with_delivery_mode(2)
+                        .with_message_id(id.into());
+                    let confirm = ch
+                        .basic_publish(
+                            EXCHANGE,
+                            self.topic.as_str(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                ..BasicPublishOptions::default()
+                            },
+                            &payload(k),
+                            props,
+                        )
+                        .await?;
+                    tokio::spawn(async move {
+                        confirm.await?;
+                        Ok(started.elapsed().as_millis() as i64)
+                    })
+                }
+                (None, Some((p, _))) => {
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+                    let ack = p
+                        .jetstream()
+                        .publish_with_headers(self.topic.clone(), h, payload(k).into())
+                        .await?;
+                    tokio::spawn(async move {
+                        ack.await?;
+                        Ok(started.elapsed().as_millis() as i64)
+                    })
+                }
+                _ => anyhow::bail!("no client"),
+            };
+            waits.push(wait);
+        }
+        let mut lat = Vec::with_capacity(waits.len());
+        for w in waits {
+            lat.push(w.await??);
+        }
+        lat.sort_unstable();
+        Ok(lat)
+    }
+
     async fn cleanup(self) {
         if let Some((conn, ch, queue)) = self.amqp {
             drop(
@@ -410,6 +482,18 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             relay,
             raw,
             relay / raw
+        );
+        let raw_lat = target.raw_latency(&args, args.rate, args.seconds).await?;
+        println!(
+            "{:>8}: raw client publish-to-confirm at {} msg/s for {} s: p50 {} ms, p99 {} ms, \
+             max {} ms (n = {})",
+            broker.name(),
+            args.rate,
+            args.seconds,
+            pct(&raw_lat, 0.50),
+            pct(&raw_lat, 0.99),
+            raw_lat.last().copied().unwrap_or(0),
+            raw_lat.len()
         );
         let lat = latency(&test_db.db, &target, args.rate, args.seconds, args.window).await?;
         println!(
