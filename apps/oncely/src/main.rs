@@ -60,6 +60,9 @@ struct RelayCmdArgs {
     db: DbArgs,
     #[command(flatten)]
     relay: relay_cmd::RelayArgs,
+    /// Serve the relay's metrics on `GET /metrics` at this address (e.g. 127.0.0.1:9464).
+    #[arg(long, env = "ONCELY_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -191,10 +194,17 @@ async fn main() -> anyhow::Result<()> {
         Command::Relay(args) => {
             let db = args.db.connect().await?;
             let stop = tokio_util::sync::CancellationToken::new();
+            let metrics = match args.metrics_listen {
+                Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
+                None => None,
+            };
             let relay = args.relay.spawn(&db, stop.clone()).await?;
             shutdown_signal().await;
             stop.cancel();
             relay.await?;
+            if let Some(m) = metrics {
+                m.await?;
+            }
             Ok(())
         }
         Command::Outbox(args) => relay_cmd::outbox(args.db.connect().await?, args.command).await,

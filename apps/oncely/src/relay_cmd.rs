@@ -138,6 +138,34 @@ impl RelayArgs {
     }
 }
 
+/// Serves `GET /metrics` (the process's metrics in the Prometheus text format) on `addr`
+/// until `shutdown` is cancelled.
+pub(crate) async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let handle = orders::metrics_handle();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move { handle.render() }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(listen = %listener.local_addr()?, "metrics on /metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+        {
+            tracing::warn!(error = %e, "metrics listener failed");
+        }
+    }))
+}
+
 /// `oncely outbox …`: operator commands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum OutboxCommand {

@@ -922,6 +922,28 @@ async fn late_committing_rows_are_not_skipped(mut h: Harness) {
     h.finish().await;
 }
 
+/// On PostgreSQL a commit wakes the relay through LISTEN/NOTIFY: with polling every 30 s,
+/// events still arrive at once.
+async fn postgres_notify_wakes_an_idle_relay(mut h: Harness) {
+    let relay = spawn_relay(h.relay(h.publisher.clone(), |c| {
+        c.poll_interval = Duration::from_secs(30);
+    }));
+    // Let the relay finish its first (empty) round and go idle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for round in 0..3 {
+        let e = h.event("woken", round);
+        h.enqueue(std::slice::from_ref(&e)).await;
+        let got = h
+            .consumer
+            .collect(1, Duration::from_secs(5), Duration::ZERO)
+            .await;
+        assert_eq!(got.len(), 1, "round {round}: the relay was not woken");
+        assert_eq!(got[0].id, e.message_id.to_string());
+    }
+    stop(relay).await;
+    h.finish().await;
+}
+
 async fn run<F, Fut>(backend: TestBackend, broker: Broker, scenario: F)
 where
     F: FnOnce(Harness) -> Fut,
@@ -995,6 +1017,7 @@ matrix!(
         relay_killed_after_confirm_republishes_with_same_ids,
         poison_event_goes_dead_while_the_rest_flow,
         late_committing_rows_are_not_skipped,
+        postgres_notify_wakes_an_idle_relay,
     ]
 );
 matrix!(
