@@ -65,59 +65,59 @@ impl TestDb {
     /// cannot be created.
     pub async fn fresh(base_url: &str, options: &DbOptions) -> Option<Self> {
         if base_url.starts_with("sqlite:") {
-                let dir = tempfile::tempdir().expect("temporary directory");
-                let url = format!("sqlite://{}", dir.path().join("oncely.db").display());
-                let db = Database::connect(&url, options).await.expect("open SQLite");
-                Some(Self {
-                    url,
-                    db,
-                    _dir: Some(dir),
-                })
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let url = format!("sqlite://{}", dir.path().join("oncely.db").display());
+            let db = Database::connect(&url, options).await.expect("open SQLite");
+            Some(Self {
+                url,
+                db,
+                _dir: Some(dir),
+            })
         } else {
-                let base = base_url.to_owned();
-                let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-                let admin = match tokio::time::timeout(
-                    Duration::from_secs(5),
-                    Database::connect(
-                        &base,
-                        &DbOptions {
-                            max_connections: 1,
-                            ..DbOptions::default()
-                        },
-                    ),
-                )
+            let base = base_url.to_owned();
+            let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+            let admin = match tokio::time::timeout(
+                Duration::from_secs(5),
+                Database::connect(
+                    &base,
+                    &DbOptions {
+                        max_connections: 1,
+                        ..DbOptions::default()
+                    },
+                ),
+            )
+            .await
+            {
+                Ok(Ok(db)) => db,
+                other => {
+                    let why = match other {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_owned(),
+                    };
+                    assert!(
+                        !require_services(),
+                        "PostgreSQL at {base} is required but unreachable: {why}"
+                    );
+                    eprintln!("SKIPPED: PostgreSQL at {base} unreachable ({why})");
+                    return None;
+                }
+            };
+            let pool = admin.as_postgres().expect("postgres");
+            sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                .execute(pool)
                 .await
-                {
-                    Ok(Ok(db)) => db,
-                    other => {
-                        let why = match other {
-                            Ok(Err(e)) => e.to_string(),
-                            _ => "timed out".to_owned(),
-                        };
-                        assert!(
-                            !require_services(),
-                            "PostgreSQL at {base} is required but unreachable: {why}"
-                        );
-                        eprintln!("SKIPPED: PostgreSQL at {base} unreachable ({why})");
-                        return None;
-                    }
-                };
-                let pool = admin.as_postgres().expect("postgres");
-                sqlx::query(&format!("CREATE SCHEMA {schema}"))
-                    .execute(pool)
-                    .await
-                    .expect("create test schema");
-                admin.close().await;
-                let sep = if base.contains('?') { '&' } else { '?' };
-                let url = format!("{base}{sep}options[search_path]={schema}");
-                let db = Database::connect(&url, options)
-                    .await
-                    .expect("connect to test schema");
-                Some(Self {
-                    url,
-                    db,
-                    _dir: None,
-                })
+                .expect("create test schema");
+            admin.close().await;
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}options[search_path]={schema}");
+            let db = Database::connect(&url, options)
+                .await
+                .expect("connect to test schema");
+            Some(Self {
+                url,
+                db,
+                _dir: None,
+            })
         }
     }
 }
