@@ -318,7 +318,19 @@ impl OutboxStore {
             // other rows (more than LIMIT in all). The outer WHERE re-checks the lease on
             // the row version the lock returned.
             Database::Postgres(p) => {
-                sqlx::query_as(&format!(
+                // The claim must walk the pending rows in id order and stop at the LIMIT.
+                // Without fresh statistics (a burst right after a quiet period) the planner
+                // would rather bitmap-scan and sort every pending row (120 ms instead of
+                // 8 ms for 256 of 20,000 rows), so those two plans are off for this
+                // transaction only.
+                let mut tx = p.pool().begin().await?;
+                sqlx::query(
+                    "SELECT set_config('enable_sort', 'off', true), \
+                     set_config('enable_bitmapscan', 'off', true)",
+                )
+                .execute(&mut *tx)
+                .await?;
+                let rows = sqlx::query_as(&format!(
                     "WITH c AS ({candidates} FOR UPDATE SKIP LOCKED) \
                      UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 FROM c \
                      WHERE t.id = c.id AND t.state = 'pending' \
@@ -330,8 +342,10 @@ impl OutboxStore {
                 .bind(until)
                 .bind(now_ms)
                 .bind(batch)
-                .fetch_all(p.pool())
-                .await?
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                rows
             }
         };
         let mut rows = rows
