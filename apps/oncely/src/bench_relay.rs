@@ -337,7 +337,8 @@ fn event(topic: &str, n: usize) -> OutboxEvent {
 }
 
 /// Relay throughput: `n` events committed first, then one relay drains them
-/// ([`Relay::drain`]: claim → publish with confirms → mark, pipelined). Returns events/s.
+/// ([`Relay::drain`]: claim → publish with confirms → mark, pipelined, two batches of
+/// `window / 2` in flight). Returns events/s.
 async fn relay_throughput(
     db: &Database,
     target: &Target,
@@ -351,11 +352,14 @@ async fn relay_throughput(
         }
         tx.commit().await?;
     }
+    // Two batches of window/2 in flight: at most `window` messages await confirmation, as
+    // with the raw client.
     let relay = Relay::new(
         db.clone(),
         target.publisher.clone(),
         RelayConfig {
-            batch_size: u32::try_from(window).unwrap_or(u32::MAX),
+            batch_size: u32::try_from(window / 2).unwrap_or(u32::MAX).max(1),
+            max_in_flight_batches: 2,
             ..RelayConfig::default()
         },
     );

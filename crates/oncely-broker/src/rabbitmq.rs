@@ -44,6 +44,7 @@ impl RabbitMqConfig {
 struct Conn {
     connection: Connection,
     channel: Channel,
+    generation: u64,
 }
 
 /// Publishes to RabbitMQ with lapin: persistent messages (`delivery_mode = 2`), the message
@@ -58,6 +59,7 @@ struct Conn {
 pub struct RabbitMqPublisher {
     config: RabbitMqConfig,
     conn: Mutex<Option<Conn>>,
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RabbitMqPublisher {
@@ -78,6 +80,7 @@ impl RabbitMqPublisher {
         Self {
             config,
             conn: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -130,6 +133,9 @@ impl RabbitMqPublisher {
         Ok(Conn {
             connection,
             channel,
+            generation: self
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -170,10 +176,13 @@ impl RabbitMqPublisher {
                 }
             }
         }
-        let channel = guard
+        let (channel, generation) = guard
             .as_ref()
-            .map(|c| c.channel.clone())
+            .map(|c| (c.channel.clone(), c.generation))
             .expect("connected above");
+        // The lock guards the connection, not the batch: other batches may be sent while
+        // this one waits for its confirmations (the channel keeps per-message order).
+        drop(guard);
         let mut results = Vec::with_capacity(batch.len());
         let mut broken = false;
         for window in batch.chunks(self.config.max_in_flight.max(1)) {
@@ -238,8 +247,12 @@ impl RabbitMqPublisher {
             }
         }
         if broken {
-            // Unknown channel state: start from a fresh connection next time.
-            *guard = None;
+            // Unknown channel state: start from a fresh connection next time (unless another
+            // batch already replaced it).
+            let mut guard = self.conn.lock().await;
+            if guard.as_ref().is_some_and(|c| c.generation == generation) {
+                *guard = None;
+            }
         }
         results
     }

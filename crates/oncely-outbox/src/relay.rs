@@ -18,6 +18,10 @@ pub struct RelayConfig {
     pub relay_id: String,
     /// Most rows claimed (and published as one pipelined window) per round. Default 256.
     pub batch_size: u32,
+    /// Batches published at once: while one waits for its confirmations the next goes out,
+    /// so commit-to-publish latency is not the sum of two confirmation waits. At most
+    /// `batch_size × max_in_flight_batches` messages await confirmation. Default 2.
+    pub max_in_flight_batches: usize,
     /// How long a claim stays valid; must exceed the publisher's confirm timeout. A row of a
     /// relay that died is republished (same message id) once its lease runs out.
     /// Default 30 s.
@@ -45,6 +49,7 @@ impl Default for RelayConfig {
         Self {
             relay_id: uuid::Uuid::new_v4().to_string(),
             batch_size: 256,
+            max_in_flight_batches: 2,
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(250),
             listen: true,
@@ -142,40 +147,55 @@ impl Relay {
         Ok(self.settle(&rows, results).await)
     }
 
-    /// Publishes until nothing is claimable, pipelined: while one batch is being published
-    /// the next is claimed and the previous one is marked, so the database work overlaps
-    /// the wait for the broker's confirmations (still one confirmation window at a time).
-    /// Returns the totals. Stops early when `shutdown` is cancelled.
+    /// Publishes until nothing is claimable, pipelined: up to
+    /// [`RelayConfig::max_in_flight_batches`] batches are being published and settled at
+    /// once, and the next batch is claimed while they wait for the broker's confirmations.
+    /// Batches in flight never share a partition key (a partition with a leased row is not
+    /// claimable), so per-partition order holds. Returns the totals. Stops early when
+    /// `shutdown` is cancelled.
     ///
     /// # Errors
     /// [`RelayError::Store`] when the first claim fails (later claim failures end the
     /// drain early and are logged).
     pub async fn drain(&self, shutdown: &CancellationToken) -> Result<RoundReport, RelayError> {
         let mut total = RoundReport::default();
-        let mut settling: Option<tokio::task::JoinHandle<RoundReport>> = None;
-        let mut next = self.claim().await?;
-        while !next.is_empty() {
-            let batch = next;
-            let full = batch.len() >= self.config.batch_size as usize;
-            let (results, claimed) = if full && !shutdown.is_cancelled() {
-                tokio::join!(self.publish(&batch), self.claim())
-            } else {
-                (self.publish(&batch).await, Ok(Vec::new()))
+        let mut in_flight: std::collections::VecDeque<tokio::task::JoinHandle<RoundReport>> =
+            std::collections::VecDeque::new();
+        let windows = self.config.max_in_flight_batches.max(1);
+        let mut first = true;
+        while !shutdown.is_cancelled() {
+            let batch = match self.claim().await {
+                Ok(batch) => batch,
+                Err(e) if first => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay claim failed");
+                    break;
+                }
             };
-            if let Some(previous) = settling.take() {
-                total.add(previous.await.unwrap_or_default());
+            first = false;
+            if batch.is_empty() {
+                // Settling what is in flight may make further partition heads claimable.
+                match in_flight.pop_front() {
+                    Some(oldest) => {
+                        total.add(oldest.await.unwrap_or_default());
+                        continue;
+                    }
+                    None => break,
+                }
             }
             let this = self.clone();
-            settling = Some(tokio::spawn(
-                async move { this.settle(&batch, results).await },
-            ));
-            next = claimed.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "relay claim failed");
-                Vec::new()
-            });
+            in_flight.push_back(tokio::spawn(async move {
+                let results = this.publish(&batch).await;
+                this.settle(&batch, results).await
+            }));
+            while in_flight.len() >= windows {
+                if let Some(oldest) = in_flight.pop_front() {
+                    total.add(oldest.await.unwrap_or_default());
+                }
+            }
         }
-        if let Some(previous) = settling {
-            total.add(previous.await.unwrap_or_default());
+        for h in in_flight {
+            total.add(h.await.unwrap_or_default());
         }
         Ok(total)
     }
