@@ -345,7 +345,9 @@ impl IdempotencyStore {
         row.map(RecordRow::into_record).transpose()
     }
 
-    /// Deletes up to `batch` finished records whose `expires_at` is before `now_ms`.
+    /// Deletes up to `batch` finished records whose `expires_at` is before `now_ms`
+    /// (PostgreSQL: the locked batch is a materialised CTE, so the `LIMIT` holds — an
+    /// `IN (SELECT … LIMIT … SKIP LOCKED)` subquery may be re-run and delete more).
     /// Records in `processing` or `unknown` are never collected. Returns how many rows were
     /// deleted; call again while it returns `batch`.
     ///
@@ -365,9 +367,11 @@ impl IdempotencyStore {
             .await?
             .rows_affected(),
             Database::Postgres(p) => sqlx::query(
-                "DELETE FROM oncely_idempotency WHERE (tenant, operation, key) IN \
-                 (SELECT tenant, operation, key FROM oncely_idempotency WHERE expires_at < $1 \
-                 AND state IN ('succeeded', 'failed') LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                "WITH doomed AS MATERIALIZED (SELECT tenant, operation, key FROM oncely_idempotency \
+                 WHERE expires_at < $1 AND state IN ('succeeded', 'failed') LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM oncely_idempotency i USING doomed d \
+                 WHERE i.tenant = d.tenant AND i.operation = d.operation AND i.key = d.key",
             )
             .bind(now_ms)
             .bind(batch)
