@@ -131,13 +131,12 @@ where
         let inner = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, inner);
         let db = self.db.clone();
-        let task = tokio::spawn(async move {
+        spawned(async move {
             match db.begin().await {
                 Ok(tx) => run_in_tx(inner, req, tx, None, usize::MAX).await,
                 Err(e) => store_problem(&e, 1),
             }
-        });
-        Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
+        })
     }
 }
 
@@ -160,11 +159,16 @@ where
         let store = self.store.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();
-        // Spawned: once a request has been received, a client hanging up (which makes the
-        // server drop this future) cannot cancel it between reservation and commit.
-        let task = tokio::spawn(handle(inner, store, config, cache, req));
-        Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
+        spawned(handle(inner, store, config, cache, req))
     }
+}
+
+/// Runs a request's handling in its own task: once a request has been received, a client
+/// hanging up (which makes the server drop the service future) cannot cancel it between
+/// reservation and commit. A panic in the task becomes a 500 problem.
+fn spawned(handling: impl Future<Output = Response> + Send + 'static) -> BoxFuture {
+    let task = tokio::spawn(handling);
+    Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
 }
 
 async fn handle<S>(
