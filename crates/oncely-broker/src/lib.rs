@@ -10,7 +10,8 @@
 //! # Layout
 //! - `message` — [`Message`], [`PublishError`], the [`Publisher`] trait and header names.
 //! - `sql` — [`SqlTransport`]: the embedded default, a queue table (`oncely_queue`) in the
-//!   same database, with [`SqlTransport::receive`] for consumers.
+//!   same database; consumer groups with leased deliveries ([`SqlTransport::claim`],
+//!   [`SqlTransport::ack`], [`SqlTransport::nack`], [`SqlTransport::dead`]).
 //! - `rabbitmq` (feature `rabbitmq`) — [`RabbitMqPublisher`]: lapin, persistent messages,
 //!   mandatory routing, publisher confirms over a pipelined window.
 //! - `nats` (feature `nats`) — [`NatsPublisher`]: async-nats JetStream, `Nats-Msg-Id`
@@ -28,4 +29,4 @@ pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 pub use nats::{NatsConfig, NatsPublisher};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitMqConfig, RabbitMqPublisher};
-pub use sql::{ReceivedMessage, SqlTransport};
+pub use sql::{DeadDelivery, Delivery, ReceivedMessage, SqlTransport};

@@ -10,9 +10,18 @@ use crate::{BoxFuture, Message, PublishError, Publisher};
 /// with no broker at all.
 ///
 /// A batch is inserted in one transaction; success means it committed. `UNIQUE(message_id)`
-/// drops a republished copy while the first is still queued. Consumers take messages with
-/// [`SqlTransport::receive`] (taking deletes them: at-most-once towards the consumer process,
-/// so a consumer records them in its inbox in the same transaction as its effect).
+/// drops a republished copy while the first is still queued.
+///
+/// Two ways to consume:
+/// - **Consumer groups** (at least once): [`SqlTransport::subscribe`] registers a consumer
+///   for a topic; every message queued afterwards is copied (by a trigger, in the publishing
+///   transaction) into table `oncely_deliveries`, one row per subscribed consumer, so each
+///   group gets every message. [`SqlTransport::claim`] leases ready deliveries of one
+///   consumer, [`SqlTransport::ack`] deletes one, [`SqlTransport::nack`] reschedules it after
+///   a delay (only for that consumer), [`SqlTransport::dead`] parks it with its last error. A
+///   delivery whose lease runs out unacknowledged is claimed again.
+/// - [`SqlTransport::receive`] takes (deletes) queue rows: at most once towards the
+///   consumer process; kept for tools and tests that read the raw queue.
 #[derive(Debug, Clone)]
 pub struct SqlTransport {
     db: Database,
@@ -39,6 +48,49 @@ pub struct ReceivedMessage {
     pub payload: Vec<u8>,
     /// When it was queued, Unix ms.
     pub enqueued_at: i64,
+}
+
+/// One leased delivery of a message to one consumer group ([`SqlTransport::claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Delivery {
+    /// Row id in `oncely_deliveries`.
+    pub delivery_id: i64,
+    /// The consumer group it is delivered to.
+    pub consumer: String,
+    /// Failed attempts before this delivery (0 on the first delivery; a lease that ran out
+    /// does not count as a failure).
+    pub attempts: u32,
+    /// The lease this delivery was claimed under; [`SqlTransport::nack`] and
+    /// [`SqlTransport::dead`] only act while it is still the row's lease.
+    pub lease_token: String,
+    /// The message (`queue_id` is the delivery row id).
+    pub message: ReceivedMessage,
+}
+
+/// A delivery parked in state `dead` ([`SqlTransport::dead_deliveries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadDelivery {
+    /// The message id.
+    pub id: MessageId,
+    /// Failed attempts.
+    pub attempts: u32,
+    /// The last handler error.
+    pub last_error: Option<String>,
+}
+
+#[derive(sqlx::FromRow)]
+struct DeliveryRow {
+    id: i64,
+    topic: String,
+    message_id: String,
+    partition_key: String,
+    event_type: String,
+    headers: String,
+    payload: Vec<u8>,
+    enqueued_at: i64,
+    attempts: i32,
 }
 
 #[derive(sqlx::FromRow)]
@@ -176,6 +228,233 @@ impl SqlTransport {
             .collect::<Result<Vec<_>, StoreError>>()?;
         out.sort_by_key(|m| m.queue_id);
         Ok(out)
+    }
+}
+
+impl SqlTransport {
+    /// Subscribes consumer group `consumer` to `topic`: every message queued on `topic`
+    /// from now on is delivered to it (earlier ones are not). Idempotent.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        {
+            let tx = &mut tx;
+            on_tx!(tx, |c| sqlx::query(
+                "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
+                 ON CONFLICT (consumer, topic) DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(topic)
+            .execute(c)
+            .await
+            .map(|r| r.rows_affected()))?;
+        }
+        tx.commit().await
+    }
+
+    /// Leases up to `max` ready deliveries of `consumer` (pending, due, not leased), oldest
+    /// first, for `lease` (after which an unacknowledged delivery is claimed again).
+    /// Concurrent claimers never hold the same delivery at once (PostgreSQL: `FOR UPDATE
+    /// SKIP LOCKED` in a materialised CTE; SQLite: the single writer).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn claim(
+        &self,
+        consumer: &str,
+        max: u32,
+        lease: std::time::Duration,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let max = i64::from(max.max(1));
+        let now = oncely_core::now_ms();
+        let until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let rows: Vec<DeliveryRow> = match &self.db {
+            Database::Sqlite(s) => {
+                sqlx::query_as(
+                    "UPDATE oncely_deliveries SET lease_token = $3, locked_until = $4 \
+                     WHERE id IN (SELECT id FROM oncely_deliveries WHERE consumer = $1 \
+                     AND state = 'pending' AND available_at <= $5 \
+                     AND (locked_until IS NULL OR locked_until <= $5) ORDER BY id LIMIT $2) \
+                     RETURNING id, topic, message_id, partition_key, event_type, headers, \
+                     payload, enqueued_at, attempts",
+                )
+                .bind(consumer)
+                .bind(max)
+                .bind(&token)
+                .bind(until)
+                .bind(now)
+                .fetch_all(s.writer())
+                .await?
+            }
+            Database::Postgres(p) => {
+                sqlx::query_as(
+                    "WITH c AS MATERIALIZED (SELECT id FROM oncely_deliveries \
+                     WHERE consumer = $1 AND state = 'pending' AND available_at <= $5 \
+                     AND (locked_until IS NULL OR locked_until <= $5) ORDER BY id LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED) \
+                     UPDATE oncely_deliveries d SET lease_token = $3, locked_until = $4 \
+                     FROM c WHERE d.id = c.id \
+                     RETURNING d.id, d.topic, d.message_id, d.partition_key, d.event_type, \
+                     d.headers, d.payload, d.enqueued_at, d.attempts",
+                )
+                .bind(consumer)
+                .bind(max)
+                .bind(&token)
+                .bind(until)
+                .bind(now)
+                .fetch_all(p.pool())
+                .await?
+            }
+        };
+        let mut out = rows
+            .into_iter()
+            .map(|r| {
+                Ok(Delivery {
+                    delivery_id: r.id,
+                    consumer: consumer.to_owned(),
+                    attempts: u32::try_from(r.attempts).unwrap_or(0),
+                    lease_token: token.clone(),
+                    message: ReceivedMessage {
+                        queue_id: r.id,
+                        id: MessageId::parse(&r.message_id)
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                        topic: r.topic,
+                        partition_key: r.partition_key,
+                        event_type: r.event_type,
+                        headers: serde_json::from_str(&r.headers)
+                            .map_err(|e| StoreError::Corrupt(format!("delivery headers: {e}")))?,
+                        payload: r.payload,
+                        enqueued_at: r.enqueued_at,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by_key(|d| d.delivery_id);
+        Ok(out)
+    }
+
+    /// Acknowledges a delivery: deletes it (whoever holds its lease now — the consumer
+    /// committed its effect, so no copy is needed any more). Returns `false` when it was
+    /// gone already.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the delivery then comes back after its
+    /// lease and the consumer's inbox recognises it.
+    pub async fn ack(&self, delivery: &Delivery) -> Result<bool, StoreError> {
+        let n = self
+            .write(
+                "DELETE FROM oncely_deliveries WHERE id = $1",
+                delivery,
+                None,
+                0,
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Counts a failed attempt and makes the delivery ready again after `delay` (for its
+    /// consumer only), recording `error`. Returns `false` when the lease was lost (another
+    /// claimer holds it now) and nothing changed.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the delivery then comes back after its lease.
+    pub async fn nack(
+        &self,
+        delivery: &Delivery,
+        delay: std::time::Duration,
+        error: &str,
+    ) -> Result<bool, StoreError> {
+        let at = oncely_core::now_ms()
+            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let n = self
+            .write(
+                "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $3, \
+                 available_at = $4, lease_token = NULL, locked_until = NULL \
+                 WHERE id = $1 AND lease_token = $2",
+                delivery,
+                Some(error),
+                at,
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Counts a failed attempt and parks the delivery in state `dead` with `error`; it is
+    /// not delivered again. Returns `false` when the lease was lost.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the delivery then comes back after its lease.
+    pub async fn dead(&self, delivery: &Delivery, error: &str) -> Result<bool, StoreError> {
+        let n = self
+            .write(
+                "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $3, \
+                 state = 'dead', available_at = $4, lease_token = NULL, locked_until = NULL \
+                 WHERE id = $1 AND lease_token = $2",
+                delivery,
+                Some(error),
+                oncely_core::now_ms(),
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Up to `limit` dead deliveries of `consumer`, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn dead_deliveries(
+        &self,
+        consumer: &str,
+        limit: u32,
+    ) -> Result<Vec<DeadDelivery>, StoreError> {
+        let rows: Vec<(String, i32, Option<String>)> = oncely_sql::on_pool!(&self.db, |p| {
+            sqlx::query_as(
+                "SELECT message_id, attempts, last_error FROM oncely_deliveries \
+                 WHERE consumer = $1 AND state = 'dead' ORDER BY id LIMIT $2",
+            )
+            .bind(consumer)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+        })?;
+        rows.into_iter()
+            .map(|(id, attempts, last_error)| {
+                Ok(DeadDelivery {
+                    id: MessageId::parse(&id).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    last_error,
+                })
+            })
+            .collect()
+    }
+
+    async fn write(
+        &self,
+        sql: &str,
+        delivery: &Delivery,
+        error: Option<&str>,
+        at: i64,
+    ) -> Result<u64, StoreError> {
+        let n = match &self.db {
+            Database::Sqlite(s) => {
+                let mut q = sqlx::query(sql).bind(delivery.delivery_id);
+                if error.is_some() {
+                    q = q.bind(&delivery.lease_token).bind(error).bind(at);
+                }
+                q.execute(s.writer()).await?.rows_affected()
+            }
+            Database::Postgres(p) => {
+                let mut q = sqlx::query(sql).bind(delivery.delivery_id);
+                if error.is_some() {
+                    q = q.bind(&delivery.lease_token).bind(error).bind(at);
+                }
+                q.execute(p.pool()).await?.rows_affected()
+            }
+        };
+        Ok(n)
     }
 }
 

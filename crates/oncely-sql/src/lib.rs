@@ -13,17 +13,21 @@
 //! - `outbox` — [`OutboxStore`]: the transactional outbox over table `oncely_outbox`
 //!   (enqueue in the caller's transaction, claim by state with per-partition leases, settle,
 //!   dead rows, stats, retention).
+//! - `inbox` — [`InboxStore`]: the consumer inbox over table `oncely_inbox` (record a
+//!   message id in the effect's transaction, retention collector).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures.
 
 mod db;
 mod error;
 mod idempotency;
+mod inbox;
 mod outbox;
 
 pub use db::{Backend, Database, DbOptions, PgStore, SqliteStore, SqliteTx, Tx};
 pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
+pub use inbox::{InboxOutcome, InboxStore};
 pub use outbox::{
     OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, RequeueTarget, Rescheduled,
 };

@@ -6,7 +6,9 @@ use std::time::Duration;
 use oncely_core::{
     Fingerprint, IdempotencyKey, Operation, RecordState, Scope, StoredResponse, TenantId,
 };
-use oncely_sql::{on_pool, on_tx, IdempotencyStore, Reservation, StoreError};
+use oncely_sql::{
+    on_pool, on_tx, IdempotencyStore, InboxOutcome, InboxStore, Reservation, StoreError,
+};
 use oncely_testkit::{on_every_backend, TestDb};
 
 fn scope(tenant: &str) -> Scope {
@@ -43,6 +45,8 @@ on_every_backend!(
     concurrent_reservations_of_one_key_reserve_once,
     collector_deletes_only_expired_finished_records,
     migrations_are_idempotent,
+    inbox_records_a_message_once_per_consumer_and_a_rollback_forgets_it,
+    inbox_collector_deletes_only_rows_past_retention_in_bounded_batches,
 );
 
 async fn reserve_complete_then_existing_with_stored_response(t: TestDb) {
@@ -248,4 +252,66 @@ async fn collector_deletes_only_expired_finished_records(t: TestDb) {
 async fn migrations_are_idempotent(t: TestDb) {
     t.db.migrate().await.unwrap();
     t.db.migrate().await.unwrap();
+}
+
+async fn inbox_records_a_message_once_per_consumer_and_a_rollback_forgets_it(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let id = oncely_core::MessageId::new_random();
+    let mut tx = t.db.begin().await.unwrap();
+    assert_eq!(
+        InboxStore::record(&mut tx, "billing", &id, 1_000)
+            .await
+            .unwrap(),
+        InboxOutcome::New
+    );
+    tx.rollback().await.unwrap();
+    let mut tx = t.db.begin().await.unwrap();
+    assert_eq!(
+        InboxStore::record(&mut tx, "billing", &id, 1_000)
+            .await
+            .unwrap(),
+        InboxOutcome::New,
+        "a rolled-back effect leaves no inbox row"
+    );
+    tx.commit().await.unwrap();
+    let mut tx = t.db.begin().await.unwrap();
+    assert_eq!(
+        InboxStore::record(&mut tx, "billing", &id, 2_000)
+            .await
+            .unwrap(),
+        InboxOutcome::Duplicate
+    );
+    assert_eq!(
+        InboxStore::record(&mut tx, "audit", &id, 2_000)
+            .await
+            .unwrap(),
+        InboxOutcome::New,
+        "each consumer has its own inbox"
+    );
+    tx.commit().await.unwrap();
+}
+
+async fn inbox_collector_deletes_only_rows_past_retention_in_bounded_batches(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let inbox = InboxStore::new(t.db.clone());
+    let mut tx = t.db.begin().await.unwrap();
+    for i in 0..7 {
+        let at = if i < 5 { 1_000 } else { 9_000 };
+        let id = oncely_core::MessageId::new_random();
+        InboxStore::record(&mut tx, "billing", &id, at)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(inbox.collect(5_000, 2).await.unwrap(), 2);
+    assert_eq!(inbox.collect(5_000, 2).await.unwrap(), 2);
+    assert_eq!(inbox.collect(5_000, 2).await.unwrap(), 1);
+    assert_eq!(inbox.collect(5_000, 2).await.unwrap(), 0);
+    let left: i64 = on_pool!(&t.db, |p| sqlx::query_scalar(
+        "SELECT COUNT(*) FROM oncely_inbox"
+    )
+    .fetch_one(p)
+    .await)
+    .unwrap();
+    assert_eq!(left, 2);
 }

@@ -1,0 +1,415 @@
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncely_broker::{BoxFuture, Delivery, ReceivedMessage, SqlTransport};
+use oncely_core::{MessageId, RetryPolicy};
+use oncely_sql::{Database, InboxOutcome, InboxStore, StoreError, Tx};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::metrics as m;
+
+/// What a handler returns when it fails; the transaction is rolled back and the message
+/// retried (its `Display` is stored as the delivery's last error).
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A message handler: applies the message's effect inside `tx`, the transaction that also
+/// holds the message's inbox row. It must do all its writes through `tx` (so effect and
+/// inbox row commit together) and must not commit it.
+pub trait Handler: Send + Sync + 'static {
+    /// Applies `message` within `tx`.
+    ///
+    /// # Errors
+    /// Any [`HandlerError`]: the transaction is rolled back and the message retried after a
+    /// backoff, or dead after the attempt limit.
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        message: &'a ReceivedMessage,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// Consumer settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Messages handled at once (each holds one transaction). Default 8; at least 1.
+    pub concurrency: usize,
+    /// Largest number of deliveries claimed at once. Default 32.
+    pub batch: u32,
+    /// Lease on a claimed delivery: an unacknowledged delivery is delivered again after it.
+    /// Must exceed the handler's longest run. Default 30 s.
+    pub lease: Duration,
+    /// Idle polling interval. Default 100 ms.
+    pub poll: Duration,
+    /// Backoff (full jitter) and attempt limit for handler failures. Default: 500 ms base,
+    /// 5 min cap, 10 attempts.
+    pub retry: RetryPolicy,
+    /// How long inbox rows are kept; must be longer than the broker's redelivery window
+    /// (a copy redelivered after it would run the effect again). Default 7 days.
+    pub inbox_retention: Duration,
+    /// How often [`SqlConsumer::run`] deletes inbox rows past the retention (500 per
+    /// statement). Default 60 s.
+    pub collect_interval: Duration,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 8,
+            batch: 32,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_millis(100),
+            retry: RetryPolicy::default(),
+            inbox_retention: Duration::from_secs(7 * 24 * 3600),
+            collect_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Counters of one consumer instance (the same events also go to the `metrics` facade,
+/// see [`crate::metrics`]).
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    consumed: AtomicU64,
+    duplicates: AtomicU64,
+    retries: AtomicU64,
+    dead_lettered: AtomicU64,
+}
+
+impl ConsumerStats {
+    /// Messages whose effect committed and that were acknowledged.
+    pub fn consumed(&self) -> u64 {
+        self.consumed.load(Ordering::Relaxed)
+    }
+
+    /// Redelivered messages the inbox recognised (handler not run).
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
+    }
+
+    /// Handler failures rescheduled with backoff.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// Deliveries parked as dead.
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered.load(Ordering::Relaxed)
+    }
+}
+
+/// What [`SqlConsumer::process`] did with one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// The effect committed and the delivery was acknowledged.
+    Consumed,
+    /// The effect committed but the acknowledgement did not happen (fault hook, or the
+    /// acknowledgement failed): the delivery comes back after its lease.
+    CommittedNotAcknowledged,
+    /// The inbox already held the message: acknowledged, handler not run.
+    Duplicate,
+    /// The handler failed: rolled back, rescheduled after a backoff.
+    Retried,
+    /// The handler failed for the last allowed time: rolled back, parked as dead.
+    DeadLettered,
+    /// The store failed before the outcome was settled: nothing acknowledged, the
+    /// delivery comes back after its lease.
+    StoreFailed,
+}
+
+type FaultHook = Arc<dyn Fn(&MessageId) -> bool + Send + Sync>;
+
+/// A consumer group member on the SQL transport: claims deliveries of consumer `name`,
+/// runs each through the inbox and its [`Handler`], acknowledges, retries, dead-letters.
+///
+/// Any number of instances with the same name may run (in one or many processes): the
+/// transport leases each delivery to one of them at a time, and the inbox row (primary key
+/// `(consumer, message_id)`) makes a delivery that comes again (lease ran out after a
+/// commit, or two instances holding it at once) a no-op.
+pub struct SqlConsumer {
+    name: String,
+    topic: String,
+    transport: SqlTransport,
+    db: Database,
+    handler: Arc<dyn Handler>,
+    config: ConsumerConfig,
+    stats: Arc<ConsumerStats>,
+    skip_ack_after_commit: Option<FaultHook>,
+}
+
+impl fmt::Debug for SqlConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlConsumer")
+            .field("name", &self.name)
+            .field("topic", &self.topic)
+            .field("config", &self.config)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlConsumer {
+    /// A consumer named `name` (the inbox's `consumer` column and the consumer group) for
+    /// `topic`, on `db` (migrated) through `transport` (on the same database). Call
+    /// [`SqlConsumer::subscribe`] before the first message it must see is queued.
+    pub fn new(
+        db: Database,
+        transport: SqlTransport,
+        name: impl Into<String>,
+        topic: impl Into<String>,
+        handler: Arc<dyn Handler>,
+        config: ConsumerConfig,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            topic: topic.into(),
+            transport,
+            db,
+            handler,
+            config,
+            stats: Arc::new(ConsumerStats::default()),
+            skip_ack_after_commit: None,
+        }
+    }
+
+    /// Fault injection (tests, chaos drills): when `hook` returns `true` for a message, the
+    /// consumer behaves as if it died right after committing the effect and before
+    /// acknowledging — it does not acknowledge, so the delivery comes back after its lease.
+    #[must_use]
+    pub fn with_fault_after_commit(
+        mut self,
+        hook: impl Fn(&MessageId) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.skip_ack_after_commit = Some(Arc::new(hook));
+        self
+    }
+
+    /// Registers the consumer group for its topic (idempotent): messages queued from now
+    /// on are delivered to it.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn subscribe(&self) -> Result<(), StoreError> {
+        self.transport.subscribe(&self.name, &self.topic).await
+    }
+
+    /// This instance's counters.
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        self.stats.clone()
+    }
+
+    /// The consumer (group) name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Claims one batch (up to [`ConsumerConfig::batch`]) and processes it, up to
+    /// [`ConsumerConfig::concurrency`] at once; returns how many deliveries it claimed.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the claim fails (nothing was claimed).
+    pub async fn run_once(&self) -> Result<usize, StoreError> {
+        let deliveries = self
+            .transport
+            .claim(&self.name, self.config.batch, self.config.lease)
+            .await?;
+        let n = deliveries.len();
+        let limit = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
+        let mut tasks = Vec::with_capacity(n);
+        for d in deliveries {
+            let limit = limit.clone();
+            tasks.push(async move {
+                let _permit = limit.acquire_owned().await;
+                self.process(d).await
+            });
+        }
+        futures_util::future::join_all(tasks).await;
+        Ok(n)
+    }
+
+    /// Runs one claimed delivery: begin → inbox row → handler → commit → acknowledge; a
+    /// duplicate is acknowledged without the handler; a handler error rolls back and
+    /// reschedules (or dead-letters) the delivery for this consumer only.
+    pub async fn process(&self, delivery: Delivery) -> Processed {
+        let id = delivery.message.id;
+        let mut tx = match self.db.begin().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "cannot begin");
+                return Processed::StoreFailed;
+            }
+        };
+        match InboxStore::record(&mut tx, &self.name, &id, oncely_core::now_ms()).await {
+            Ok(InboxOutcome::Duplicate) => {
+                drop(tx.rollback().await);
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(m::DUPLICATES_TOTAL, "consumer" => self.name.clone())
+                    .increment(1);
+                tracing::debug!(consumer = %self.name, message_id = %id, "duplicate skipped");
+                return match self.transport.ack(&delivery).await {
+                    Ok(_) => Processed::Duplicate,
+                    Err(e) => {
+                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "ack failed");
+                        Processed::StoreFailed
+                    }
+                };
+            }
+            Ok(_) => {}
+            Err(e) => {
+                drop(tx.rollback().await);
+                tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "inbox insert failed");
+                return Processed::StoreFailed;
+            }
+        }
+        let started = Instant::now();
+        let outcome = self.handler.handle(&mut tx, &delivery.message).await;
+        metrics::histogram!(m::HANDLER_SECONDS, "consumer" => self.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        match outcome {
+            Ok(()) => {
+                if let Err(e) = tx.commit().await {
+                    // Outcome unknown: the delivery comes back after its lease and the
+                    // inbox tells whether the commit happened.
+                    tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "commit failed");
+                    return Processed::StoreFailed;
+                }
+                self.stats.consumed.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(m::CONSUMED_TOTAL, "consumer" => self.name.clone()).increment(1);
+                if self.skip_ack_after_commit.as_ref().is_some_and(|f| f(&id)) {
+                    return Processed::CommittedNotAcknowledged;
+                }
+                match self.transport.ack(&delivery).await {
+                    Ok(_) => Processed::Consumed,
+                    Err(e) => {
+                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "ack failed");
+                        Processed::CommittedNotAcknowledged
+                    }
+                }
+            }
+            Err(error) => {
+                drop(tx.rollback().await);
+                let error = error.to_string();
+                let failures = delivery.attempts.saturating_add(1);
+                if self.config.retry.exhausted(failures) {
+                    tracing::error!(consumer = %self.name, message_id = %id, attempts = failures, %error, "dead-lettered");
+                    if let Err(e) = self.transport.dead(&delivery, &error).await {
+                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "dead-letter failed");
+                        return Processed::StoreFailed;
+                    }
+                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::DEAD_LETTERED_TOTAL, "consumer" => self.name.clone())
+                        .increment(1);
+                    Processed::DeadLettered
+                } else {
+                    let delay = self.config.retry.delay(failures, rand::random::<f64>());
+                    tracing::warn!(consumer = %self.name, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
+                    if let Err(e) = self.transport.nack(&delivery, delay, &error).await {
+                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "nack failed");
+                        return Processed::StoreFailed;
+                    }
+                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::RETRIES_TOTAL, "consumer" => self.name.clone())
+                        .increment(1);
+                    Processed::Retried
+                }
+            }
+        }
+    }
+
+    /// Runs until `shutdown`: claims as many deliveries as there are free handler slots
+    /// ([`ConsumerConfig::concurrency`]), processes each in its own task, polls every
+    /// [`ConsumerConfig::poll`] when idle, and deletes inbox rows past
+    /// [`ConsumerConfig::inbox_retention`]. On shutdown it stops claiming and waits for the
+    /// messages in hand.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let this = Arc::new(self);
+        let slots = Arc::new(Semaphore::new(this.config.concurrency.max(1)));
+        let tracker = TaskTracker::new();
+        tracker.spawn(collect_loop(
+            InboxStore::new(this.db.clone()),
+            this.name.clone(),
+            this.config.clone(),
+            shutdown.clone(),
+        ));
+        while !shutdown.is_cancelled() {
+            let free = slots.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    p = slots.clone().acquire_owned() => drop(p),
+                }
+                continue;
+            }
+            let max = u32::try_from(free)
+                .unwrap_or(u32::MAX)
+                .min(this.config.batch.max(1));
+            match this
+                .transport
+                .claim(&this.name, max, this.config.lease)
+                .await
+            {
+                Ok(deliveries) if !deliveries.is_empty() => {
+                    for d in deliveries {
+                        let Ok(permit) = slots.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let this = this.clone();
+                        tracker.spawn(async move {
+                            this.process(d).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Ok(_) => idle(&shutdown, this.config.poll).await,
+                Err(e) => {
+                    tracing::warn!(consumer = %this.name, error = %e, "claim failed");
+                    idle(&shutdown, this.config.poll).await;
+                }
+            }
+        }
+        tracker.close();
+        tracker.wait().await;
+    }
+}
+
+async fn idle(shutdown: &CancellationToken, poll: Duration) {
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = tokio::time::sleep(poll) => {}
+    }
+}
+
+async fn collect_loop(
+    inbox: InboxStore,
+    name: String,
+    config: ConsumerConfig,
+    shutdown: CancellationToken,
+) {
+    const BATCH: u32 = 500;
+    loop {
+        let retention = i64::try_from(config.inbox_retention.as_millis()).unwrap_or(i64::MAX);
+        let before = oncely_core::now_ms().saturating_sub(retention);
+        loop {
+            match inbox.collect(before, BATCH).await {
+                Ok(n) => {
+                    metrics::counter!(m::COLLECTED_TOTAL, "consumer" => name.clone()).increment(n);
+                    if n < u64::from(BATCH) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(consumer = %name, error = %e, "inbox collection failed");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(config.collect_interval) => {}
+        }
+    }
+}

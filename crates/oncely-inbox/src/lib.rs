@@ -1,0 +1,22 @@
+//! Inbox consumers: a redelivered message never repeats its effect.
+//!
+//! Brokers deliver at least once: a consumer can commit its work and die before it
+//! acknowledges, and the message comes again. A [`SqlConsumer`] therefore runs every
+//! message as: claim → begin → record the message id in the inbox
+//! ([`InboxStore::record`](oncely_sql::InboxStore::record)) → run the [`Handler`] with the
+//! same transaction → commit → acknowledge. A message the inbox already holds is
+//! acknowledged without running the handler (and counted as a duplicate). A handler error
+//! rolls the transaction back and the delivery is retried for this consumer only, after an
+//! exponential backoff with full jitter ([`RetryPolicy`](oncely_core::RetryPolicy)); after
+//! the attempt limit it is parked as dead with its last error.
+//!
+//! # Layout
+//! - `consumer` — [`SqlConsumer`], [`ConsumerConfig`], [`Handler`], [`ConsumerStats`],
+//!   [`Processed`]: the
+//!   runtime over the SQL transport's consumer groups.
+//! - `metrics` — metric names recorded through the `metrics` facade.
+
+mod consumer;
+pub mod metrics;
+
+pub use consumer::{ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed, SqlConsumer};

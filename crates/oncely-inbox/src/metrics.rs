@@ -1,0 +1,15 @@
+//! Metric names the consumer records (through the `metrics` facade; label `consumer`).
+
+/// Counter: messages whose effect committed and that were acknowledged.
+pub const CONSUMED_TOTAL: &str = "oncely_inbox_consumed_total";
+/// Counter: redelivered messages the inbox recognised; acknowledged without running the
+/// handler.
+pub const DUPLICATES_TOTAL: &str = "oncely_inbox_duplicates_skipped_total";
+/// Counter: handler failures rescheduled with backoff.
+pub const RETRIES_TOTAL: &str = "oncely_inbox_retries_total";
+/// Counter: deliveries parked as dead after the attempt limit.
+pub const DEAD_LETTERED_TOTAL: &str = "oncely_inbox_dead_lettered_total";
+/// Histogram: handler run time (inbox insert to handler return), seconds.
+pub const HANDLER_SECONDS: &str = "oncely_inbox_handler_seconds";
+/// Counter: inbox rows deleted after the retention.
+pub const COLLECTED_TOTAL: &str = "oncely_inbox_collected_total";

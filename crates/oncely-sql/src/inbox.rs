@@ -1,0 +1,101 @@
+use oncely_core::MessageId;
+
+use crate::{on_tx, Database, StoreError, Tx};
+
+/// What [`InboxStore::record`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InboxOutcome {
+    /// First time this consumer sees the message: run the effect in the same transaction.
+    New,
+    /// The consumer already committed this message: skip the effect, acknowledge.
+    Duplicate,
+}
+
+/// The consumer inbox over table `oncely_inbox` (primary key `(consumer, message_id)`,
+/// `received_at` in Unix ms).
+///
+/// A consumer records each message id with [`InboxStore::record`] in the *same*
+/// transaction as its effect: the primary key (`INSERT … ON CONFLICT DO NOTHING`, never
+/// SELECT-then-INSERT) tells a redelivery apart, and a rolled-back effect leaves no row, so
+/// the retry runs the effect again. Rows are kept for a retention that must be longer than
+/// the broker's redelivery window (after it, a redelivered copy would run the effect again)
+/// and deleted in small batches by [`InboxStore::collect`].
+#[derive(Debug, Clone)]
+pub struct InboxStore {
+    db: Database,
+}
+
+impl InboxStore {
+    /// An inbox on `db` (migrated with [`Database::migrate`]).
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+
+    /// Records that `consumer` received message `id` at `now_ms` (Unix ms), inside `tx`.
+    ///
+    /// On PostgreSQL a concurrent transaction recording the same pair waits for the first
+    /// to finish: after its commit this one sees [`InboxOutcome::Duplicate`], after its
+    /// rollback [`InboxOutcome::New`]. SQLite transactions are serialised by its writer.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails (the caller rolls back).
+    pub async fn record(
+        tx: &mut Tx,
+        consumer: &str,
+        id: &MessageId,
+        now_ms: i64,
+    ) -> Result<InboxOutcome, StoreError> {
+        let id = id.to_string();
+        let n = on_tx!(tx, |c| sqlx::query(
+            "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (consumer, message_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(&id)
+        .bind(now_ms)
+        .execute(c)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(if n == 1 {
+            InboxOutcome::New
+        } else {
+            InboxOutcome::Duplicate
+        })
+    }
+
+    /// Deletes up to `batch` rows received before `before_ms` (Unix ms; callers pass
+    /// `now - retention`), returning how many went. Call it in a loop until it returns
+    /// less than `batch`; small batches keep locks short (PostgreSQL: the locked batch is a
+    /// materialised CTE, so the `LIMIT` holds — an `IN (SELECT … LIMIT … SKIP LOCKED)`
+    /// subquery may be re-run and delete more).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn collect(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let batch = i64::from(batch.max(1));
+        let n = match &self.db {
+            Database::Sqlite(s) => sqlx::query(
+                "DELETE FROM oncely_inbox WHERE rowid IN (SELECT rowid FROM oncely_inbox \
+                 WHERE received_at < $1 LIMIT $2)",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(s.writer())
+            .await?
+            .rows_affected(),
+            Database::Postgres(p) => sqlx::query(
+                "WITH doomed AS MATERIALIZED (SELECT consumer, message_id FROM oncely_inbox \
+                 WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM oncely_inbox i USING doomed d \
+                 WHERE i.consumer = d.consumer AND i.message_id = d.message_id",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+        };
+        Ok(n)
+    }
+}
