@@ -12,16 +12,20 @@
 //! - `auth` — `Authorization: Bearer <api key>` → [`oncely_core::TenantId`].
 //! - `orders` — the handlers, input validation and the business-key rule.
 //! - `events` — the `order.created` outbox event: derived message id, headers.
+//! - `billing` — [`BillingHandler`], [`billing_consumer`]: the `billing` inbox consumer of
+//!   `order.created` (one invoice per order, table `invoices`).
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
 
 mod app;
 mod auth;
+mod billing;
 mod collector;
 mod config;
 mod events;
 mod orders;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
+pub use billing::{billing_consumer, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER};
 pub use collector::spawn_collector;
 pub use config::{parse_api_keys, AppConfig, ConfigError};
 pub use events::{ORDERS_TOPIC, ORDER_CREATED};

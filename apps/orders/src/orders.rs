@@ -43,6 +43,19 @@ struct Order {
     #[serde(flatten)]
     details: NewOrder,
     created_at: i64,
+    /// Shown once the `billing` consumer has created it (additive: absent before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    invoice: Option<Invoice>,
+}
+
+/// The order's invoice as `GET /v1/orders/{id}` shows it.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Invoice {
+    id: String,
+    kind: String,
+    amount_minor: i64,
+    currency: String,
+    created_at: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -71,6 +84,7 @@ impl OrderRow {
                 currency: self.currency,
             },
             created_at: self.created_at,
+            invoice: None,
         })
     }
 }
@@ -236,6 +250,7 @@ pub(crate) async fn create_order(
                 status: "created",
                 details: order,
                 created_at: now,
+                invoice: None,
             };
             // order.created goes into the outbox in this same transaction: no order without
             // its event, no event without its order.
@@ -323,9 +338,30 @@ pub(crate) async fn get_order(
         .bind(tenant.as_str())
         .fetch_optional(p)
         .await);
+    let row = match row {
+        Ok(Some(r)) => {
+            let invoice: Result<Option<Invoice>, sqlx::Error> = on_pool!(&db, |p| {
+                sqlx::query_as(
+                    "SELECT id, kind, amount_minor, currency, created_at FROM invoices \
+                     WHERE order_id = $1 AND tenant = $2 AND kind = $3",
+                )
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(crate::INVOICE_KIND_ORDER)
+                .fetch_optional(p)
+                .await
+            });
+            invoice.map(|i| Some((r, i)))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
+    };
     match row {
-        Ok(Some(r)) => match r.into_order() {
-            Ok(o) => order_response(StatusCode::OK, &o),
+        Ok(Some((r, invoice))) => match r.into_order() {
+            Ok(mut o) => {
+                o.invoice = invoice;
+                order_response(StatusCode::OK, &o)
+            }
             Err(e) => internal(&e),
         },
         Ok(None) => {

@@ -1,0 +1,85 @@
+use std::sync::Arc;
+
+use oncely_broker::{BoxFuture, ReceivedMessage, SqlTransport};
+use oncely_inbox::{ConsumerConfig, Handler, HandlerError, SqlConsumer};
+use oncely_sql::{on_tx, Database, Tx};
+use serde::Deserialize;
+
+use crate::events::ORDER_CREATED;
+
+/// Name of the billing consumer (its consumer group and inbox).
+pub const BILLING_CONSUMER: &str = "billing";
+/// The invoice kind billing creates for a new order.
+pub const INVOICE_KIND_ORDER: &str = "order";
+
+/// The fields of an `order.created` payload billing needs.
+#[derive(Debug, Deserialize)]
+struct OrderCreated {
+    id: String,
+    amount_minor: i64,
+    currency: String,
+}
+
+/// The `billing` handler: creates the invoice of each `order.created` event in the
+/// consumer's transaction (the same one that holds the inbox row). `UNIQUE(order_id, kind)`
+/// stands behind the inbox: a message with a new id for the same order creates nothing.
+/// Other event types are acknowledged without effect.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BillingHandler;
+
+impl Handler for BillingHandler {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        message: &'a ReceivedMessage,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if message.event_type != ORDER_CREATED {
+                return Ok(());
+            }
+            let order: OrderCreated = serde_json::from_slice(&message.payload)?;
+            let tenant = message
+                .headers
+                .get("tenant")
+                .ok_or("order.created without a tenant header")?;
+            let invoice_id = uuid::Uuid::now_v7().to_string();
+            let message_id = message.id.to_string();
+            on_tx!(tx, |c| sqlx::query(
+                "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
+                 message_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (order_id, kind) DO NOTHING",
+            )
+            .bind(&invoice_id)
+            .bind(tenant)
+            .bind(&order.id)
+            .bind(INVOICE_KIND_ORDER)
+            .bind(order.amount_minor)
+            .bind(&order.currency)
+            .bind(&message_id)
+            .bind(oncely_core::now_ms())
+            .execute(c)
+            .await
+            .map(|_| ()))?;
+            Ok(())
+        })
+    }
+}
+
+/// The billing consumer on the SQL transport: consumer group [`BILLING_CONSUMER`] on
+/// `topic` (the order service's events topic), handler [`BillingHandler`]. Call
+/// [`SqlConsumer::subscribe`] before running it.
+pub fn billing_consumer(
+    db: Database,
+    transport: SqlTransport,
+    topic: &str,
+    config: ConsumerConfig,
+) -> SqlConsumer {
+    SqlConsumer::new(
+        db,
+        transport,
+        BILLING_CONSUMER,
+        topic,
+        Arc::new(BillingHandler),
+        config,
+    )
+}
