@@ -5,9 +5,12 @@
 //! - `oncely bench intake` — measures the idempotency layer against the bare handler.
 //! - `oncely relay` — the outbox relay alone (`serve` runs one in-process by default).
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
+//! - `oncely consume billing` — an inbox consumer alone (`serve` runs `billing` in-process
+//!   by default with the SQL transport).
 
 mod bench;
 mod bench_relay;
+mod consume_cmd;
 mod relay_cmd;
 
 use std::net::SocketAddr;
@@ -52,6 +55,22 @@ enum Command {
     Relay(RelayCmdArgs),
     /// Outbox operator commands.
     Outbox(OutboxArgs),
+    /// Run an inbox consumer alone (SQL transport).
+    Consume(ConsumeCmdArgs),
+}
+
+#[derive(Debug, Args)]
+struct ConsumeCmdArgs {
+    /// Which consumer.
+    #[arg(value_enum)]
+    name: consume_cmd::ConsumerName,
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    consumer: consume_cmd::ConsumerArgs,
+    /// Serve the consumer's metrics on `GET /metrics` at this address (e.g. 127.0.0.1:9465).
+    #[arg(long, env = "ONCELY_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +115,12 @@ struct ServeArgs {
     /// Do not run the outbox relay in this process (run `oncely relay` elsewhere).
     #[arg(long, env = "ONCELY_NO_RELAY")]
     no_relay: bool,
+    #[command(flatten)]
+    consumer: consume_cmd::ConsumerArgs,
+    /// Do not run the `billing` consumer in this process (run `oncely consume billing`
+    /// elsewhere). It runs only with the SQL transport (`--broker sql`).
+    #[arg(long, env = "ONCELY_NO_CONSUMER")]
+    no_consumer: bool,
     /// Listen address.
     #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -208,6 +233,22 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Outbox(args) => relay_cmd::outbox(args.db.connect().await?, args.command).await,
+        Command::Consume(args) => {
+            let db = args.db.connect().await?;
+            let stop = tokio_util::sync::CancellationToken::new();
+            let metrics = match args.metrics_listen {
+                Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
+                None => None,
+            };
+            let consumer = args.consumer.spawn(args.name, &db, stop.clone()).await?;
+            shutdown_signal().await;
+            stop.cancel();
+            consumer.await?;
+            if let Some(m) = metrics {
+                m.await?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -249,10 +290,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Some(args.relay.spawn(&db, stop_relay.clone()).await?)
     };
+    let consumer = if args.no_consumer || !args.relay.is_sql() {
+        None
+    } else {
+        Some(
+            args.consumer
+                .spawn(consume_cmd::ConsumerName::Billing, &db, stop_relay.clone())
+                .await?,
+        )
+    };
     orders::serve(listener, db, config, shutdown_signal()).await?;
     stop_relay.cancel();
     if let Some(relay) = relay {
         relay.await?;
+    }
+    if let Some(consumer) = consumer {
+        consumer.await?;
     }
     tracing::info!("stopped");
     Ok(())

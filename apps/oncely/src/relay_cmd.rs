@@ -82,6 +82,11 @@ pub(crate) struct RelayArgs {
 }
 
 impl RelayArgs {
+    /// `true` when the broker is the SQL transport (the only one inbox consumers read yet).
+    pub(crate) fn is_sql(&self) -> bool {
+        self.broker == BrokerKind::Sql
+    }
+
     /// The relay configuration these arguments describe.
     pub(crate) fn config(&self) -> RelayConfig {
         RelayConfig {

@@ -1,5 +1,5 @@
 //! The `oncely` binary as a process: S8 (a second process against the same database obeys
-//! the same keys), migrations, graceful shutdown on SIGTERM.
+//! the same keys), migrations, graceful shutdown on SIGTERM, the in-process billing consumer.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -89,6 +89,7 @@ async fn count_orders(t: &TestDb, ext: &str) -> i64 {
 on_every_backend!(
     s8_second_process_on_the_same_database_obeys_the_same_keys,
     migrate_command_applies_migrations_and_sigterm_drains,
+    serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -160,4 +161,57 @@ async fn migrate_command_applies_migrations_and_sigterm_drains(t: TestDb) {
     }
     let exited = exited.expect("oncely stops within 5 s of SIGTERM");
     assert!(exited.success(), "graceful shutdown exits 0, got {exited}");
+}
+
+async fn serve_bills_each_order_once_in_process_and_get_shows_the_invoice(t: TestDb) {
+    let p = serve(&t.url);
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let ext = format!("bill-{i}");
+        let first = post(&client, &p.base, &format!("bill-key-{i}"), &order(&ext)).await;
+        assert_eq!(first.0, 201);
+        // A retry and a new key for the same order add nothing.
+        assert_eq!(
+            post(&client, &p.base, &format!("bill-key-{i}"), &order(&ext))
+                .await
+                .0,
+            201
+        );
+        assert_eq!(
+            post(&client, &p.base, &format!("bill-other-{i}"), &order(&ext))
+                .await
+                .0,
+            200
+        );
+        ids.push(first.2["id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        let mut invoice = Value::Null;
+        for _ in 0..200 {
+            let got: Value = client
+                .get(format!("{}/v1/orders/{id}", p.base))
+                .bearer_auth(API_KEY)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if !got["invoice"].is_null() {
+                invoice = got["invoice"].clone();
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(invoice["kind"], "order", "order {id} billed within 10 s");
+        assert_eq!(invoice["amount_minor"], 100);
+    }
+    let invoices: i64 = oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar(
+        "SELECT COUNT(*) FROM invoices"
+    )
+    .fetch_one(p)
+    .await)
+    .unwrap();
+    assert_eq!(invoices, 5);
 }

@@ -1,0 +1,89 @@
+//! `oncely consume`, and the consumer settings `oncely serve` shares.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use oncely_broker::SqlTransport;
+use oncely_core::RetryPolicy;
+use oncely_inbox::ConsumerConfig;
+use oncely_sql::Database;
+use tokio_util::sync::CancellationToken;
+
+/// The consumers this binary can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ConsumerName {
+    /// `billing`: one invoice per `order.created`.
+    Billing,
+}
+
+/// Inbox consumer settings (shared by `serve` and `consume`). SQL transport only.
+#[derive(Debug, Args)]
+pub(crate) struct ConsumerArgs {
+    /// Topic the consumer reads (the order service's events topic).
+    #[arg(long, env = "ONCELY_CONSUMER_TOPIC", default_value = orders::ORDERS_TOPIC)]
+    consumer_topic: String,
+    /// Messages handled at once.
+    #[arg(long, env = "ONCELY_CONSUMER_CONCURRENCY", default_value_t = 8)]
+    consumer_concurrency: usize,
+    /// Idle polling interval, in ms.
+    #[arg(long, env = "ONCELY_CONSUMER_POLL_MS", default_value_t = 100)]
+    consumer_poll_ms: u64,
+    /// Lease on a claimed message, in seconds: an unacknowledged message is delivered again
+    /// after it (must exceed the handler's longest run).
+    #[arg(long, env = "ONCELY_CONSUMER_LEASE_SECS", default_value_t = 30)]
+    consumer_lease_secs: u64,
+    /// Failed handler runs after which a message is dead.
+    #[arg(long, env = "ONCELY_CONSUMER_MAX_ATTEMPTS", default_value_t = 10)]
+    consumer_max_attempts: u32,
+    /// Backoff: upper bound of the first retry's wait, in ms (full jitter, doubling).
+    #[arg(long, env = "ONCELY_CONSUMER_BACKOFF_BASE_MS", default_value_t = 500)]
+    consumer_backoff_base_ms: u64,
+    /// Backoff: upper bound of any wait, in seconds.
+    #[arg(long, env = "ONCELY_CONSUMER_BACKOFF_CAP_SECS", default_value_t = 300)]
+    consumer_backoff_cap_secs: u64,
+    /// How long inbox rows are kept, in seconds; must be longer than the broker's
+    /// redelivery window (default 7 days).
+    #[arg(long, env = "ONCELY_INBOX_RETENTION_SECS", default_value_t = 604_800)]
+    inbox_retention_secs: u64,
+}
+
+impl ConsumerArgs {
+    fn config(&self) -> ConsumerConfig {
+        ConsumerConfig {
+            concurrency: self.consumer_concurrency.max(1),
+            poll: Duration::from_millis(self.consumer_poll_ms.max(1)),
+            lease: Duration::from_secs(self.consumer_lease_secs.max(1)),
+            retry: RetryPolicy {
+                base: Duration::from_millis(self.consumer_backoff_base_ms),
+                cap: Duration::from_secs(self.consumer_backoff_cap_secs),
+                max_attempts: self.consumer_max_attempts.max(1),
+            },
+            inbox_retention: Duration::from_secs(self.inbox_retention_secs),
+            ..ConsumerConfig::default()
+        }
+    }
+
+    /// Subscribes consumer `name` on the SQL transport and starts it; cancel `shutdown` and
+    /// await the handle to stop it.
+    pub(crate) async fn spawn(
+        &self,
+        name: ConsumerName,
+        db: &Database,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+        // Receiving only: the transport's publish limit does not apply.
+        let transport = SqlTransport::new(db.clone(), usize::MAX);
+        let consumer = match name {
+            ConsumerName::Billing => {
+                orders::billing_consumer(db.clone(), transport, &self.consumer_topic, self.config())
+            }
+        };
+        consumer
+            .subscribe()
+            .await
+            .with_context(|| format!("subscribing consumer {}", consumer.name()))?;
+        tracing::info!(consumer = consumer.name(), topic = %self.consumer_topic, "inbox consumer starting");
+        Ok(tokio::spawn(consumer.run(shutdown)))
+    }
+}
