@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use oncely_broker::{BoxFuture, ReceivedMessage, SqlTransport};
-use oncely_inbox::{ConsumerConfig, Handler, HandlerError, SqlConsumer};
+use oncely_inbox::{ConsumerConfig, Handler, HandlerError, Rejected, SqlConsumer};
 use oncely_sql::{on_tx, Database, Tx};
 use serde::Deserialize;
 
@@ -23,7 +23,8 @@ struct OrderCreated {
 /// The `billing` handler: creates the invoice of each `order.created` event in the
 /// consumer's transaction (the same one that holds the inbox row). `UNIQUE(order_id, kind)`
 /// stands behind the inbox: a message with a new id for the same order creates nothing.
-/// Other event types are acknowledged without effect.
+/// Other event types are acknowledged without effect; an `order.created` that does not
+/// decode is [`Rejected`] (dead at once).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BillingHandler;
 
@@ -37,11 +38,13 @@ impl Handler for BillingHandler {
             if message.event_type != ORDER_CREATED {
                 return Ok(());
             }
-            let order: OrderCreated = serde_json::from_slice(&message.payload)?;
+            // An undecodable event will not decode on a retry either: dead at once.
+            let order: OrderCreated = serde_json::from_slice(&message.payload)
+                .map_err(|e| Rejected(format!("order.created payload: {e}")))?;
             let tenant = message
                 .headers
                 .get("tenant")
-                .ok_or("order.created without a tenant header")?;
+                .ok_or_else(|| Rejected("order.created without a tenant header".to_owned()))?;
             let invoice_id = uuid::Uuid::now_v7().to_string();
             let message_id = message.id.to_string();
             on_tx!(tx, |c| sqlx::query(

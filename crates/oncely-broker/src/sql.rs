@@ -431,6 +431,45 @@ impl SqlTransport {
             .collect()
     }
 
+    /// Deletes up to `batch` queue rows enqueued before `before_ms` (Unix ms) on topics
+    /// that have a subscribed consumer group, returning how many went. Their copies live in
+    /// `oncely_deliveries`; the queue row only keeps a republished copy (same message id)
+    /// from being fanned out again while it exists, so `before_ms` must leave a window
+    /// shorter than the consumers' inbox retention (a copy fanned out again after it is
+    /// recognised by the inbox). Rows of topics nobody subscribed to stay for
+    /// [`SqlTransport::receive`]. PostgreSQL: the locked batch is a materialised CTE, so the
+    /// `LIMIT` holds.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn collect_fanned_out(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let batch = i64::from(batch.max(1));
+        let n = match &self.db {
+            Database::Sqlite(s) => sqlx::query(
+                "DELETE FROM oncely_queue WHERE id IN (SELECT q.id FROM oncely_queue q \
+                 WHERE q.enqueued_at < $1 AND EXISTS (SELECT 1 FROM oncely_subscriptions s \
+                 WHERE s.topic = q.topic) ORDER BY q.id LIMIT $2)",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(s.writer())
+            .await?
+            .rows_affected(),
+            Database::Postgres(p) => sqlx::query(
+                "WITH doomed AS MATERIALIZED (SELECT q.id FROM oncely_queue q \
+                 WHERE q.enqueued_at < $1 AND EXISTS (SELECT 1 FROM oncely_subscriptions s \
+                 WHERE s.topic = q.topic) ORDER BY q.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM oncely_queue q USING doomed d WHERE q.id = d.id",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+        };
+        Ok(n)
+    }
+
     async fn write(
         &self,
         sql: &str,

@@ -1,8 +1,10 @@
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt as _;
 use oncely_broker::{BoxFuture, Delivery, ReceivedMessage, SqlTransport};
 use oncely_core::{MessageId, RetryPolicy};
 use oncely_sql::{Database, InboxOutcome, InboxStore, StoreError, Tx};
@@ -13,8 +15,16 @@ use tokio_util::task::TaskTracker;
 use crate::metrics as m;
 
 /// What a handler returns when it fails; the transaction is rolled back and the message
-/// retried (its `Display` is stored as the delivery's last error).
+/// retried (its `Display` is stored as the delivery's last error) — unless the error is a
+/// [`Rejected`], which dead-letters the message at once.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A handler error that no retry can fix (the message cannot be decoded, it names
+/// something that cannot exist): the message goes to the dead state at once, with this
+/// error, instead of being retried.
+#[derive(Debug, thiserror::Error)]
+#[error("rejected: {0}")]
+pub struct Rejected(pub String);
 
 /// A message handler: applies the message's effect inside `tx`, the transaction that also
 /// holds the message's inbox row. It must do all its writes through `tx` (so effect and
@@ -50,9 +60,13 @@ pub struct ConsumerConfig {
     /// How long inbox rows are kept; must be longer than the broker's redelivery window
     /// (a copy redelivered after it would run the effect again). Default 7 days.
     pub inbox_retention: Duration,
-    /// How often [`SqlConsumer::run`] deletes inbox rows past the retention (500 per
-    /// statement). Default 60 s.
+    /// How often [`SqlConsumer::run`] deletes inbox rows past the retention and fanned-out
+    /// queue rows past [`ConsumerConfig::queue_retention`] (500 per statement). Default 60 s.
     pub collect_interval: Duration,
+    /// How long the SQL transport keeps a queue row after it was fanned out to the
+    /// subscribed groups (it stops a republished copy from being delivered again while it
+    /// exists); must be shorter than `inbox_retention`. Default 1 h.
+    pub queue_retention: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -65,6 +79,7 @@ impl Default for ConsumerConfig {
             retry: RetryPolicy::default(),
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             collect_interval: Duration::from_secs(60),
+            queue_retention: Duration::from_secs(3600),
         }
     }
 }
@@ -266,7 +281,19 @@ impl SqlConsumer {
             }
         }
         let started = Instant::now();
-        let outcome = self.handler.handle(&mut tx, &delivery.message).await;
+        // A panicking handler counts as a failed attempt (else its message would come back
+        // after every lease, for ever).
+        let outcome = AssertUnwindSafe(self.handler.handle(&mut tx, &delivery.message))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(format!("handler panicked: {what}").into())
+            });
         metrics::histogram!(m::HANDLER_SECONDS, "consumer" => self.name.clone())
             .record(started.elapsed().as_secs_f64());
         match outcome {
@@ -292,9 +319,10 @@ impl SqlConsumer {
             }
             Err(error) => {
                 drop(tx.rollback().await);
+                let rejected = error.downcast_ref::<Rejected>().is_some();
                 let error = error.to_string();
                 let failures = delivery.attempts.saturating_add(1);
-                if self.config.retry.exhausted(failures) {
+                if rejected || self.config.retry.exhausted(failures) {
                     tracing::error!(consumer = %self.name, message_id = %id, attempts = failures, %error, "dead-lettered");
                     if let Err(e) = self.transport.dead(&delivery, &error).await {
                         tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "dead-letter failed");
@@ -323,7 +351,8 @@ impl SqlConsumer {
     /// Runs until `shutdown`: claims as many deliveries as there are free handler slots
     /// ([`ConsumerConfig::concurrency`]), processes each in its own task, polls every
     /// [`ConsumerConfig::poll`] when idle, and deletes inbox rows past
-    /// [`ConsumerConfig::inbox_retention`]. On shutdown it stops claiming and waits for the
+    /// [`ConsumerConfig::inbox_retention`] and fanned-out queue rows past
+    /// [`ConsumerConfig::queue_retention`]. On shutdown it stops claiming and waits for the
     /// messages in hand.
     pub async fn run(self, shutdown: CancellationToken) {
         let this = Arc::new(self);
@@ -331,6 +360,7 @@ impl SqlConsumer {
         let tracker = TaskTracker::new();
         tracker.spawn(collect_loop(
             InboxStore::new(this.db.clone()),
+            this.transport.clone(),
             this.name.clone(),
             this.config.clone(),
             shutdown.clone(),
@@ -385,6 +415,7 @@ async fn idle(shutdown: &CancellationToken, poll: Duration) {
 
 async fn collect_loop(
     inbox: InboxStore,
+    transport: SqlTransport,
     name: String,
     config: ConsumerConfig,
     shutdown: CancellationToken,
@@ -403,6 +434,18 @@ async fn collect_loop(
                 }
                 Err(e) => {
                     tracing::warn!(consumer = %name, error = %e, "inbox collection failed");
+                    break;
+                }
+            }
+        }
+        let keep = i64::try_from(config.queue_retention.as_millis()).unwrap_or(i64::MAX);
+        let before = oncely_core::now_ms().saturating_sub(keep);
+        loop {
+            match transport.collect_fanned_out(before, BATCH).await {
+                Ok(n) if n < u64::from(BATCH) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(consumer = %name, error = %e, "queue collection failed");
                     break;
                 }
             }

@@ -8,15 +8,19 @@
 //! acknowledged without running the handler (and counted as a duplicate). A handler error
 //! rolls the transaction back and the delivery is retried for this consumer only, after an
 //! exponential backoff with full jitter ([`RetryPolicy`](oncely_core::RetryPolicy)); after
-//! the attempt limit it is parked as dead with its last error.
+//! the attempt limit it is parked as dead with its last error. A [`Rejected`] error (a
+//! message that cannot be decoded) goes dead at once; a handler panic counts as a failed
+//! attempt.
 //!
 //! # Layout
 //! - `consumer` — [`SqlConsumer`], [`ConsumerConfig`], [`Handler`], [`ConsumerStats`],
-//!   [`Processed`]: the
+//!   [`Processed`], [`Rejected`]: the
 //!   runtime over the SQL transport's consumer groups.
 //! - `metrics` — metric names recorded through the `metrics` facade.
 
 mod consumer;
 pub mod metrics;
 
-pub use consumer::{ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed, SqlConsumer};
+pub use consumer::{
+    ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed, Rejected, SqlConsumer,
+};

@@ -47,6 +47,7 @@ impl Handler for Billing {
             if !self.delay.is_zero() {
                 tokio::time::sleep(self.delay).await;
             }
+            assert!(message.payload != b"panic", "handler bug on purpose");
             if message.payload == b"poison" {
                 return Err("poison pill: no such order".into());
             }
@@ -181,6 +182,9 @@ on_every_backend!(
     handler_failing_twice_then_succeeding_creates_one_invoice_after_two_delayed_retries_for_that_consumer_only,
     always_failing_handler_ends_dead_with_its_error_while_other_messages_flow,
     two_running_instances_of_one_group_bill_every_order_once,
+    panicking_handler_counts_as_a_failed_attempt_and_ends_dead,
+    fanned_out_queue_rows_are_collected_in_batches_and_unsubscribed_topics_kept,
+    undecodable_order_created_is_dead_at_once,
     s5_billing_killed_after_commit_before_ack_creates_one_invoice,
     order_created_with_a_new_message_id_for_the_same_order_creates_no_second_invoice,
     orders_created_through_the_service_get_one_invoice_each_shown_by_get,
@@ -672,4 +676,124 @@ async fn orders_created_through_the_service_get_one_invoice_each_shown_by_get(t:
         assert_eq!(got["invoice"]["currency"], "EUR");
     }
     server.abort();
+}
+
+async fn panicking_handler_counts_as_a_failed_attempt_and_ends_dead(t: TestDb) {
+    let transport = setup(&t).await;
+    let consumer = SqlConsumer::new(
+        t.db.clone(),
+        transport.clone(),
+        "billing",
+        TOPIC,
+        Arc::new(Billing::new("billing")),
+        ConsumerConfig {
+            retry: RetryPolicy {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(10),
+                max_attempts: 2,
+            },
+            ..config()
+        },
+    );
+    consumer.subscribe().await.unwrap();
+    for r in transport
+        .publish(&[Message {
+            payload: b"panic".to_vec(),
+            ..order_message("p-1")
+        }])
+        .await
+    {
+        r.unwrap();
+    }
+    let d = transport
+        .claim("billing", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(consumer.process(d[0].clone()).await, Processed::Retried);
+    eventually(Duration::from_secs(5), || async {
+        consumer.run_once().await.unwrap();
+        consumer.stats().dead_lettered() == 1
+    })
+    .await;
+    let dead = transport.dead_deliveries("billing", 10).await.unwrap();
+    assert_eq!(dead[0].attempts, 2);
+    assert!(dead[0]
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("handler panicked: handler bug on purpose"));
+}
+
+async fn fanned_out_queue_rows_are_collected_in_batches_and_unsubscribed_topics_kept(t: TestDb) {
+    let transport = setup(&t).await;
+    transport.subscribe("billing", TOPIC).await.unwrap();
+    publish(&transport, &["a", "b", "c"]).await;
+    let other: Vec<Message> = ["x", "y"]
+        .iter()
+        .map(|o| Message {
+            topic: "unsubscribed".to_owned(),
+            ..order_message(o)
+        })
+        .collect();
+    for r in transport.publish(&other).await {
+        r.unwrap();
+    }
+    let later = oncely_core::now_ms() + 1_000;
+    assert_eq!(transport.collect_fanned_out(later, 2).await.unwrap(), 2);
+    assert_eq!(transport.collect_fanned_out(later, 2).await.unwrap(), 1);
+    assert_eq!(transport.collect_fanned_out(later, 2).await.unwrap(), 0);
+    let left: Vec<String> = on_pool!(&t.db, |p| sqlx::query_scalar(
+        "SELECT topic FROM oncely_queue ORDER BY id"
+    )
+    .fetch_all(p)
+    .await)
+    .unwrap();
+    assert_eq!(left, ["unsubscribed", "unsubscribed"]);
+    assert_eq!(open_deliveries(&t.db, "billing").await, 3, "copies stay");
+    // Rows younger than the window stay.
+    publish(&transport, &["d"]).await;
+    assert_eq!(
+        transport
+            .collect_fanned_out(oncely_core::now_ms() - 60_000, 10)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+async fn undecodable_order_created_is_dead_at_once(t: TestDb) {
+    let transport = billing_setup(&t).await;
+    let billing = orders::billing_consumer(
+        t.db.clone(),
+        transport.clone(),
+        orders::ORDERS_TOPIC,
+        config(),
+    );
+    billing.subscribe().await.unwrap();
+    let good = order_created(MessageId::new_random(), "ord-ok");
+    let bad = Message {
+        payload: b"{not json".to_vec(),
+        ..order_created(MessageId::new_random(), "ord-bad")
+    };
+    for r in transport.publish(&[bad.clone(), good]).await {
+        r.unwrap();
+    }
+    assert_eq!(billing.run_once().await.unwrap(), 2);
+    let dead = transport
+        .dead_deliveries(orders::BILLING_CONSUMER, 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, bad.id);
+    assert_eq!(
+        dead[0].attempts, 1,
+        "no retry for a message that cannot decode"
+    );
+    assert!(dead[0]
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("order.created payload"));
+    assert_eq!(billing.stats().retries(), 0);
+    assert_eq!(invoice_rows(&t.db, "ord-ok").await, 1);
 }
