@@ -90,6 +90,7 @@ on_every_backend!(
     s8_second_process_on_the_same_database_obeys_the_same_keys,
     migrate_command_applies_migrations_and_sigterm_drains,
     serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
+    serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -214,4 +215,102 @@ async fn serve_bills_each_order_once_in_process_and_get_shows_the_invoice(t: Tes
     .await)
     .unwrap();
     assert_eq!(invoices, 5);
+}
+
+async fn serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each(t: TestDb) {
+    let p = serve(&t.url);
+    let target: std::net::SocketAddr = p.base.trim_start_matches("http://").parse().unwrap();
+    let proxy = Arc::new(oncely_testkit::FaultProxy::start(target).await);
+    let base = format!("http://{}", proxy.addr());
+    // Cut every connection every 40 ms: requests and answers are lost mid-flight.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let cutter = {
+        let (proxy, stop) = (proxy.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                proxy.cut();
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                proxy.restore();
+            }
+        })
+    };
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let sends = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|worker| {
+            let (client, base, sends) = (client.clone(), base.clone(), sends.clone());
+            tokio::spawn(async move {
+                for i in (worker..200).step_by(16) {
+                    let body = order(&format!("drop-{i}"));
+                    let mut done = false;
+                    for _ in 0..400 {
+                        sends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let res = client
+                            .post(format!("{base}/v1/orders"))
+                            .bearer_auth(API_KEY)
+                            .header("idempotency-key", format!("drop-key-{i}"))
+                            .json(&body)
+                            .send()
+                            .await;
+                        if let Ok(r) = res {
+                            if matches!(r.status().as_u16(), 200 | 201) && r.bytes().await.is_ok() {
+                                done = true;
+                                break;
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    assert!(done, "order {i} created within 400 attempts");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    stop.cancel();
+    cutter.await.unwrap();
+    eprintln!(
+        "200 orders took {} POSTs",
+        sends.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(
+        sends.load(std::sync::atomic::Ordering::Relaxed) > 200,
+        "connections were dropped and requests retried"
+    );
+    let count = |sql: &'static str| {
+        let db = t.db.clone();
+        async move {
+            oncely_sql::on_pool!(&db, |p| sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(p)
+                .await)
+            .unwrap()
+        }
+    };
+    let mut invoices = 0;
+    for _ in 0..600 {
+        invoices = count("SELECT COUNT(*) FROM invoices").await;
+        if invoices >= 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let stray redeliveries arrive before the final count.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        count("SELECT COUNT(*) FROM orders WHERE external_ref LIKE 'drop-%'").await,
+        200
+    );
+    assert_eq!(
+        invoices.max(count("SELECT COUNT(*) FROM invoices").await),
+        200
+    );
+    assert_eq!(
+        count("SELECT COUNT(DISTINCT order_id) FROM invoices").await,
+        200
+    );
 }
