@@ -19,6 +19,9 @@ pub(crate) enum BenchCommand {
     /// Outbox relay: events/s to RabbitMQ and NATS beside the raw client with the same
     /// confirmation window, and commit-to-publish latency p50/p99 at a steady rate.
     Relay(crate::bench_relay::RelayBenchArgs),
+    /// Inbox consumer: consumed messages/s through the inbox (`billing`) beside the same
+    /// handler acknowledging without the inbox.
+    Inbox(crate::bench_inbox::InboxBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -47,6 +50,7 @@ pub(crate) async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Intake(args) => intake(args).await,
         BenchCommand::Relay(args) => crate::bench_relay::run(args).await,
+        BenchCommand::Inbox(args) => crate::bench_inbox::run(args).await,
     }
 }
 

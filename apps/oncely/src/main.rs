@@ -9,6 +9,7 @@
 //!   by default with the SQL transport).
 
 mod bench;
+mod bench_inbox;
 mod bench_relay;
 mod consume_cmd;
 mod relay_cmd;

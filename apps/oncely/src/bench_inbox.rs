@@ -1,0 +1,186 @@
+//! `oncely bench inbox`: consumed messages/s through the inbox (the `billing` consumer)
+//! beside the same handler acknowledging without the inbox, in one run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use oncely_broker::{Message, Publisher, SqlTransport};
+use oncely_core::MessageId;
+use oncely_inbox::{ConsumerConfig, Handler};
+use oncely_sql::{Database, DbOptions};
+use oncely_testkit::TestDb;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+#[derive(Debug, Args)]
+pub(crate) struct InboxBenchArgs {
+    /// Database to measure on; a fresh schema (PostgreSQL) or file (SQLite) is used.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    /// Messages consumed per side.
+    #[arg(long, default_value_t = 10_000)]
+    messages: u32,
+    /// Messages handled at once, on both sides.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Deliveries claimed at once, on both sides.
+    #[arg(long, default_value_t = 32)]
+    batch: u32,
+}
+
+const TOPIC: &str = "bench.orders";
+
+pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
+    let options = DbOptions {
+        max_connections: u32::try_from(args.concurrency).unwrap_or(64) + 4,
+        ..DbOptions::default()
+    };
+    let t = TestDb::fresh(&args.database_url, &options)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("database unreachable"))?;
+    orders::migrate(&t.db).await?;
+    let transport = SqlTransport::new(t.db.clone(), 1 << 20);
+    let config = ConsumerConfig {
+        concurrency: args.concurrency.max(1),
+        batch: args.batch.max(1),
+        poll: Duration::from_millis(5),
+        ..ConsumerConfig::default()
+    };
+    transport.subscribe("bare", TOPIC).await?;
+    let billing = orders::billing_consumer(t.db.clone(), transport.clone(), TOPIC, config.clone());
+    billing.subscribe().await?;
+    publish(&transport, args.messages).await?;
+    println!(
+        "inbox bench on {}: {} messages, concurrency {}, batch {}",
+        backend(&t.db),
+        args.messages,
+        config.concurrency,
+        config.batch
+    );
+
+    // Baseline first, then remove its invoices so both sides insert the same rows.
+    let bare = bare_drain(&t.db, &transport, &config, args.messages).await?;
+    clear_invoices(&t.db).await?;
+    let stats = billing.stats();
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(billing.run(stop.clone()));
+    while stats.consumed() < u64::from(args.messages) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let inbox = f64::from(args.messages) / started.elapsed().as_secs_f64();
+    stop.cancel();
+    running.await?;
+
+    println!("bare handler (tx + ack, no inbox): {bare:>9.0} msg/s");
+    println!("through the inbox:                 {inbox:>9.0} msg/s");
+    println!("ratio inbox / bare:                {:>9.2}", inbox / bare);
+    Ok(())
+}
+
+fn backend(db: &Database) -> &'static str {
+    match db {
+        Database::Sqlite(_) => "SQLite",
+        Database::Postgres(_) => "PostgreSQL",
+    }
+}
+
+async fn publish(transport: &SqlTransport, n: u32) -> anyhow::Result<()> {
+    let mut batch = Vec::with_capacity(500);
+    for i in 0..n {
+        let order = format!("bench-{i}");
+        let payload = serde_json::json!({"id": order, "amount_minor": 1999, "currency": "EUR"});
+        batch.push(Message {
+            id: MessageId::new_random(),
+            topic: TOPIC.to_owned(),
+            partition_key: order,
+            event_type: orders::ORDER_CREATED.to_owned(),
+            payload: serde_json::to_vec(&payload)?,
+            headers: [("tenant".to_owned(), "bench".to_owned())].into(),
+        });
+        if batch.len() == 500 || i + 1 == n {
+            for r in transport.publish(&batch).await {
+                r?;
+            }
+            batch.clear();
+        }
+    }
+    Ok(())
+}
+
+async fn clear_invoices(db: &Database) -> anyhow::Result<()> {
+    let mut tx = db.begin().await?;
+    {
+        let tx = &mut tx;
+        oncely_sql::on_tx!(tx, |c| sqlx::query("DELETE FROM invoices")
+            .execute(c)
+            .await
+            .map(|_| ()))?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The same claim / concurrency / handler / ack loop as the consumer, without the inbox
+/// row. Returns messages/s.
+async fn bare_drain(
+    db: &Database,
+    transport: &SqlTransport,
+    config: &ConsumerConfig,
+    n: u32,
+) -> anyhow::Result<f64> {
+    let handler = Arc::new(orders::BillingHandler);
+    let slots = Arc::new(Semaphore::new(config.concurrency));
+    let tracker = TaskTracker::new();
+    let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let started = Instant::now();
+    while done.load(std::sync::atomic::Ordering::Relaxed) < n {
+        let free = u32::try_from(slots.available_permits()).unwrap_or(u32::MAX);
+        if free == 0 {
+            drop(slots.clone().acquire_owned().await?);
+            continue;
+        }
+        let deliveries = transport
+            .claim("bare", free.min(config.batch), config.lease)
+            .await?;
+        if deliveries.is_empty() {
+            tokio::time::sleep(config.poll).await;
+            continue;
+        }
+        for d in deliveries {
+            let permit = slots.clone().acquire_owned().await?;
+            let (db, transport, handler, done) =
+                (db.clone(), transport.clone(), handler.clone(), done.clone());
+            tracker.spawn(async move {
+                let result: anyhow::Result<()> = async {
+                    let mut tx = db.begin().await?;
+                    handler
+                        .handle(&mut tx, &d.message)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                    tx.commit().await?;
+                    transport.ack(&d).await?;
+                    Ok(())
+                }
+                .await;
+                match result {
+                    Ok(()) => {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "bare handler failed"),
+                }
+                drop(permit);
+            });
+        }
+    }
+    let rate = f64::from(n) / started.elapsed().as_secs_f64();
+    tracker.close();
+    tracker.wait().await;
+    Ok(rate)
+}
