@@ -202,7 +202,7 @@ async fn s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice(t: 
         TOPIC,
         handler.clone(),
         ConsumerConfig {
-            lease: Duration::from_millis(400),
+            lease: Duration::from_millis(1_500),
             ..config()
         },
     )
@@ -225,7 +225,7 @@ async fn s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice(t: 
     // Leased: not delivered again before the lease runs out.
     assert_eq!(consumer.run_once().await.unwrap(), 0);
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
     assert_eq!(
         consumer.run_once().await.unwrap(),
         1,
