@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use oncely_broker::SqlTransport;
-use oncely_core::RetryPolicy;
+use oncely_core::{MessageId, RetryPolicy};
 use oncely_inbox::ConsumerConfig;
 use oncely_sql::Database;
 use tokio_util::sync::CancellationToken;
@@ -86,4 +86,84 @@ impl ConsumerArgs {
         tracing::info!(consumer = consumer.name(), topic = %self.consumer_topic, "inbox consumer starting");
         Ok(tokio::spawn(consumer.run(shutdown)))
     }
+}
+
+/// `oncely inbox …`: operator commands for the SQL transport's consumer deliveries.
+#[derive(Debug, Subcommand)]
+pub(crate) enum InboxCommand {
+    /// Dead deliveries of a consumer.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+}
+
+/// `oncely inbox dead …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadCommand {
+    /// Lists dead deliveries (message id, attempts, last error).
+    List {
+        /// The consumer.
+        #[arg(long, value_enum, default_value_t = ConsumerName::Billing)]
+        consumer: ConsumerName,
+        /// Most rows to print.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Puts dead deliveries back to pending for that consumer only (attempts reset).
+    Requeue {
+        /// The consumer.
+        #[arg(long, value_enum, default_value_t = ConsumerName::Billing)]
+        consumer: ConsumerName,
+        /// The message id to requeue.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        message_id: Option<String>,
+        /// Requeue every dead delivery of the consumer.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+fn consumer_name(name: ConsumerName) -> &'static str {
+    match name {
+        ConsumerName::Billing => orders::BILLING_CONSUMER,
+    }
+}
+
+/// Runs an `oncely inbox` command, printing to stdout.
+pub(crate) async fn inbox(db: Database, cmd: InboxCommand) -> anyhow::Result<()> {
+    let transport = SqlTransport::new(db, usize::MAX);
+    match cmd {
+        InboxCommand::Dead(DeadCommand::List { consumer, limit }) => {
+            let rows = transport
+                .dead_deliveries(consumer_name(consumer), limit)
+                .await?;
+            println!("message_id\tattempts\tlast_error");
+            for r in rows {
+                println!(
+                    "{}\t{}\t{}",
+                    r.id,
+                    r.attempts,
+                    r.last_error.unwrap_or_default().replace(['\t', '\n'], " ")
+                );
+            }
+        }
+        InboxCommand::Dead(DeadCommand::Requeue {
+            consumer,
+            message_id,
+            all,
+        }) => {
+            let id = match (message_id, all) {
+                (_, true) => None,
+                (Some(id), false) => Some(MessageId::parse(&id)?),
+                (None, false) => anyhow::bail!("give a message id or --all"),
+            };
+            let n = transport
+                .requeue_dead(consumer_name(consumer), id.as_ref())
+                .await?;
+            println!("requeued {n}");
+            if let (Some(id), 0) = (id, n) {
+                anyhow::bail!("no dead delivery of message {id}");
+            }
+        }
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
 //! - `oncely consume billing` — an inbox consumer alone (`serve` runs `billing` in-process
 //!   by default with the SQL transport).
+//! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
 
 mod bench;
 mod bench_inbox;
@@ -58,6 +59,16 @@ enum Command {
     Outbox(OutboxArgs),
     /// Run an inbox consumer alone (SQL transport).
     Consume(ConsumeCmdArgs),
+    /// Inbox consumer operator commands (SQL transport).
+    Inbox(InboxArgs),
+}
+
+#[derive(Debug, Args)]
+struct InboxArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(subcommand)]
+    command: consume_cmd::InboxCommand,
 }
 
 #[derive(Debug, Args)]
@@ -234,6 +245,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Outbox(args) => relay_cmd::outbox(args.db.connect().await?, args.command).await,
+        Command::Inbox(args) => consume_cmd::inbox(args.db.connect().await?, args.command).await,
         Command::Consume(args) => {
             let db = args.db.connect().await?;
             let stop = tokio_util::sync::CancellationToken::new();

@@ -91,6 +91,7 @@ on_every_backend!(
     migrate_command_applies_migrations_and_sigterm_drains,
     serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
     serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
+    inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -313,4 +314,54 @@ async fn serve_bills_200_orders_created_with_retries_over_dropped_connections_on
         count("SELECT COUNT(DISTINCT order_id) FROM invoices").await,
         200
     );
+}
+
+async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t: TestDb) {
+    use oncely_broker::Publisher as _;
+    orders::migrate(&t.db).await.unwrap();
+    let transport = oncely_broker::SqlTransport::new(t.db.clone(), 1 << 20);
+    transport.subscribe("billing", "orders").await.unwrap();
+    let id = oncely_core::MessageId::new_random();
+    let message = oncely_broker::Message {
+        id,
+        topic: "orders".to_owned(),
+        partition_key: "o-1".to_owned(),
+        event_type: "order.created".to_owned(),
+        payload: b"{}".to_vec(),
+        headers: std::collections::BTreeMap::new(),
+    };
+    for r in transport.publish(&[message]).await {
+        r.unwrap();
+    }
+    let d = transport
+        .claim("billing", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(transport.dead(&d[0], "boom\tin billing").await.unwrap());
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(["inbox", "--database-url", &t.url, "dead"])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let list = run(&["list"]);
+    assert!(list.status.success());
+    let out = String::from_utf8(list.stdout).unwrap();
+    assert!(out.contains(&format!("{id}\t1\tboom in billing")), "{out}");
+    let requeue = run(&["requeue", &id.to_string()]);
+    assert!(requeue.status.success());
+    assert!(String::from_utf8(requeue.stdout)
+        .unwrap()
+        .contains("requeued 1"));
+    assert!(
+        !run(&["requeue", &id.to_string()]).status.success(),
+        "nothing dead any more"
+    );
+    let again = transport
+        .claim("billing", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "pending again");
 }

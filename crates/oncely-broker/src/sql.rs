@@ -431,6 +431,47 @@ impl SqlTransport {
             .collect()
     }
 
+    /// Puts dead deliveries of `consumer` back to pending, ready now, attempts reset (last
+    /// error kept until the next failure): the one of message `id`, or all with `None`.
+    /// Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn requeue_dead(
+        &self,
+        consumer: &str,
+        id: Option<&MessageId>,
+    ) -> Result<u64, StoreError> {
+        let sql = if id.is_some() {
+            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $2, \
+             lease_token = NULL, locked_until = NULL \
+             WHERE consumer = $1 AND state = 'dead' AND message_id = $3"
+        } else {
+            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $2, \
+             lease_token = NULL, locked_until = NULL \
+             WHERE consumer = $1 AND state = 'dead'"
+        };
+        let id = id.map(ToString::to_string);
+        let now = oncely_core::now_ms();
+        let n = match &self.db {
+            Database::Sqlite(s) => {
+                let mut q = sqlx::query(sql).bind(consumer).bind(now);
+                if let Some(id) = &id {
+                    q = q.bind(id);
+                }
+                q.execute(s.writer()).await?.rows_affected()
+            }
+            Database::Postgres(p) => {
+                let mut q = sqlx::query(sql).bind(consumer).bind(now);
+                if let Some(id) = &id {
+                    q = q.bind(id);
+                }
+                q.execute(p.pool()).await?.rows_affected()
+            }
+        };
+        Ok(n)
+    }
+
     /// Deletes up to `batch` queue rows enqueued before `before_ms` (Unix ms) on topics
     /// that have a subscribed consumer group, returning how many went. Their copies live in
     /// `oncely_deliveries`; the queue row only keeps a republished copy (same message id)

@@ -424,6 +424,35 @@ async fn always_failing_handler_ends_dead_with_its_error_while_other_messages_fl
     assert_eq!(stats.consumed(), 20);
     assert_eq!(distinct_orders(&t.db, "billing").await, 20);
     assert_eq!(open_deliveries(&t.db, "billing").await, 0);
+
+    // An operator requeues it: pending again, attempts reset, delivered again.
+    let other = MessageId::new_random();
+    assert_eq!(
+        transport
+            .requeue_dead("billing", Some(&other))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        transport
+            .requeue_dead("billing", Some(&dead[0].id))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(open_deliveries(&t.db, "billing").await, 1);
+    let again = transport
+        .claim("billing", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempts, 0);
+    assert!(transport
+        .dead_deliveries("billing", 10)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 async fn two_running_instances_of_one_group_bill_every_order_once(t: TestDb) {
