@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use oncely_core::MessageId;
-use oncely_sql::{on_tx, Database, StoreError};
+use oncely_sql::{on_tx, on_writer, Database, StoreError};
 
 use crate::{BoxFuture, Message, PublishError, Publisher};
 
@@ -453,22 +453,13 @@ impl SqlTransport {
         };
         let id = id.map(ToString::to_string);
         let now = oncely_core::now_ms();
-        let n = match &self.db {
-            Database::Sqlite(s) => {
-                let mut q = sqlx::query(sql).bind(consumer).bind(now);
-                if let Some(id) = &id {
-                    q = q.bind(id);
-                }
-                q.execute(s.writer()).await?.rows_affected()
+        let n = on_writer!(&self.db, |p| {
+            let mut q = sqlx::query(sql).bind(consumer).bind(now);
+            if let Some(id) = &id {
+                q = q.bind(id);
             }
-            Database::Postgres(p) => {
-                let mut q = sqlx::query(sql).bind(consumer).bind(now);
-                if let Some(id) = &id {
-                    q = q.bind(id);
-                }
-                q.execute(p.pool()).await?.rows_affected()
-            }
-        };
+            q.execute(p).await.map(|r| r.rows_affected())
+        })?;
         Ok(n)
     }
 
@@ -518,22 +509,13 @@ impl SqlTransport {
         error: Option<&str>,
         at: i64,
     ) -> Result<u64, StoreError> {
-        let n = match &self.db {
-            Database::Sqlite(s) => {
-                let mut q = sqlx::query(sql).bind(delivery.delivery_id);
-                if error.is_some() {
-                    q = q.bind(&delivery.lease_token).bind(error).bind(at);
-                }
-                q.execute(s.writer()).await?.rows_affected()
+        let n = on_writer!(&self.db, |p| {
+            let mut q = sqlx::query(sql).bind(delivery.delivery_id);
+            if error.is_some() {
+                q = q.bind(&delivery.lease_token).bind(error).bind(at);
             }
-            Database::Postgres(p) => {
-                let mut q = sqlx::query(sql).bind(delivery.delivery_id);
-                if error.is_some() {
-                    q = q.bind(&delivery.lease_token).bind(error).bind(at);
-                }
-                q.execute(p.pool()).await?.rows_affected()
-            }
-        };
+            q.execute(p).await.map(|r| r.rows_affected())
+        })?;
         Ok(n)
     }
 }

@@ -397,3 +397,22 @@ macro_rules! on_pool {
         }
     };
 }
+
+/// Runs the same expression on a [`Database`]'s *write* side (the SQLite single-writer pool
+/// or the PostgreSQL pool), compiled once per backend like [`on_tx!`]: for statements
+/// outside a caller's transaction whose SQL text is the same on both backends.
+#[macro_export]
+macro_rules! on_writer {
+    ($db:expr, |$p:ident| $body:expr) => {
+        match $db {
+            $crate::Database::Sqlite(s) => {
+                let $p = s.writer();
+                $body
+            }
+            $crate::Database::Postgres(s) => {
+                let $p = s.pool();
+                $body
+            }
+        }
+    };
+}

@@ -426,28 +426,14 @@ impl OutboxStore {
                    locked_by = NULL, locked_until = NULL, available_at = $2, \
                    state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
                    WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state";
-        let state: Option<String> = match &self.db {
-            Database::Sqlite(s) => {
-                sqlx::query_scalar(sql)
-                    .bind(&error)
-                    .bind(retry_at_ms)
-                    .bind(max)
-                    .bind(id)
-                    .bind(owner)
-                    .fetch_optional(s.writer())
-                    .await?
-            }
-            Database::Postgres(p) => {
-                sqlx::query_scalar(sql)
-                    .bind(&error)
-                    .bind(retry_at_ms)
-                    .bind(max)
-                    .bind(id)
-                    .bind(owner)
-                    .fetch_optional(p.pool())
-                    .await?
-            }
-        };
+        let state: Option<String> = crate::on_writer!(&self.db, |p| sqlx::query_scalar(sql)
+            .bind(&error)
+            .bind(retry_at_ms)
+            .bind(max)
+            .bind(id)
+            .bind(owner)
+            .fetch_optional(p)
+            .await)?;
         Ok(match state.as_deref() {
             None => Rescheduled::NotHeld,
             Some("dead") => Rescheduled::Dead,
@@ -465,20 +451,12 @@ impl OutboxStore {
         for id in ids {
             let sql = "UPDATE oncely_outbox SET locked_by = NULL, locked_until = NULL \
                        WHERE id = $1 AND locked_by = $2 AND state = 'pending'";
-            n += match &self.db {
-                Database::Sqlite(s) => sqlx::query(sql)
-                    .bind(id)
-                    .bind(owner)
-                    .execute(s.writer())
-                    .await?
-                    .rows_affected(),
-                Database::Postgres(p) => sqlx::query(sql)
-                    .bind(id)
-                    .bind(owner)
-                    .execute(p.pool())
-                    .await?
-                    .rows_affected(),
-            };
+            n += crate::on_writer!(&self.db, |p| sqlx::query(sql)
+                .bind(id)
+                .bind(owner)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected()))?;
         }
         Ok(n)
     }
@@ -580,20 +558,12 @@ impl OutboxStore {
                 0,
             ),
         };
-        let n = match &self.db {
-            Database::Sqlite(s) => sqlx::query(sql)
-                .bind(now_ms)
-                .bind(id)
-                .execute(s.writer())
-                .await?
-                .rows_affected(),
-            Database::Postgres(p) => sqlx::query(sql)
-                .bind(now_ms)
-                .bind(id)
-                .execute(p.pool())
-                .await?
-                .rows_affected(),
-        };
+        let n = crate::on_writer!(&self.db, |p| sqlx::query(sql)
+            .bind(now_ms)
+            .bind(id)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))?;
         Ok(n)
     }
 
