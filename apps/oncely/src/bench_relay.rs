@@ -183,9 +183,7 @@ impl Target {
                 while i < n {
                     let mut confirms = Vec::with_capacity(window);
                     for k in i..(i + window).min(n) {
-                        let props = lapin::BasicProperties::default()
-                            .with_delivery_mode(2)
-                            .with_message_id(MessageId::new_random().to_string().into());
+                        let m = message(&self.topic, k);
                         confirms.push(
                             ch.basic_publish(
                                 EXCHANGE,
@@ -194,8 +192,8 @@ impl Target {
                                     mandatory: true,
                                     ..BasicPublishOptions::default()
                                 },
-                                &payload(k),
-                                props,
+                                &m.payload,
+                                RabbitMqPublisher::properties(&m),
                             )
                             .await?,
                         );
@@ -216,13 +214,17 @@ impl Target {
                 while i < n {
                     let mut acks = Vec::with_capacity(window);
                     for k in i..(i + window).min(n) {
+                        let m = message(&self.topic, k);
                         let mut h = async_nats::HeaderMap::new();
                         h.insert(
                             async_nats::header::NATS_MESSAGE_ID,
-                            MessageId::new_random().to_string().as_str(),
+                            m.id.to_string().as_str(),
                         );
+                        for (k, v) in m.all_headers() {
+                            h.insert(k.as_str(), v.as_str());
+                        }
                         acks.push(
-                            js.publish_with_headers(self.topic.clone(), h, payload(k).into())
+                            js.publish_with_headers(m.topic.clone(), h, m.payload.into())
                                 .await?,
                         );
                     }
@@ -325,6 +327,20 @@ impl Target {
     }
 }
 
+/// The message the relay publishes for [`event`]`(topic, n)` (fresh id): the raw client
+/// sends exactly these, headers included.
+fn message(topic: &str, n: usize) -> oncely_broker::Message {
+    let e = event(topic, n);
+    oncely_broker::Message {
+        id: e.message_id,
+        topic: e.topic,
+        partition_key: e.partition_key,
+        event_type: e.event_type,
+        payload: e.payload,
+        headers: e.headers,
+    }
+}
+
 fn event(topic: &str, n: usize) -> OutboxEvent {
     OutboxEvent::new(
         MessageId::new_random(),
@@ -333,7 +349,14 @@ fn event(topic: &str, n: usize) -> OutboxEvent {
         "order.created",
         payload(n),
     )
+    // The headers the order service sends with `order.created`.
     .with_header("correlation-id", format!("bench-{n}"))
+    .with_header("idempotency-key", format!("bench-key-{n}"))
+    .with_header(
+        "traceparent",
+        format!("00-{:032x}-{:016x}-01", n + 1, n + 1),
+    )
+    .with_header("tenant", "bench")
 }
 
 /// Relay throughput: `n` events committed first, then one relay drains them

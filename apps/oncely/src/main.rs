@@ -155,6 +155,10 @@ struct ServeArgs {
     /// Interval of the retention collector, in seconds.
     #[arg(long, env = "ONCELY_COLLECTOR_INTERVAL_SECS", default_value_t = 60)]
     collector_interval_secs: u64,
+    /// Topic of the order service's events: AMQP routing key, NATS subject, SQL-transport
+    /// topic.
+    #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = orders::ORDERS_TOPIC)]
+    events_topic: String,
 }
 
 impl DbArgs {
@@ -235,7 +239,7 @@ async fn main() -> anyhow::Result<()> {
                 Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
                 None => None,
             };
-            let relay = args.relay.spawn(&db, stop.clone()).await?;
+            let relay = args.relay.spawn(&db, stop.clone());
             shutdown_signal().await;
             stop.cancel();
             relay.await?;
@@ -282,6 +286,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .then(|| Duration::from_millis(args.in_flight_wait_ms)),
             ..IdempotencyConfig::default()
         },
+        events_topic: args.events_topic.clone(),
         ..AppConfig::default()
     };
     let db = args.db.connect().await?;
@@ -301,7 +306,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let relay = if args.no_relay {
         None
     } else {
-        Some(args.relay.spawn(&db, stop_relay.clone()).await?)
+        Some(args.relay.spawn(&db, stop_relay.clone()))
     };
     let consumer = if args.no_consumer || !args.relay.is_sql() {
         None

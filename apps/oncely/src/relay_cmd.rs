@@ -25,7 +25,7 @@ pub(crate) enum BrokerKind {
 }
 
 /// Broker and relay settings (shared by `serve` and `relay`).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct RelayArgs {
     /// Broker the relay publishes to.
     #[arg(long, env = "ONCELY_BROKER", value_enum, default_value_t = BrokerKind::Sql)]
@@ -131,15 +131,53 @@ impl RelayArgs {
     }
 
     /// Starts a relay task; cancel `shutdown` and await the handle to stop it.
-    pub(crate) async fn spawn(
+    ///
+    /// A broker that cannot be reached at start-up does not stop the process: the outbox
+    /// keeps every event while the task retries the connection (1 s doubling to 30 s,
+    /// logged), then relays. Set `ONCELY_FAULT=relay-abort-after-confirm` (tests and chaos
+    /// drills only) to abort the process right after the broker confirmed a batch and
+    /// before the outbox records it — the crash window of at-least-once publishing.
+    pub(crate) fn spawn(
         &self,
         db: &Database,
         shutdown: CancellationToken,
-    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        let publisher = self.publisher(db).await?;
-        tracing::info!(broker = publisher.name(), "outbox relay starting");
-        let relay = Relay::new(db.clone(), publisher, self.config());
-        Ok(tokio::spawn(relay.run(shutdown)))
+    ) -> tokio::task::JoinHandle<()> {
+        let (args, db) = (self.clone(), db.clone());
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_secs(1);
+            let publisher = loop {
+                match args.publisher(&db).await {
+                    Ok(p) => break p,
+                    Err(e) => {
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            retry_in_s = backoff.as_secs(),
+                            "broker unreachable; events wait in the outbox"
+                        );
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                }
+            };
+            tracing::info!(broker = publisher.name(), "outbox relay starting");
+            let mut relay = Relay::new(db, publisher, args.config());
+            if std::env::var("ONCELY_FAULT").as_deref() == Ok("relay-abort-after-confirm") {
+                tracing::warn!("fault injection: aborting after the first confirmed batch");
+                relay = relay.with_fault_after_confirm(Arc::new(|rows| {
+                    if !rows.is_empty() {
+                        eprintln!(
+                            "ONCELY_FAULT: aborting after confirm of {} rows",
+                            rows.len()
+                        );
+                        std::process::abort();
+                    }
+                }));
+            }
+            relay.run(shutdown).await;
+        })
     }
 }
 

@@ -25,8 +25,14 @@ impl Drop for Proc {
 
 /// Starts `oncely serve` on an ephemeral port and reads the bound address from its JSON log.
 fn serve(url: &str) -> Proc {
+    serve_with(url, &[])
+}
+
+/// [`serve`] with extra arguments.
+fn serve_with(url: &str, extra: &[&str]) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
         .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
         .env("ONCELY_DATABASE_URL", url)
         .env("ONCELY_API_KEYS", format!("{API_KEY}=cli"))
         .env("ONCELY_LOG_FORMAT", "json")
@@ -92,6 +98,9 @@ on_every_backend!(
     serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
     serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
     inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
+    outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
+    relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
+    serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -364,4 +373,303 @@ async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t:
         .await
         .unwrap();
     assert_eq!(again.len(), 1, "pending again");
+}
+
+fn outbox_event(topic: &str, partition: &str, n: usize) -> oncely_sql::OutboxEvent {
+    oncely_sql::OutboxEvent::new(
+        oncely_core::MessageId::new_random(),
+        topic,
+        partition,
+        "order.created",
+        format!("{{\"n\":{n}}}").into_bytes(),
+    )
+}
+
+async fn enqueue(t: &TestDb, events: &[oncely_sql::OutboxEvent]) -> Vec<i64> {
+    let mut tx = t.db.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for e in events {
+        ids.push(oncely_sql::OutboxStore::enqueue(&mut tx, e).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    ids
+}
+
+async fn outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event(t: TestDb) {
+    orders::migrate(&t.db).await.unwrap();
+    let events: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(n, p)| outbox_event("ops", p, n))
+        .collect();
+    let ids = enqueue(&t, &events).await;
+    let store = oncely_sql::OutboxStore::new(t.db.clone());
+    let claimed = store
+        .claim(
+            "op-test",
+            10,
+            Duration::from_secs(30),
+            oncely_core::now_ms(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    let outcome = store
+        .reschedule("op-test", ids[0], "unroutable\tto nowhere", 0, 1)
+        .await
+        .unwrap();
+    assert_eq!(outcome, oncely_sql::Rescheduled::Dead);
+    store.release("op-test", &ids[1..]).await.unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(["outbox", "--database-url", &t.url])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let stats = |out: std::process::Output| -> Value {
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let s = stats(run(&["stats"]));
+    assert_eq!(
+        (s["pending"].as_u64(), s["dead"].as_u64()),
+        (Some(2), Some(1)),
+        "{s}"
+    );
+    assert!(s["oldest_pending_age_seconds"].as_f64().unwrap() >= 0.0);
+
+    let list = run(&["dead", "list"]);
+    assert!(list.status.success());
+    let out = String::from_utf8(list.stdout).unwrap();
+    let line = format!(
+        "{}\t{}\tops\ta\torder.created\t1\tunroutable to nowhere",
+        ids[0], events[0].message_id
+    );
+    assert!(out.lines().any(|l| l == line), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        2,
+        "header and the one dead event: {out}"
+    );
+
+    let requeue = run(&["dead", "requeue", &ids[0].to_string()]);
+    assert!(requeue.status.success());
+    assert!(String::from_utf8(requeue.stdout)
+        .unwrap()
+        .contains("requeued 1"));
+    assert!(
+        !run(&["dead", "requeue", &ids[0].to_string()])
+            .status
+            .success(),
+        "nothing dead any more"
+    );
+    let all = run(&["dead", "requeue", "--all"]);
+    assert!(all.status.success());
+    assert!(String::from_utf8(all.stdout)
+        .unwrap()
+        .contains("requeued 0"));
+    let s = stats(run(&["stats"]));
+    assert_eq!(
+        (s["pending"].as_u64(), s["dead"].as_u64()),
+        (Some(3), Some(0)),
+        "{s}"
+    );
+    let row = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(row.attempts, 0, "requeue resets the attempts");
+    assert_eq!(row.state, oncely_sql::OutboxState::Pending);
+}
+
+/// Waits for `child` to exit (30 s at most) and returns its status.
+async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    for _ in 0..300 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("process did not exit within 30 s");
+}
+
+/// A relay *process* aborted at exactly the crash window of at-least-once publishing: the
+/// broker confirmed the batch, the outbox does not record it. Another relay process
+/// republishes those rows with the same message ids, and JetStream's duplicate window drops
+/// the copies: the stream ends with one message per event.
+async fn relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies(
+    t: TestDb,
+) {
+    let nats_url = oncely_testkit::nats_url();
+    if !oncely_testkit::service_reachable("NATS", &nats_url).await {
+        return;
+    }
+    orders::migrate(&t.db).await.unwrap();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("kill.{suffix}");
+    let stream = format!("KILL{suffix}");
+    // 4 aggregates × 5 events: the first batch holds the 4 partition heads.
+    let events: Vec<_> = (0..20)
+        .map(|n| outbox_event(&topic, &format!("agg-{}", n % 4), n))
+        .collect();
+    let ids = enqueue(&t, &events).await;
+    let relay = |fault: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_oncely"));
+        c.args(["relay", "--database-url", &t.url, "--broker", "nats"])
+            .args(["--nats-url", &nats_url, "--nats-stream", &stream])
+            .args(["--nats-subjects", &topic, "--relay-lease-secs", "2"])
+            .args(["--relay-poll-ms", "50"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if fault {
+            c.env("ONCELY_FAULT", "relay-abort-after-confirm");
+        }
+        c.spawn().expect("spawn oncely relay")
+    };
+    let mut first = relay(true);
+    let status = wait_exit(&mut first).await;
+    assert!(!status.success(), "the faulted relay aborts: {status:?}");
+
+    let client = async_nats::connect(&nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(&stream).await.unwrap();
+    let confirmed = s.info().await.unwrap().state.messages;
+    assert_eq!(
+        confirmed, 4,
+        "the broker confirmed the first batch before the abort"
+    );
+    let store = oncely_sql::OutboxStore::new(t.db.clone());
+    for id in &ids {
+        assert_eq!(
+            store.get(*id).await.unwrap().unwrap().state,
+            oncely_sql::OutboxState::Pending,
+            "the aborted relay recorded nothing"
+        );
+    }
+
+    let second = relay(false);
+    let second = Proc {
+        child: second,
+        base: String::new(),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.stats().await.unwrap().pending > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second relay did not drain the outbox"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(second);
+    for id in &ids {
+        assert_eq!(
+            store.get(*id).await.unwrap().unwrap().state,
+            oncely_sql::OutboxState::Published
+        );
+    }
+    // One message per event: the 4 republished copies carried the same Nats-Msg-Id and
+    // were dropped inside the duplicate window.
+    let info = s.info().await.unwrap().state.clone();
+    assert_eq!(info.messages, 20, "one message per event, copies dropped");
+    let mut seen = std::collections::HashSet::new();
+    for seq in info.first_sequence..=info.last_sequence {
+        let m = s.get_raw_message(seq).await.unwrap();
+        let id = m
+            .headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str().to_owned())
+            .expect("message id header");
+        assert!(seen.insert(id), "a duplicate reached the stream");
+    }
+    let expected: std::collections::HashSet<String> =
+        events.iter().map(|e| e.message_id.to_string()).collect();
+    assert_eq!(seen, expected);
+    drop(js.delete_stream(&stream).await);
+}
+
+/// The broker is down when `oncely serve` starts: the service still takes orders, their
+/// events wait in the outbox, and once the broker is reachable the relay connects and
+/// publishes every one of them exactly once.
+async fn serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up(t: TestDb) {
+    let nats_url = oncely_testkit::nats_url();
+    if !oncely_testkit::service_reachable("NATS", &nats_url).await {
+        return;
+    }
+    let target: std::net::SocketAddr = oncely_testkit::url_authority(&nats_url)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let proxy = oncely_testkit::FaultProxy::start(target).await;
+    proxy.cut();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("down.{suffix}");
+    let stream = format!("DOWN{suffix}");
+    let proxied = format!("nats://{}", proxy.addr());
+    let p = serve_with(
+        &t.url,
+        &[
+            "--broker",
+            "nats",
+            "--nats-url",
+            &proxied,
+            "--nats-stream",
+            &stream,
+            "--nats-subjects",
+            &topic,
+            "--events-topic",
+            &topic,
+            "--relay-poll-ms",
+            "50",
+        ],
+    );
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let ext = format!("down-{suffix}-{i}");
+        let (status, _, body) = post(
+            &client,
+            &p.base,
+            &format!("down-{suffix}-{i}"),
+            &order(&ext),
+        )
+        .await;
+        assert_eq!(
+            status, 201,
+            "orders are taken while the broker is down: {body}"
+        );
+        ids.push(body["id"].as_str().unwrap().to_owned());
+    }
+    let store = oncely_sql::OutboxStore::new(t.db.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        store.stats().await.unwrap().pending,
+        5,
+        "the events wait in the outbox"
+    );
+
+    proxy.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while store.stats().await.unwrap().pending > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let js = async_nats::jetstream::new(async_nats::connect(&nats_url).await.unwrap());
+    let mut s = js.get_stream(&stream).await.unwrap();
+    let state = s.info().await.unwrap().state.clone();
+    assert_eq!(state.messages, 5, "each order's event once");
+    let mut partitions = std::collections::HashSet::new();
+    for seq in state.first_sequence..=state.last_sequence {
+        let m = s.get_raw_message(seq).await.unwrap();
+        partitions.insert(
+            m.headers
+                .get("partition-key")
+                .map(|v| v.as_str().to_owned())
+                .unwrap(),
+        );
+    }
+    assert_eq!(partitions, ids.into_iter().collect());
+    drop(p);
+    drop(js.delete_stream(&stream).await);
 }

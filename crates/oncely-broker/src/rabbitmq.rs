@@ -139,7 +139,11 @@ impl RabbitMqPublisher {
         })
     }
 
-    fn properties(m: &Message) -> BasicProperties {
+    /// The AMQP properties sent with `m`: persistent (`delivery_mode` 2), `message_id`,
+    /// `type` = event type, `correlation_id` when the message has one, and every header of
+    /// [`Message::all_headers`] as a long-string header. Public so benchmarks can publish
+    /// the very same messages with the raw client.
+    pub fn properties(m: &Message) -> BasicProperties {
         let mut table = FieldTable::default();
         for (k, v) in m.all_headers() {
             table.insert(

@@ -3,7 +3,9 @@ use std::time::Duration;
 
 use oncely_broker::{Message, PublishError, Publisher};
 use oncely_core::RetryPolicy;
-use oncely_sql::{Database, OutboxRow, OutboxStore, Rescheduled, StoreError};
+use oncely_sql::{
+    ClaimedBatch, Database, OutboxRow, OutboxStore, PublishFailure, Rescheduled, StoreError,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -95,21 +97,33 @@ impl RoundReport {
 }
 
 /// The outbox relay: claims the heads of the outbox's partitions (see
-/// [`OutboxStore::claim`]), publishes them as one confirmed window, marks the confirmed rows
-/// published and reschedules the others with exponential backoff and full jitter, until
-/// the attempt limit makes them `dead`. Any number of relays may run against one database;
-/// each partition key has at most one event in flight, so its events reach the broker in
-/// order.
+/// [`OutboxStore::claim_batch`]), publishes them as one confirmed window, marks the
+/// confirmed rows published and reschedules the others with exponential backoff and full
+/// jitter, until the attempt limit makes them `dead`. Any number of relays may run against
+/// one database; each partition key has at most one event in flight, so its events reach
+/// the broker in order.
 ///
 /// Delivery is at least once: a relay that dies after the broker confirmed but before it
-/// marked the rows leaves them leased; after the lease they are republished with the same
-/// message ids (JetStream drops the copy within its duplicate window; the SQL transport while
-/// the first copy is queued; consumers' inboxes otherwise).
+/// settled the rows leaves them unmarked — on PostgreSQL its row locks go with its
+/// connection and another relay republishes them at once, on SQLite after their lease —
+/// with the same message ids (JetStream drops the copy within its duplicate window; the
+/// SQL transport while the first copy is queued; consumers' inboxes otherwise).
 #[derive(Debug, Clone)]
 pub struct Relay {
     store: OutboxStore,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
+    fault_after_confirm: Option<FaultHook>,
+}
+
+/// See [`Relay::with_fault_after_confirm`].
+#[derive(Clone)]
+struct FaultHook(Arc<dyn Fn(&[OutboxRow]) + Send + Sync>);
+
+impl std::fmt::Debug for FaultHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultHook")
+    }
 }
 
 impl Relay {
@@ -119,6 +133,7 @@ impl Relay {
             store: OutboxStore::new(db),
             publisher,
             config,
+            fault_after_confirm: None,
         }
     }
 
@@ -132,26 +147,40 @@ impl Relay {
         &self.config
     }
 
+    /// Fault injection (tests, chaos drills): `hook` runs after the broker confirmed a
+    /// batch and before the batch is settled in the outbox — the crash window of
+    /// at-least-once publishing. A hook that aborts the process (`std::process::abort`)
+    /// reproduces a relay killed at exactly that point.
+    #[must_use]
+    pub fn with_fault_after_confirm(
+        mut self,
+        hook: Arc<dyn Fn(&[OutboxRow]) + Send + Sync>,
+    ) -> Self {
+        self.fault_after_confirm = Some(FaultHook(hook));
+        self
+    }
+
     /// One round: claim a batch, publish it, settle every row. Returns what happened; a
     /// round that claimed `batch_size` rows suggests another round at once.
     ///
     /// # Errors
     /// [`RelayError::Store`] when the claim fails. Failures while settling are logged; the
-    /// affected rows keep their lease and are retried after it runs out.
+    /// affected rows are claimable again (PostgreSQL) or after their lease (SQLite) and are
+    /// republished with the same message ids.
     pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
-        let rows = self.claim().await?;
-        if rows.is_empty() {
+        let batch = self.claim().await?;
+        if batch.is_empty() {
             return Ok(RoundReport::default());
         }
-        let results = self.publish(&rows).await;
-        Ok(self.settle(&rows, results).await)
+        let results = self.publish(batch.rows()).await;
+        Ok(self.settle(batch, results).await)
     }
 
     /// Publishes until nothing is claimable, pipelined: up to
     /// [`RelayConfig::max_in_flight_batches`] batches are being published and settled at
     /// once, and the next batch is claimed while they wait for the broker's confirmations.
-    /// Batches in flight never share a partition key (a partition with a leased row is not
-    /// claimable), so per-partition order holds. Returns the totals. Stops early when
+    /// Batches in flight never share a partition key (a partition whose head is held is
+    /// not claimable), so per-partition order holds. Returns the totals. Stops early when
     /// `shutdown` is cancelled.
     ///
     /// # Errors
@@ -185,8 +214,8 @@ impl Relay {
             }
             let this = self.clone();
             in_flight.push_back(tokio::spawn(async move {
-                let results = this.publish(&batch).await;
-                this.settle(&batch, results).await
+                let results = this.publish(batch.rows()).await;
+                this.settle(batch, results).await
             }));
             while in_flight.len() >= windows {
                 if let Some(oldest) = in_flight.pop_front() {
@@ -200,11 +229,11 @@ impl Relay {
         Ok(total)
     }
 
-    async fn claim(&self) -> Result<Vec<OutboxRow>, StoreError> {
+    async fn claim(&self) -> Result<ClaimedBatch, StoreError> {
         let started = std::time::Instant::now();
-        let rows = self
+        let batch = self
             .store
-            .claim(
+            .claim_batch(
                 &self.config.relay_id,
                 self.config.batch_size,
                 self.config.lease,
@@ -212,11 +241,11 @@ impl Relay {
             )
             .await;
         tracing::trace!(
-            rows = rows.as_ref().map_or(0, Vec::len),
+            rows = batch.as_ref().map_or(0, |b| b.rows().len()),
             micros = started.elapsed().as_micros() as u64,
             "claim"
         );
-        rows
+        batch
     }
 
     async fn publish(&self, rows: &[OutboxRow]) -> Vec<Result<(), PublishError>> {
@@ -233,104 +262,107 @@ impl Relay {
         results
     }
 
-    /// Marks the confirmed rows published and reschedules the others.
+    /// Marks the confirmed rows published and reschedules the others, in one transaction
+    /// on PostgreSQL.
     async fn settle(
         &self,
-        rows: &[OutboxRow],
+        batch: ClaimedBatch,
         results: Vec<Result<(), PublishError>>,
     ) -> RoundReport {
+        if let Some(FaultHook(hook)) = &self.fault_after_confirm {
+            hook(batch.rows());
+        }
         let broker = self.publisher.name();
         let started = std::time::Instant::now();
         let confirmed_at = oncely_core::now_ms();
         let mut report = RoundReport {
-            claimed: rows.len(),
+            claimed: batch.rows().len(),
             ..RoundReport::default()
         };
         let mut results = results.into_iter();
-        let mut ok_ids = Vec::with_capacity(rows.len());
-        for row in rows {
-            match results.next() {
+        let mut ok_ids = Vec::with_capacity(batch.rows().len());
+        let mut failures = Vec::new();
+        let mut attempts = std::collections::HashMap::new();
+        for row in batch.rows() {
+            let error = match results.next() {
                 Some(Ok(())) => {
                     ok_ids.push(row.id);
                     let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
                     metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker)
                         .record(latency_ms as f64 / 1000.0);
+                    continue;
                 }
-                Some(Err(e)) => self.fail(row, &e.to_string(), &mut report).await,
-                None => {
-                    self.fail(row, "publisher returned no result", &mut report)
-                        .await;
-                }
-            }
-        }
-        if !ok_ids.is_empty() {
-            match self
-                .store
-                .mark_published(&self.config.relay_id, &ok_ids, confirmed_at)
-                .await
-            {
-                Ok(n) => {
-                    report.published = ok_ids.len();
-                    metrics::counter!(m::PUBLISHED_TOTAL, "broker" => broker)
-                        .increment(ok_ids.len() as u64);
-                    if n < ok_ids.len() as u64 {
-                        tracing::warn!(
-                            confirmed = ok_ids.len(),
-                            marked = n,
-                            "some leases ran out before marking; those rows will be \
-                             republished with the same message ids"
-                        );
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, rows = ok_ids.len(),
-                        "could not mark confirmed rows; they will be republished after the lease");
-                }
-            }
-        }
-        tracing::trace!(
-            rows = rows.len(),
-            micros = started.elapsed().as_micros() as u64,
-            "settle"
-        );
-        report
-    }
-
-    async fn fail(&self, row: &OutboxRow, error: &str, report: &mut RoundReport) {
-        let failures = row.attempts.saturating_add(1);
-        let delay = self.config.retry.delay(failures, rand::random::<f64>());
-        let retry_at = oncely_core::now_ms()
-            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
-        metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => self.publisher.name())
-            .increment(1);
-        match self
-            .store
-            .reschedule(
-                &self.config.relay_id,
+                Some(Err(e)) => e.to_string(),
+                None => "publisher returned no result".to_owned(),
+            };
+            let failures_so_far = row.attempts.saturating_add(1);
+            let delay = self
+                .config
+                .retry
+                .delay(failures_so_far, rand::random::<f64>());
+            let retry_at = oncely_core::now_ms()
+                .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+            metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => broker).increment(1);
+            attempts.insert(
                 row.id,
-                error,
-                retry_at,
+                (row.event.message_id, failures_so_far, delay, error.clone()),
+            );
+            failures.push(PublishFailure::new(row.id, error, retry_at));
+        }
+        match batch
+            .settle(
+                &ok_ids,
+                confirmed_at,
+                &failures,
                 self.config.retry.max_attempts,
             )
             .await
         {
-            Ok(Rescheduled::Dead) => {
-                report.dead += 1;
-                metrics::counter!(m::DEAD_TOTAL).increment(1);
-                tracing::error!(id = row.id, message_id = %row.event.message_id, attempts = failures,
-                    error, "outbox event is dead after its attempt limit");
+            Ok(settled) => {
+                report.published = usize::try_from(settled.published).unwrap_or(usize::MAX);
+                metrics::counter!(m::PUBLISHED_TOTAL, "broker" => broker)
+                    .increment(settled.published);
+                if settled.published < ok_ids.len() as u64 {
+                    tracing::warn!(
+                        confirmed = ok_ids.len(),
+                        marked = settled.published,
+                        "some leases ran out before marking; those rows will be \
+                         republished with the same message ids"
+                    );
+                }
+                for (id, outcome) in settled.failures {
+                    let Some((message_id, attempts, delay, error)) = attempts.get(&id) else {
+                        continue;
+                    };
+                    match outcome {
+                        Rescheduled::Dead => {
+                            report.dead += 1;
+                            metrics::counter!(m::DEAD_TOTAL).increment(1);
+                            tracing::error!(id, %message_id, attempts, error,
+                                "outbox event is dead after its attempt limit");
+                        }
+                        Rescheduled::Retry => {
+                            report.retried += 1;
+                            tracing::warn!(id, %message_id, attempts,
+                                retry_in_ms = delay.as_millis() as u64, error,
+                                "publish failed; rescheduled");
+                        }
+                        _ => {}
+                    }
+                }
             }
-            Ok(Rescheduled::Retry) => {
-                report.retried += 1;
-                tracing::warn!(id = row.id, message_id = %row.event.message_id, attempts = failures,
-                    retry_in_ms = delay.as_millis() as u64, error, "publish failed; rescheduled");
-            }
-            Ok(_) => {}
             Err(e) => {
-                tracing::warn!(id = row.id, error = %e,
-                    "could not reschedule; the row is retried after its lease");
+                tracing::warn!(error = %e, rows = report.claimed,
+                    "could not settle the batch; its rows will be republished with the same \
+                     message ids");
             }
         }
+        tracing::trace!(
+            rows = report.claimed,
+            micros = started.elapsed().as_micros() as u64,
+            "settle"
+        );
+        report
     }
 
     /// Runs until `shutdown` is cancelled: rounds back to back while there is work, else

@@ -29,7 +29,8 @@ pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};
 pub use outbox::{
-    OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, RequeueTarget, Rescheduled,
+    ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, PublishFailure,
+    RequeueTarget, Rescheduled, Settled,
 };
 
 /// Re-exported so dependants name the same `sqlx` version.

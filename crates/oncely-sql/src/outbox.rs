@@ -207,6 +207,165 @@ pub enum RequeueTarget {
     All,
 }
 
+/// Rows held by [`OutboxStore::claim_batch`] until they are settled.
+#[derive(Debug)]
+pub struct ClaimedBatch {
+    rows: Vec<OutboxRow>,
+    hold: Hold,
+}
+
+enum Hold {
+    /// Nothing was claimed.
+    Nothing,
+    /// PostgreSQL: locked by this open transaction.
+    Locked(Box<sqlx::Transaction<'static, sqlx::Postgres>>),
+    /// SQLite: leased to `owner`.
+    Leased { store: OutboxStore, owner: String },
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Nothing => f.write_str("Nothing"),
+            Self::Locked(_) => f.write_str("Locked"),
+            Self::Leased { owner, .. } => f.debug_struct("Leased").field("owner", owner).finish(),
+        }
+    }
+}
+
+/// A failed publish to record with [`ClaimedBatch::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublishFailure {
+    /// The row.
+    pub id: i64,
+    /// The error, stored as `last_error` (cut to 2,000 characters).
+    pub error: String,
+    /// Earliest next attempt, Unix ms (the caller applies backoff with jitter).
+    pub retry_at_ms: i64,
+}
+
+impl PublishFailure {
+    /// A failure of row `id` with `error`, to be retried from `retry_at_ms` (Unix ms).
+    pub fn new(id: i64, error: impl Into<String>, retry_at_ms: i64) -> Self {
+        Self {
+            id,
+            error: error.into(),
+            retry_at_ms,
+        }
+    }
+}
+
+/// What [`ClaimedBatch::settle`] recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settled {
+    /// Rows marked published (fewer than asked when a SQLite lease ran out and another
+    /// relay took the row over).
+    pub published: u64,
+    /// Each failure's outcome, in the order given.
+    pub failures: Vec<(i64, Rescheduled)>,
+}
+
+impl ClaimedBatch {
+    /// The claimed rows, in id order.
+    pub fn rows(&self) -> &[OutboxRow] {
+        &self.rows
+    }
+
+    /// True when nothing was claimed.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Records the outcome of the batch: `published` rows become `published` at
+    /// `published_at_ms` (Unix ms), each failure is rescheduled or goes `dead` at
+    /// `max_attempts` (as [`OutboxStore::reschedule`]); rows in neither list are released
+    /// without counting an attempt. On PostgreSQL all of it commits as one transaction,
+    /// which also releases the row locks.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails. Nothing is recorded then: PostgreSQL rolls
+    /// back (the rows are claimable again at once), on SQLite the leases run out; either
+    /// way the rows are republished with the same message ids.
+    pub async fn settle(
+        self,
+        published: &[i64],
+        published_at_ms: i64,
+        failures: &[PublishFailure],
+        max_attempts: u32,
+    ) -> Result<Settled, StoreError> {
+        let mut settled = Settled::default();
+        match self.hold {
+            Hold::Nothing => {}
+            Hold::Leased { store, owner } => {
+                settled.published = store
+                    .mark_published(&owner, published, published_at_ms)
+                    .await?;
+                for f in failures {
+                    let r = store
+                        .reschedule(&owner, f.id, &f.error, f.retry_at_ms, max_attempts)
+                        .await?;
+                    settled.failures.push((f.id, r));
+                }
+                let done: std::collections::HashSet<i64> = published
+                    .iter()
+                    .copied()
+                    .chain(failures.iter().map(|f| f.id))
+                    .collect();
+                let rest: Vec<i64> = self
+                    .rows
+                    .iter()
+                    .map(|r| r.id)
+                    .filter(|id| !done.contains(id))
+                    .collect();
+                if !rest.is_empty() {
+                    store.release(&owner, &rest).await?;
+                }
+            }
+            Hold::Locked(mut tx) => {
+                if !published.is_empty() {
+                    settled.published = sqlx::query(
+                        "UPDATE oncely_outbox SET state = 'published', published_at = $1 \
+                         WHERE id = ANY($2) AND state = 'pending'",
+                    )
+                    .bind(published_at_ms)
+                    .bind(published)
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                }
+                let max = i64::from(max_attempts.max(1));
+                for f in failures {
+                    let error: String = f.error.chars().take(2000).collect();
+                    let state: Option<String> = sqlx::query_scalar(
+                        "UPDATE oncely_outbox SET attempts = attempts + 1, last_error = $1, \
+                         available_at = $2, \
+                         state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
+                         WHERE id = $4 AND state = 'pending' RETURNING state",
+                    )
+                    .bind(&error)
+                    .bind(f.retry_at_ms)
+                    .bind(max)
+                    .bind(f.id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                    settled.failures.push((
+                        f.id,
+                        match state.as_deref() {
+                            None => Rescheduled::NotHeld,
+                            Some("dead") => Rescheduled::Dead,
+                            Some(_) => Rescheduled::Retry,
+                        },
+                    ));
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(settled)
+    }
+}
+
 /// The transactional outbox over table `oncely_outbox` (DESIGN.md "Outbox, relay, inbox").
 ///
 /// - **Enqueue** in the caller's transaction ([`OutboxStore::enqueue`]): no event without
@@ -354,6 +513,87 @@ impl OutboxStore {
             .collect::<Result<Vec<_>, _>>()?;
         rows.sort_by_key(|r| r.id);
         Ok(rows)
+    }
+
+    /// Claims up to `batch` partition heads (the rows [`OutboxStore::claim`] would take) and
+    /// holds them until [`ClaimedBatch::settle`]:
+    ///
+    /// - **PostgreSQL**: the rows are locked `FOR UPDATE SKIP LOCKED` by a transaction that
+    ///   stays open while they are published and is committed by `settle` together with
+    ///   their new state. Nothing is written to claim them (no lease update), so each
+    ///   published row costs one row write instead of two; other relays skip the locked
+    ///   rows, and since a locked head is still `pending`, the rest of its partition stays
+    ///   unclaimable until it is settled. A relay that dies mid-batch loses its connection,
+    ///   PostgreSQL rolls the transaction back and the rows are claimable again at once
+    ///   (republished with the same message ids) — no lease to wait out.
+    /// - **SQLite**: a lease for `owner` until `now_ms + lease`, as [`OutboxStore::claim`]
+    ///   (one writer: there is no row lock to hold).
+    ///
+    /// Each held batch keeps one pooled connection (PostgreSQL) until it is settled or
+    /// dropped; dropping it unsettled rolls back (PostgreSQL) or leaves the lease to run
+    /// out (SQLite).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is held then.
+    pub async fn claim_batch(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<ClaimedBatch, StoreError> {
+        let Database::Postgres(p) = &self.db else {
+            let rows = self.claim(owner, batch, lease, now_ms).await?;
+            return Ok(ClaimedBatch {
+                rows,
+                hold: Hold::Leased {
+                    store: self.clone(),
+                    owner: owner.to_owned(),
+                },
+            });
+        };
+        let batch = i64::from(batch.max(1));
+        let mut tx = p.pool().begin().await?;
+        // See `claim`: walk the pending rows in id order and stop at the LIMIT.
+        sqlx::query(
+            "SELECT set_config('enable_sort', 'off', true), \
+             set_config('enable_bitmapscan', 'off', true)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        // A live lease (a relay using `claim`) is honoured as in `claim`. `FOR UPDATE OF o`
+        // locks only the candidate rows; LIMIT applies after locking, so skipped rows do
+        // not count against it.
+        let rows: Vec<Row> = sqlx::query_as(&format!(
+            "SELECT {} FROM oncely_outbox o \
+             WHERE o.state = 'pending' AND o.available_at <= $1 \
+             AND (o.locked_until IS NULL OR o.locked_until < $1) \
+             AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
+               WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
+               AND (p.id < o.id OR p.locked_until >= $1)) \
+             ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED",
+            qualified("o")
+        ))
+        .bind(now_ms)
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = rows
+            .into_iter()
+            .map(Row::into_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        if rows.is_empty() {
+            // Nothing to hold: give the connection back now.
+            tx.rollback().await?;
+            return Ok(ClaimedBatch {
+                rows,
+                hold: Hold::Nothing,
+            });
+        }
+        Ok(ClaimedBatch {
+            rows,
+            hold: Hold::Locked(Box::new(tx)),
+        })
     }
 
     /// Marks `ids` published at `now_ms`, for those rows `owner` still leases. Returns how
