@@ -220,8 +220,8 @@ impl Target {
                             async_nats::header::NATS_MESSAGE_ID,
                             m.id.to_string().as_str(),
                         );
-                        for (k, v) in m.all_headers() {
-                            h.insert(k.as_str(), v.as_str());
+                        for (name, value) in m.all_headers() {
+                            h.insert(name.as_str(), value.as_str());
                         }
                         acks.push(
                             js.publish_with_headers(m.topic.clone(), h, m.payload.into())

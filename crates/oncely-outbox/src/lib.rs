@@ -11,4 +11,4 @@
 pub mod metrics;
 mod relay;
 
-pub use relay::{Relay, RelayConfig, RelayError, RoundReport};
+pub use relay::{FaultAfterConfirm, Relay, RelayConfig, RelayError, RoundReport};

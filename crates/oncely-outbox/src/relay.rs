@@ -116,9 +116,12 @@ pub struct Relay {
     fault_after_confirm: Option<FaultHook>,
 }
 
-/// See [`Relay::with_fault_after_confirm`].
+/// A fault-injection hook: called with the rows of a batch the broker confirmed, before
+/// the batch is settled (see [`Relay::with_fault_after_confirm`]).
+pub type FaultAfterConfirm = Arc<dyn Fn(&[OutboxRow]) + Send + Sync>;
+
 #[derive(Clone)]
-struct FaultHook(Arc<dyn Fn(&[OutboxRow]) + Send + Sync>);
+struct FaultHook(FaultAfterConfirm);
 
 impl std::fmt::Debug for FaultHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -154,7 +157,7 @@ impl Relay {
     #[must_use]
     pub fn with_fault_after_confirm(
         mut self,
-        hook: Arc<dyn Fn(&[OutboxRow]) + Send + Sync>,
+        hook: FaultAfterConfirm,
     ) -> Self {
         self.fault_after_confirm = Some(FaultHook(hook));
         self
