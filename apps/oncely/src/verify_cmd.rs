@@ -101,8 +101,8 @@ impl VerifyArgs {
             .transpose()?;
         cfg.concurrency = self.concurrency.max(2);
         cfg.sequential = self.sequential.max(2);
-        cfg.key_header = HeaderName::from_bytes(self.key_header.as_bytes())
-            .context("invalid --key-header")?;
+        cfg.key_header =
+            HeaderName::from_bytes(self.key_header.as_bytes()).context("invalid --key-header")?;
         cfg.replay_header = HeaderName::from_bytes(self.replay_header.as_bytes())
             .context("invalid --replay-header")?;
         cfg.quote_keys = self.quote_keys;
@@ -115,7 +115,9 @@ impl VerifyArgs {
 /// and 2 when the checks cannot run.
 pub(crate) async fn run(args: &VerifyArgs) -> anyhow::Result<()> {
     let report = match args.config() {
-        Ok(cfg) => oncely_verify::verify(cfg).await.map_err(anyhow::Error::from),
+        Ok(cfg) => oncely_verify::verify(cfg)
+            .await
+            .map_err(anyhow::Error::from),
         Err(e) => Err(e),
     };
     let report = match report {

@@ -37,7 +37,10 @@ fn serve_with(url: &str, extra: &[&str]) -> Proc {
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
         .env("ONCELY_DATABASE_URL", url)
-        .env("ONCELY_API_KEYS", format!("{API_KEY}=cli,{API_KEY_B}=cli-b"))
+        .env(
+            "ONCELY_API_KEYS",
+            format!("{API_KEY}=cli,{API_KEY_B}=cli-b"),
+        )
         .env("ONCELY_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -714,8 +717,8 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
     let table = String::from_utf8(out.stdout).unwrap();
     println!("{table}");
     assert!(out.status.success(), "oncely verify exits 0: {table}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap())
-        .unwrap();
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
     let checks = report["checks"].as_array().unwrap();
     assert_eq!(checks.len(), 9);
     for c in checks {
@@ -735,7 +738,12 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
     // Exit status 1 when a check fails: told to look for a replay marker the service does
     // not send, S1 cannot find it.
     let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["verify", "--url", &format!("{}/v1/orders", p.base), "--body"])
+        .args([
+            "verify",
+            "--url",
+            &format!("{}/v1/orders", p.base),
+            "--body",
+        ])
         .arg(&body_path)
         .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
         .args(["--replay-header", "x-no-such-marker"])

@@ -125,7 +125,7 @@ impl Run {
         self.record(a);
         if !a.is_success() {
             self.fail(format!(
-                "the first request of the operation was answered {}: the checks need a request \
+                "the first request of the operation got {}: the checks need a request \
                  the endpoint accepts (check --body and --header)",
                 a.describe()
             ));
@@ -229,11 +229,11 @@ async fn key_missing(probe: &Probe, run: &mut Run) {
             run.note("a request without a key was refused with 400");
         }
         Some(s) if (200..300).contains(&s) => run.not_applicable(format!(
-            "the endpoint does not require a key: a request without one was answered {s} \
+            "the endpoint does not require a key: a request without one got {s} \
              (executed); draft §2.7's 400 applies only where keys are required"
         )),
         _ => run.fail(format!(
-            "a request without a key was answered {}; expected 400 (key required) or a \
+            "a request without a key got {}; expected 400 (key required) or a \
              success (keys optional)",
             a.describe()
         )),
@@ -263,7 +263,7 @@ async fn key_malformed(probe: &Probe, run: &mut Run) {
             refused.push(what);
         } else {
             run.fail(format!(
-                "a key with {what} was answered {}; expected 400{}",
+                "a key with {what} got {}; expected 400{}",
                 a.describe(),
                 if a.is_success() {
                     " (the request was executed under an invalid key)"
@@ -293,7 +293,13 @@ async fn key_max_length(probe: &Probe, run: &mut Run) {
         run.record(a);
     }
     let last = retry.last().expect("settle sends at least once");
-    expect_replay_of(probe, run, &first, last, "the retry with the 255-character key");
+    expect_replay_of(
+        probe,
+        run,
+        &first,
+        last,
+        "the retry with the 255-character key",
+    );
     if !run.failed {
         run.note("a 255-character key was accepted and its retry replayed");
     }
@@ -304,7 +310,7 @@ async fn key_max_length(probe: &Probe, run: &mut Run) {
 fn expect_replay_of(probe: &Probe, run: &mut Run, first: &Answer, a: &Answer, what: &str) {
     if a.status() != first.status() {
         run.fail(format!(
-            "{what} was answered {}; the first was {}",
+            "{what} got {}; the first was {}",
             a.describe(),
             first.describe()
         ));
@@ -416,7 +422,7 @@ async fn s2_concurrent(probe: &Probe, run: &mut Run) {
     let last = settled.last().expect("settle sends at least once");
     if !last.is_success() || !last.ev.replayed {
         run.fail(format!(
-            "the retry after the burst was answered {}; expected the replay",
+            "the retry after the burst got {}; expected the replay",
             last.describe()
         ));
     }
@@ -432,7 +438,9 @@ async fn s2_concurrent(probe: &Probe, run: &mut Run) {
         run.note(format!(
             "{n} simultaneous requests with one key: one object {}; {executed} executed, {} \
              replayed, {conflicts} answered 409",
-            run.ids.first().map_or("(no id in the answers)", String::as_str),
+            run.ids
+                .first()
+                .map_or("(no id in the answers)", String::as_str),
             answers.len() - executed - conflicts
         ));
     }
@@ -475,7 +483,7 @@ async fn s3_mutated(probe: &Probe, run: &mut Run) {
         run.note("the same key with a mutated body was refused with 422");
     } else {
         run.fail(format!(
-            "the same key with a mutated body was answered {}; expected 422{}",
+            "the same key with a mutated body got {}; expected 422{}",
             last.describe(),
             if last.is_success() {
                 " (the key's request fingerprint is not compared)"
@@ -488,7 +496,13 @@ async fn s3_mutated(probe: &Probe, run: &mut Run) {
         .send("original body again", Cred::A, Some(&key), &body.text)
         .await;
     run.record(&again);
-    expect_replay_of(probe, run, &first, &again, "the original request after the conflict");
+    expect_replay_of(
+        probe,
+        run,
+        &first,
+        &again,
+        "the original request after the conflict",
+    );
 }
 
 async fn s3_reordered(probe: &Probe, run: &mut Run) {
@@ -591,14 +605,14 @@ async fn s4_hang_up(probe: &Probe, run: &mut Run) {
     let last = retry.last().expect("settle sends at least once");
     if !last.is_success() {
         run.fail(format!(
-            "the retry after the hang-up was answered {}",
+            "the retry after the hang-up got {}",
             last.describe()
         ));
         return;
     }
     if !last.ev.replayed {
         run.fail(format!(
-            "the retry after the hang-up was answered {} without the replay marker: the \
+            "the retry after the hang-up got {} without the replay marker: the \
              request that executed before the hang-up was executed again",
             last.describe()
         ));
@@ -646,7 +660,7 @@ async fn scope(probe: &Probe, run: &mut Run) {
     run.record(&b);
     if !b.is_success() {
         run.fail(format!(
-            "the same key under the second credential was answered {}; expected its own \
+            "the same key under the second credential got {}; expected its own \
              execution (keys are scoped by caller)",
             b.describe()
         ));

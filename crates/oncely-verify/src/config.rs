@@ -132,8 +132,7 @@ impl Mutation {
         if !pointer.starts_with('/') {
             return Err(ConfigError::Mutation(arg.to_owned()));
         }
-        let value =
-            serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+        let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
         Ok(Self {
             pointer: pointer.to_owned(),
             value,

@@ -38,10 +38,7 @@ impl Answer {
     /// `201`, or `no answer (error)`.
     pub(crate) fn describe(&self) -> String {
         match (self.ev.status, &self.ev.error) {
-            (Some(s), _) => format!(
-                "{s}{}",
-                if self.ev.replayed { " (replayed)" } else { "" }
-            ),
+            (Some(s), _) => format!("{s}{}", if self.ev.replayed { " (replayed)" } else { "" }),
             (None, Some(e)) => format!("no answer ({e})"),
             (None, None) => "no answer".into(),
         }
@@ -138,13 +135,11 @@ impl Probe {
             req = req.header(CONTENT_TYPE, "application/json");
         }
         if let Some(k) = key {
-            match HeaderValue::from_bytes(&self.key_value(k)) {
-                Ok(v) => req = req.header(self.cfg.key_header.clone(), v),
-                Err(_) => {
-                    ev.error = Some("the key cannot be sent as an HTTP header value".into());
-                    return Answer { ev, body: vec![] };
-                }
-            }
+            let Ok(v) = HeaderValue::from_bytes(&self.key_value(k)) else {
+                ev.error = Some("the key cannot be sent as an HTTP header value".into());
+                return Answer { ev, body: vec![] };
+            };
+            req = req.header(self.cfg.key_header.clone(), v);
         }
         let started = Instant::now();
         let result = async {
@@ -176,7 +171,13 @@ impl Probe {
 
     /// Retries with `key` while the answer is 409 (in flight), up to the settle timeout,
     /// honouring `Retry-After` (at most 1 s per wait). Returns every answer.
-    pub(crate) async fn settle(&self, step: &str, cred: Cred, key: &[u8], body: &str) -> Vec<Answer> {
+    pub(crate) async fn settle(
+        &self,
+        step: &str,
+        cred: Cred,
+        key: &[u8],
+        body: &str,
+    ) -> Vec<Answer> {
         let deadline = Instant::now() + self.cfg.settle_timeout;
         let mut out = Vec::new();
         for attempt in 1.. {
@@ -184,14 +185,13 @@ impl Probe {
                 .send(format!("{step} (attempt {attempt})"), cred, Some(key), body)
                 .await;
             let again = a.status() == Some(409) && Instant::now() < deadline;
-            let wait = a
-                .ev
-                .retry_after
-                .as_deref()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .map_or(Duration::from_millis(100), |s| {
-                    Duration::from_secs(s).min(Duration::from_secs(1))
-                });
+            let wait =
+                a.ev.retry_after
+                    .as_deref()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .map_or(Duration::from_millis(100), |s| {
+                        Duration::from_secs(s).min(Duration::from_secs(1))
+                    });
             out.push(a);
             if !again {
                 break;
@@ -271,10 +271,12 @@ impl Probe {
         let result = self.hang_up_inner(key, body).await;
         ev.elapsed_ms = ms(started.elapsed());
         ev.error = Some(match result {
-            Ok(true) => "request written; closed without reading once the answer began to arrive"
-                .into(),
-            Ok(false) => "request written; no answer began within the request timeout; closed"
-                .into(),
+            Ok(true) => {
+                "request written; closed without reading once the answer began to arrive".into()
+            }
+            Ok(false) => {
+                "request written; no answer began within the request timeout; closed".into()
+            }
             Err(e) => format!("raw socket: {e}"),
         });
         ev
@@ -299,8 +301,11 @@ impl Probe {
             Some(p) => format!("{host}:{p}"),
             None => host.to_owned(),
         };
-        let mut req = format!("{} {target} HTTP/1.1\r\nHost: {authority}\r\n", self.cfg.method)
-            .into_bytes();
+        let mut req = format!(
+            "{} {target} HTTP/1.1\r\nHost: {authority}\r\n",
+            self.cfg.method
+        )
+        .into_bytes();
         let mut header = |name: &[u8], value: &[u8]| {
             req.extend_from_slice(name);
             req.extend_from_slice(b": ");

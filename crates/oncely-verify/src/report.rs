@@ -133,7 +133,13 @@ impl CheckReport {
             }
         }
         seen.iter()
-            .map(|(s, n)| if *n == 1 { s.clone() } else { format!("{s}×{n}") })
+            .map(|(s, n)| {
+                if *n == 1 {
+                    s.clone()
+                } else {
+                    format!("{s}×{n}")
+                }
+            })
             .collect::<Vec<_>>()
             .join(" ")
     }

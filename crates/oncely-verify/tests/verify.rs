@@ -88,9 +88,10 @@ async fn every_check_holds_against_the_order_service(t: TestDb) {
 
     let mut cfg = VerifyConfig::new(&format!("{}/v1/orders", s.base), order_body()).unwrap();
     cfg.headers = vec![Header::parse(&format!("Authorization: Bearer {KEY_A}")).unwrap()];
-    cfg.headers_b = Some(vec![
-        Header::parse(&format!("Authorization: Bearer {KEY_B}")).unwrap()
-    ]);
+    cfg.headers_b = Some(vec![Header::parse(&format!(
+        "Authorization: Bearer {KEY_B}"
+    ))
+    .unwrap()]);
     cfg.mutations = vec![Mutation::parse("/amount_minor=2999").unwrap()];
     cfg.count_url = Some(format!("{}/test/count", s.base).parse().unwrap());
     let report = verify(cfg).await.unwrap();
@@ -111,7 +112,10 @@ async fn every_check_holds_against_the_order_service(t: TestDb) {
     let report = verify(quoted).await.unwrap();
     assert_eq!(report.outcome(CheckId::S1Sequential), Some(Outcome::Holds));
     assert_eq!(report.outcome(CheckId::Scope), Some(Outcome::NotApplicable));
-    assert_eq!(report.outcome(CheckId::S3Mutated), Some(Outcome::NotApplicable));
+    assert_eq!(
+        report.outcome(CheckId::S3Mutated),
+        Some(Outcome::NotApplicable)
+    );
     assert!(report.passed(), "checks that do not apply do not fail");
 }
 
@@ -194,19 +198,33 @@ async fn create_object(pool: &SqlitePool, request: &Value) -> String {
 async fn broken_create(State(s): State<Broken>, headers: HeaderMap, body: Bytes) -> Response {
     // Key handling is right in every broken endpoint, so that each fails where its fault is.
     let Some(raw) = headers.get("idempotency-key") else {
-        return answer(StatusCode::BAD_REQUEST, r#"{"title":"key missing"}"#.into(), false);
+        return answer(
+            StatusCode::BAD_REQUEST,
+            r#"{"title":"key missing"}"#.into(),
+            false,
+        );
     };
     let Ok(key) = oncely_core::IdempotencyKey::parse(raw.as_bytes()) else {
-        return answer(StatusCode::BAD_REQUEST, r#"{"title":"key malformed"}"#.into(), false);
+        return answer(
+            StatusCode::BAD_REQUEST,
+            r#"{"title":"key malformed"}"#.into(),
+            false,
+        );
     };
     let Ok(request) = serde_json::from_slice::<Value>(&body) else {
-        return answer(StatusCode::BAD_REQUEST, r#"{"title":"not JSON"}"#.into(), false);
+        return answer(
+            StatusCode::BAD_REQUEST,
+            r#"{"title":"not JSON"}"#.into(),
+            false,
+        );
     };
     let canonical = request.to_string();
     match s.fault {
-        Fault::NoKeyStorage => {
-            answer(StatusCode::CREATED, create_object(&s.pool, &request).await, false)
-        }
+        Fault::NoKeyStorage => answer(
+            StatusCode::CREATED,
+            create_object(&s.pool, &request).await,
+            false,
+        ),
         Fault::SelectThenInsert => {
             let found: Option<(String, String)> = sqlx::query_as(
                 "SELECT request, response FROM keys_unconstrained WHERE key = ? LIMIT 1",
@@ -225,15 +243,13 @@ async fn broken_create(State(s): State<Broken>, headers: HeaderMap, body: Bytes)
             // "Check, then create": the gap every simultaneous request walks through.
             tokio::time::sleep(Duration::from_millis(50)).await;
             let response = create_object(&s.pool, &request).await;
-            sqlx::query(
-                "INSERT INTO keys_unconstrained (key, request, response) VALUES (?, ?, ?)",
-            )
-            .bind(key.as_str())
-            .bind(&canonical)
-            .bind(&response)
-            .execute(&s.pool)
-            .await
-            .unwrap();
+            sqlx::query("INSERT INTO keys_unconstrained (key, request, response) VALUES (?, ?, ?)")
+                .bind(key.as_str())
+                .bind(&canonical)
+                .bind(&response)
+                .execute(&s.pool)
+                .await
+                .unwrap();
             answer(StatusCode::CREATED, response, false)
         }
         Fault::FingerprintIgnored | Fault::KeyMintedPerRequest => {
@@ -322,7 +338,10 @@ async fn select_then_insert_without_unique_constraint_fails_s2_only() {
     let r = verify_broken(Fault::SelectThenInsert).await;
     assert_eq!(r.outcome(CheckId::S2Concurrent), Some(Outcome::Fails));
     let s2 = r.check(CheckId::S2Concurrent).unwrap();
-    assert!(s2.ids_seen.len() > 1, "simultaneous requests created several objects");
+    assert!(
+        s2.ids_seen.len() > 1,
+        "simultaneous requests created several objects"
+    );
     // Sequential retries find the row: the race is the only fault.
     for id in [
         CheckId::S1Sequential,
@@ -378,9 +397,6 @@ async fn an_unreachable_endpoint_fails_every_applicable_check() {
     let report = verify(cfg).await.unwrap();
     print(&report);
     assert!(!report.passed());
-    assert!(report
-        .checks
-        .iter()
-        .all(|c| c.outcome != Outcome::Holds));
+    assert!(report.checks.iter().all(|c| c.outcome != Outcome::Holds));
     assert!(report.to_json().contains("\"outcome\": \"fails\""));
 }
