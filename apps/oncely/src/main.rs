@@ -8,12 +8,15 @@
 //! - `oncely consume billing` — an inbox consumer alone (`serve` runs `billing` in-process
 //!   by default with the SQL transport).
 //! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
+//! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
+//!   (logic in `oncely-verify`).
 
 mod bench;
 mod bench_inbox;
 mod bench_relay;
 mod consume_cmd;
 mod relay_cmd;
+mod verify_cmd;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -61,6 +64,8 @@ enum Command {
     Consume(ConsumeCmdArgs),
     /// Inbox consumer operator commands (SQL transport).
     Inbox(InboxArgs),
+    /// Check that an HTTP endpoint is idempotent under retries (key handling, S1-S4, scope).
+    Verify(verify_cmd::VerifyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -250,6 +255,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Outbox(args) => relay_cmd::outbox(args.db.connect().await?, args.command).await,
         Command::Inbox(args) => consume_cmd::inbox(args.db.connect().await?, args.command).await,
+        Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Consume(args) => {
             let db = args.db.connect().await?;
             let stop = tokio_util::sync::CancellationToken::new();

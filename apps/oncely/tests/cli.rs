@@ -1,5 +1,6 @@
 //! The `oncely` binary as a process: S8 (a second process against the same database obeys
-//! the same keys), migrations, graceful shutdown on SIGTERM, the in-process billing consumer.
+//! the same keys), migrations, graceful shutdown on SIGTERM, the in-process billing consumer,
+//! and `oncely verify` against `oncely serve`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -10,6 +11,8 @@ use oncely_testkit::{on_every_backend, TestDb};
 use serde_json::{json, Value};
 
 const API_KEY: &str = "cli-key-0123456789abcdef";
+/// A second tenant's credential, for `oncely verify`'s scope check.
+const API_KEY_B: &str = "cli-key-b-0123456789abcdef";
 
 struct Proc {
     child: Child,
@@ -34,7 +37,10 @@ fn serve_with(url: &str, extra: &[&str]) -> Proc {
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
         .env("ONCELY_DATABASE_URL", url)
-        .env("ONCELY_API_KEYS", format!("{API_KEY}=cli"))
+        .env(
+            "ONCELY_API_KEYS",
+            format!("{API_KEY}=cli,{API_KEY_B}=cli-b"),
+        )
         .env("ONCELY_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -101,6 +107,7 @@ on_every_backend!(
     outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
     relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
     serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
+    verify_command_against_serve_finds_every_check_holding,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -672,4 +679,83 @@ async fn serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up(t
     assert_eq!(partitions, ids.into_iter().collect());
     drop(p);
     drop(js.delete_stream(&stream).await);
+}
+
+async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
+    let p = serve(&t.url);
+    let dir = tempfile::tempdir().unwrap();
+    let report_path = dir.path().join("report.json");
+    let body_path = dir.path().join("order.json");
+    std::fs::write(
+        &body_path,
+        r#"{"source":"verify","external_ref":"{{uuid}}","customer_id":"c-42",
+            "items":[{"sku":"sku-1","quantity":2}],"amount_minor":1999,"currency":"EUR"}"#,
+    )
+    .unwrap();
+    let url = format!("{}/v1/orders", p.base);
+    let (auth_a, auth_b) = (
+        format!("Authorization: Bearer {API_KEY}"),
+        format!("Authorization: Bearer {API_KEY_B}"),
+    );
+    let out = tokio::task::spawn_blocking({
+        let (body, report) = (body_path.clone(), report_path.clone());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_oncely"))
+                .args(["verify", "--url", &url, "--body"])
+                .arg(&body)
+                .args(["--header", &auth_a, "--header-b", &auth_b])
+                .args(["--mutate", "/amount_minor=2999", "--object-id", "/id"])
+                .args(["--concurrency", "16", "--json"])
+                .arg(&report)
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    println!("{table}");
+    assert!(out.status.success(), "oncely verify exits 0: {table}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
+    let checks = report["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 9);
+    for c in checks {
+        assert_eq!(c["outcome"], "holds", "{c}");
+    }
+    assert_eq!(report["all_applicable_hold"], true);
+    assert!(table.contains("9 checks: 9 hold, 0 fail, 0 not applicable"));
+    // One object per logical operation: key-max-length, S1, S2, S3 (twice), S4, scope (2).
+    let orders: i64 = oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar(
+        "SELECT COUNT(*) FROM orders WHERE source = 'verify'"
+    )
+    .fetch_one(p)
+    .await)
+    .unwrap();
+    assert_eq!(orders, 8);
+
+    // Exit status 1 when a check fails: told to look for a replay marker the service does
+    // not send, S1 cannot find it.
+    let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args([
+            "verify",
+            "--url",
+            &format!("{}/v1/orders", p.base),
+            "--body",
+        ])
+        .arg(&body_path)
+        .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
+        .args(["--replay-header", "x-no-such-marker"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    // Exit status 2 when the checks cannot run.
+    let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["verify", "--url", "ftp://x", "--body", "{}"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
