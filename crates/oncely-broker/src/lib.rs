@@ -1,4 +1,5 @@
-//! Publishers for oncely's outbox relay, behind one [`Publisher`] trait.
+//! Publishers for oncely's outbox relay, behind one [`Publisher`] trait, and subscribers
+//! for its inbox consumers, behind one [`Subscriber`] trait.
 //!
 //! Every publisher confirms each message before it reports success, so the relay marks an
 //! outbox row published only when the broker has taken responsibility for it. A message
@@ -12,6 +13,14 @@
 //! - `sql` — [`SqlTransport`]: the embedded default, a queue table (`oncely_queue`) in the
 //!   same database; consumer groups with leased deliveries ([`SqlTransport::claim`],
 //!   [`SqlTransport::ack`], [`SqlTransport::nack`], [`SqlTransport::dead`]).
+//! - `subscriber` — the [`Subscriber`] trait (receive, ack after commit, retry after a
+//!   delay for one consumer group, dead-letter), [`Incoming`], [`SubscribeError`],
+//!   [`retry_headers`]. [`SqlSubscriber`] (in `sql`) is the SQL transport's.
+//! - `rabbitmq_subscriber` (feature `rabbitmq`) — [`RabbitMqSubscriber`]: a durable queue
+//!   per consumer group, manual ack, prefetch, a per-group delay queue (per-message TTL,
+//!   dead-lettered back to the group's queue) and dead queue.
+//! - `nats_subscriber` (feature `nats`) — [`NatsSubscriber`]: a durable pull consumer per
+//!   group, explicit ack, NAK with delay, a DLQ subject per group.
 //! - `rabbitmq` (feature `rabbitmq`) — [`RabbitMqPublisher`]: lapin, persistent messages,
 //!   mandatory routing, publisher confirms over a pipelined window.
 //! - `nats` (feature `nats`) — [`NatsPublisher`]: async-nats JetStream, `Nats-Msg-Id`
@@ -20,13 +29,23 @@
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "nats")]
+mod nats_subscriber;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq_subscriber;
 mod sql;
+mod subscriber;
 
 pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsPublisher};
+#[cfg(feature = "nats")]
+pub use nats_subscriber::{NatsHandle, NatsSubscriber, NatsSubscriberConfig};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitMqConfig, RabbitMqPublisher};
-pub use sql::{DeadDelivery, Delivery, ReceivedMessage, SqlTransport};
+#[cfg(feature = "rabbitmq")]
+pub use rabbitmq_subscriber::{RabbitMqHandle, RabbitMqSubscriber, RabbitMqSubscriberConfig};
+pub use sql::{DeadDelivery, Delivery, ReceivedMessage, SqlHandle, SqlSubscriber, SqlTransport};
+pub use subscriber::{retry_headers, Incoming, SubscribeError, Subscriber, Undecodable};

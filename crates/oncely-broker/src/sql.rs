@@ -3,7 +3,9 @@ use std::collections::BTreeMap;
 use oncely_core::MessageId;
 use oncely_sql::{on_tx, on_writer, Database, StoreError};
 
-use crate::{BoxFuture, Message, PublishError, Publisher};
+use std::time::Duration;
+
+use crate::{BoxFuture, Incoming, Message, PublishError, Publisher, SubscribeError, Subscriber};
 
 /// The SQL transport: the embedded default broker, a queue table (`oncely_queue`, created
 /// by [`Database::migrate`]) in the same database as the outbox, so `oncely serve` works
@@ -78,6 +80,25 @@ pub struct DeadDelivery {
     pub attempts: u32,
     /// The last handler error.
     pub last_error: Option<String>,
+}
+
+impl Delivery {
+    fn handle(&self) -> SqlHandle {
+        SqlHandle {
+            delivery_id: self.delivery_id,
+            lease_token: self.lease_token.clone(),
+        }
+    }
+}
+
+/// The settling token of an SQL-transport delivery ([`SqlSubscriber`]): the delivery row and
+/// the lease it was claimed under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlHandle {
+    /// Row id in `oncely_deliveries`.
+    pub delivery_id: i64,
+    /// The claim's lease token; retry and dead act only while it is still the row's.
+    pub lease_token: String,
 }
 
 #[derive(sqlx::FromRow)]
@@ -344,6 +365,10 @@ impl SqlTransport {
     /// [`StoreError`] when the database fails; the delivery then comes back after its
     /// lease and the consumer's inbox recognises it.
     pub async fn ack(&self, delivery: &Delivery) -> Result<bool, StoreError> {
+        self.ack_handle(&delivery.handle()).await
+    }
+
+    async fn ack_handle(&self, delivery: &SqlHandle) -> Result<bool, StoreError> {
         let n = self
             .write(
                 "DELETE FROM oncely_deliveries WHERE id = $1",
@@ -364,6 +389,15 @@ impl SqlTransport {
     pub async fn nack(
         &self,
         delivery: &Delivery,
+        delay: std::time::Duration,
+        error: &str,
+    ) -> Result<bool, StoreError> {
+        self.nack_handle(&delivery.handle(), delay, error).await
+    }
+
+    async fn nack_handle(
+        &self,
+        delivery: &SqlHandle,
         delay: std::time::Duration,
         error: &str,
     ) -> Result<bool, StoreError> {
@@ -388,6 +422,10 @@ impl SqlTransport {
     /// # Errors
     /// [`StoreError`] when the database fails; the delivery then comes back after its lease.
     pub async fn dead(&self, delivery: &Delivery, error: &str) -> Result<bool, StoreError> {
+        self.dead_handle(&delivery.handle(), error).await
+    }
+
+    async fn dead_handle(&self, delivery: &SqlHandle, error: &str) -> Result<bool, StoreError> {
         let n = self
             .write(
                 "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $3, \
@@ -505,7 +543,7 @@ impl SqlTransport {
     async fn write(
         &self,
         sql: &str,
-        delivery: &Delivery,
+        delivery: &SqlHandle,
         error: Option<&str>,
         at: i64,
     ) -> Result<u64, StoreError> {
@@ -527,5 +565,120 @@ impl Publisher for SqlTransport {
 
     fn name(&self) -> &'static str {
         "sql"
+    }
+}
+
+/// [`Subscriber`] for one consumer group on the SQL transport: [`SqlTransport::subscribe`],
+/// leased claims ([`SqlTransport::claim`]), ack deletes the delivery row, retry reschedules
+/// it for this group only (`available_at`), dead parks it in state `dead` with the error
+/// (`oncely inbox dead list|requeue`). An unacknowledged delivery is claimed again after
+/// [`SqlSubscriber::lease`]. Rows do not fail to decode (the relay wrote them), so
+/// [`Incoming::message`] is always `Ok`.
+#[derive(Debug, Clone)]
+pub struct SqlSubscriber {
+    transport: SqlTransport,
+    consumer: String,
+    topic: String,
+    lease: Duration,
+}
+
+impl SqlSubscriber {
+    /// Consumer group `consumer` of `topic` on `transport`, claiming with a `lease` that
+    /// must exceed the handler's longest run (default in the binary: 30 s).
+    pub fn new(
+        transport: SqlTransport,
+        consumer: impl Into<String>,
+        topic: impl Into<String>,
+        lease: Duration,
+    ) -> Self {
+        Self {
+            transport,
+            consumer: consumer.into(),
+            topic: topic.into(),
+            lease,
+        }
+    }
+
+    /// The lease on a claimed delivery.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &SqlTransport {
+        &self.transport
+    }
+}
+
+impl Subscriber for SqlSubscriber {
+    type Handle = SqlHandle;
+
+    fn broker(&self) -> &'static str {
+        "sql"
+    }
+
+    fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    async fn subscribe(&self) -> Result<(), SubscribeError> {
+        Ok(self
+            .transport
+            .subscribe(&self.consumer, &self.topic)
+            .await?)
+    }
+
+    async fn receive(
+        &self,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<Incoming<SqlHandle>>, SubscribeError> {
+        let claimed = self
+            .transport
+            .claim(&self.consumer, max, self.lease)
+            .await?;
+        if claimed.is_empty() {
+            // Polling transport: the wait is the idle interval.
+            tokio::time::sleep(wait).await;
+        }
+        Ok(claimed
+            .into_iter()
+            .map(|d| {
+                let handle = d.handle();
+                Incoming::new(Ok(d.message), d.attempts, handle)
+            })
+            .collect())
+    }
+
+    async fn ack<'a>(&'a self, delivery: &'a Incoming<SqlHandle>) -> Result<(), SubscribeError> {
+        self.transport.ack_handle(&delivery.handle).await?;
+        Ok(())
+    }
+
+    async fn retry<'a>(
+        &'a self,
+        delivery: &'a Incoming<SqlHandle>,
+        delay: Duration,
+        error: &'a str,
+    ) -> Result<(), SubscribeError> {
+        // `false`: the lease was lost and another claimer holds the delivery now; it
+        // settles it.
+        self.transport
+            .nack_handle(&delivery.handle, delay, error)
+            .await?;
+        Ok(())
+    }
+
+    async fn dead<'a>(
+        &'a self,
+        delivery: &'a Incoming<SqlHandle>,
+        error: &'a str,
+    ) -> Result<(), SubscribeError> {
+        self.transport.dead_handle(&delivery.handle, error).await?;
+        Ok(())
+    }
+
+    async fn collect(&self, before_ms: i64, batch: u32) -> Result<u64, SubscribeError> {
+        Ok(self.transport.collect_fanned_out(before_ms, batch).await?)
     }
 }
