@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use oncely_broker::{Message, Publisher, SqlTransport};
+use oncely_broker::{Message, Publisher, SqlSubscriber, SqlTransport};
 use oncely_core::MessageId;
 use oncely_inbox::{ConsumerConfig, Handler};
 use oncely_sql::{Database, DbOptions};
@@ -13,6 +13,9 @@ use oncely_testkit::TestDb;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// Lease on claimed deliveries, both sides.
+const LEASE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Args)]
 pub(crate) struct InboxBenchArgs {
@@ -53,7 +56,11 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
         ..ConsumerConfig::default()
     };
     transport.subscribe("bare", TOPIC).await?;
-    let billing = orders::billing_consumer(t.db.clone(), transport.clone(), TOPIC, config.clone());
+    let billing = orders::billing_consumer(
+        t.db.clone(),
+        SqlSubscriber::new(transport.clone(), orders::BILLING_CONSUMER, TOPIC, LEASE),
+        config.clone(),
+    );
     billing.subscribe().await?;
     publish(&transport, args.messages).await?;
     println!(
@@ -147,7 +154,7 @@ async fn bare_drain(
             continue;
         }
         let deliveries = transport
-            .claim("bare", free.min(config.batch), config.lease)
+            .claim("bare", free.min(config.batch), LEASE)
             .await?;
         if deliveries.is_empty() {
             tokio::time::sleep(config.poll).await;

@@ -4,11 +4,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
-use oncely_broker::SqlTransport;
+use oncely_broker::{
+    NatsConfig, NatsPublisher, NatsSubscriber, NatsSubscriberConfig, RabbitMqSubscriber,
+    RabbitMqSubscriberConfig, SqlSubscriber, SqlTransport, Subscriber,
+};
 use oncely_core::{MessageId, RetryPolicy};
-use oncely_inbox::ConsumerConfig;
+use oncely_inbox::{Consumer, ConsumerConfig};
 use oncely_sql::Database;
 use tokio_util::sync::CancellationToken;
+
+use crate::relay_cmd::{BrokerArgs, BrokerKind};
 
 /// The consumers this binary can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -17,7 +22,8 @@ pub(crate) enum ConsumerName {
     Billing,
 }
 
-/// Inbox consumer settings (shared by `serve` and `consume`). SQL transport only.
+/// Inbox consumer settings (shared by `serve` and `consume`); the broker comes from
+/// [`BrokerArgs`] (`--broker`, the relay's).
 #[derive(Debug, Args)]
 pub(crate) struct ConsumerArgs {
     /// Topic the consumer reads (the order service's events topic).
@@ -26,11 +32,12 @@ pub(crate) struct ConsumerArgs {
     /// Messages handled at once.
     #[arg(long, env = "ONCELY_CONSUMER_CONCURRENCY", default_value_t = 8)]
     consumer_concurrency: usize,
-    /// Idle polling interval, in ms.
+    /// Idle polling interval (SQL transport) / longest wait of one receive, in ms.
     #[arg(long, env = "ONCELY_CONSUMER_POLL_MS", default_value_t = 100)]
     consumer_poll_ms: u64,
-    /// Lease on a claimed message, in seconds: an unacknowledged message is delivered again
-    /// after it (must exceed the handler's longest run).
+    /// Lease on a claimed message (SQL transport) / `ack_wait` (NATS), in seconds: an
+    /// unacknowledged message is delivered again after it (must exceed the handler's
+    /// longest run). RabbitMQ redelivers when the channel closes instead.
     #[arg(long, env = "ONCELY_CONSUMER_LEASE_SECS", default_value_t = 30)]
     consumer_lease_secs: u64,
     /// Failed handler runs after which a message is dead.
@@ -53,7 +60,6 @@ impl ConsumerArgs {
         ConsumerConfig {
             concurrency: self.consumer_concurrency.max(1),
             poll: Duration::from_millis(self.consumer_poll_ms.max(1)),
-            lease: Duration::from_secs(self.consumer_lease_secs.max(1)),
             retry: RetryPolicy {
                 base: Duration::from_millis(self.consumer_backoff_base_ms),
                 cap: Duration::from_secs(self.consumer_backoff_cap_secs),
@@ -64,31 +70,80 @@ impl ConsumerArgs {
         }
     }
 
-    /// Subscribes consumer `name` on the SQL transport and starts it; cancel `shutdown` and
-    /// await the handle to stop it.
+    /// Subscribes consumer `name` on the configured broker and starts it; cancel
+    /// `shutdown` and await the handle to stop it.
     pub(crate) async fn spawn(
         &self,
         name: ConsumerName,
         db: &Database,
+        broker: &BrokerArgs,
         shutdown: CancellationToken,
     ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        // Receiving only: the transport's publish limit does not apply.
-        let transport = SqlTransport::new(db.clone(), usize::MAX);
-        let consumer = match name {
+        let group = consumer_name(name);
+        let topic = self.consumer_topic.as_str();
+        let lease = Duration::from_secs(self.consumer_lease_secs.max(1));
+        let prefetch = self.consumer_concurrency.max(1);
+        match broker.broker {
+            BrokerKind::Sql => {
+                // Receiving only: the transport's publish limit does not apply.
+                let transport = SqlTransport::new(db.clone(), usize::MAX);
+                let sub = SqlSubscriber::new(transport, group, topic, lease);
+                self.start(name, db, sub, shutdown).await
+            }
+            BrokerKind::Rabbitmq => {
+                let mut c = RabbitMqSubscriberConfig::new(&broker.amqp_url, group, topic);
+                c.exchange.clone_from(&broker.amqp_exchange);
+                c.prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
+                self.start(name, db, RabbitMqSubscriber::new(c), shutdown)
+                    .await
+            }
+            BrokerKind::Nats => {
+                anyhow::ensure!(
+                    !broker.nats_stream.is_empty(),
+                    "a NATS consumer needs --nats-stream (the stream the relay publishes to)"
+                );
+                // The stream may not exist yet when the consumer starts before the relay.
+                let p = NatsPublisher::connect(NatsConfig::new(&broker.nats_url))
+                    .await
+                    .context("connecting to NATS")?;
+                broker.ensure_nats_stream(&p).await?;
+                let mut c =
+                    NatsSubscriberConfig::new(&broker.nats_url, &broker.nats_stream, group, topic);
+                c.ack_wait = lease;
+                c.batch = prefetch;
+                self.start(name, db, NatsSubscriber::new(c), shutdown).await
+            }
+        }
+    }
+
+    async fn start<S: Subscriber>(
+        &self,
+        name: ConsumerName,
+        db: &Database,
+        subscriber: S,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+        let consumer: Consumer<S> = match name {
             ConsumerName::Billing => {
-                orders::billing_consumer(db.clone(), transport, &self.consumer_topic, self.config())
+                orders::billing_consumer(db.clone(), subscriber, self.config())
             }
         };
         consumer
             .subscribe()
             .await
             .with_context(|| format!("subscribing consumer {}", consumer.name()))?;
-        tracing::info!(consumer = consumer.name(), topic = %self.consumer_topic, "inbox consumer starting");
+        tracing::info!(
+            consumer = consumer.name(),
+            broker = consumer.subscriber().broker(),
+            topic = %self.consumer_topic,
+            "inbox consumer starting"
+        );
         Ok(tokio::spawn(consumer.run(shutdown)))
     }
 }
 
-/// `oncely inbox …`: operator commands for the SQL transport's consumer deliveries.
+/// `oncely inbox …`: operator commands for the SQL transport's consumer deliveries
+/// (RabbitMQ and NATS keep dead letters in the group's dead queue / DLQ subject).
 #[derive(Debug, Subcommand)]
 pub(crate) enum InboxCommand {
     /// Dead deliveries of a consumer.

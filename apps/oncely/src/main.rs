@@ -5,8 +5,8 @@
 //! - `oncely bench intake` — measures the idempotency layer against the bare handler.
 //! - `oncely relay` — the outbox relay alone (`serve` runs one in-process by default).
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
-//! - `oncely consume billing` — an inbox consumer alone (`serve` runs `billing` in-process
-//!   by default with the SQL transport).
+//! - `oncely consume billing` — an inbox consumer alone, on the SQL transport, RabbitMQ or
+//!   NATS (`--broker`; `serve` runs `billing` in-process by default on the relay's broker).
 //! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
@@ -60,7 +60,7 @@ enum Command {
     Relay(RelayCmdArgs),
     /// Outbox operator commands.
     Outbox(OutboxArgs),
-    /// Run an inbox consumer alone (SQL transport).
+    /// Run an inbox consumer alone (from the broker `--broker` names).
     Consume(ConsumeCmdArgs),
     /// Inbox consumer operator commands (SQL transport).
     Inbox(InboxArgs),
@@ -83,6 +83,8 @@ struct ConsumeCmdArgs {
     name: consume_cmd::ConsumerName,
     #[command(flatten)]
     db: DbArgs,
+    #[command(flatten)]
+    broker: relay_cmd::BrokerArgs,
     #[command(flatten)]
     consumer: consume_cmd::ConsumerArgs,
     /// Serve the consumer's metrics on `GET /metrics` at this address (e.g. 127.0.0.1:9465).
@@ -135,7 +137,7 @@ struct ServeArgs {
     #[command(flatten)]
     consumer: consume_cmd::ConsumerArgs,
     /// Do not run the `billing` consumer in this process (run `oncely consume billing`
-    /// elsewhere). It runs only with the SQL transport (`--broker sql`).
+    /// elsewhere). It reads from the relay's broker (`--broker`).
     #[arg(long, env = "ONCELY_NO_CONSUMER")]
     no_consumer: bool,
     /// Listen address.
@@ -263,7 +265,10 @@ async fn main() -> anyhow::Result<()> {
                 Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
                 None => None,
             };
-            let consumer = args.consumer.spawn(args.name, &db, stop.clone()).await?;
+            let consumer = args
+                .consumer
+                .spawn(args.name, &db, &args.broker, stop.clone())
+                .await?;
             shutdown_signal().await;
             stop.cancel();
             consumer.await?;
@@ -314,12 +319,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Some(args.relay.spawn(&db, stop_relay.clone()))
     };
-    let consumer = if args.no_consumer || !args.relay.is_sql() {
+    let consumer = if args.no_consumer {
         None
     } else {
         Some(
             args.consumer
-                .spawn(consume_cmd::ConsumerName::Billing, &db, stop_relay.clone())
+                .spawn(
+                    consume_cmd::ConsumerName::Billing,
+                    &db,
+                    &args.relay.broker,
+                    stop_relay.clone(),
+                )
                 .await?,
         )
     };

@@ -24,12 +24,13 @@ pub(crate) enum BrokerKind {
     Nats,
 }
 
-/// Broker and relay settings (shared by `serve` and `relay`).
+/// Which broker, and how to reach it (shared by the relay's publisher and the inbox
+/// consumers' subscriber).
 #[derive(Debug, Clone, Args)]
-pub(crate) struct RelayArgs {
-    /// Broker the relay publishes to.
+pub(crate) struct BrokerArgs {
+    /// Broker the relay publishes to and the inbox consumers read from.
     #[arg(long, env = "ONCELY_BROKER", value_enum, default_value_t = BrokerKind::Sql)]
-    broker: BrokerKind,
+    pub(crate) broker: BrokerKind,
     /// RabbitMQ URL.
     #[arg(
         long,
@@ -37,16 +38,16 @@ pub(crate) struct RelayArgs {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
         hide_env_values = true
     )]
-    amqp_url: String,
+    pub(crate) amqp_url: String,
     /// RabbitMQ exchange (declared durable, type topic); the event topic is the routing key.
     #[arg(long, env = "ONCELY_AMQP_EXCHANGE", default_value = "oncely")]
-    amqp_exchange: String,
+    pub(crate) amqp_exchange: String,
     /// NATS URL.
     #[arg(long, env = "ONCELY_NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    nats_url: String,
+    pub(crate) nats_url: String,
     /// JetStream stream created at start-up if missing (empty: create none).
     #[arg(long, env = "ONCELY_NATS_STREAM", default_value = "ONCELY")]
-    nats_stream: String,
+    pub(crate) nats_stream: String,
     /// Subjects of that stream, comma-separated.
     #[arg(
         long,
@@ -58,6 +59,26 @@ pub(crate) struct RelayArgs {
     /// SQL transport: largest payload, in bytes.
     #[arg(long, env = "ONCELY_SQL_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
     sql_max_message_bytes: usize,
+}
+
+impl BrokerArgs {
+    /// Creates the configured JetStream stream if missing (no-op when `--nats-stream` is
+    /// empty).
+    pub(crate) async fn ensure_nats_stream(&self, p: &NatsPublisher) -> anyhow::Result<()> {
+        if !self.nats_stream.is_empty() {
+            p.ensure_stream(&self.nats_stream, &self.nats_subjects)
+                .await
+                .with_context(|| format!("creating stream {}", self.nats_stream))?;
+        }
+        Ok(())
+    }
+}
+
+/// Broker and relay settings (shared by `serve` and `relay`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RelayArgs {
+    #[command(flatten)]
+    pub(crate) broker: BrokerArgs,
     /// Rows claimed and published per round (the confirmation window).
     #[arg(long, env = "ONCELY_RELAY_BATCH", default_value_t = 256)]
     relay_batch: u32,
@@ -82,11 +103,6 @@ pub(crate) struct RelayArgs {
 }
 
 impl RelayArgs {
-    /// `true` when the broker is the SQL transport (the only one inbox consumers read yet).
-    pub(crate) fn is_sql(&self) -> bool {
-        self.broker == BrokerKind::Sql
-    }
-
     /// The relay configuration these arguments describe.
     pub(crate) fn config(&self) -> RelayConfig {
         RelayConfig {
@@ -105,11 +121,12 @@ impl RelayArgs {
 
     /// Connects the configured broker.
     pub(crate) async fn publisher(&self, db: &Database) -> anyhow::Result<Arc<dyn Publisher>> {
-        Ok(match self.broker {
-            BrokerKind::Sql => Arc::new(SqlTransport::new(db.clone(), self.sql_max_message_bytes)),
+        let b = &self.broker;
+        Ok(match b.broker {
+            BrokerKind::Sql => Arc::new(SqlTransport::new(db.clone(), b.sql_max_message_bytes)),
             BrokerKind::Rabbitmq => {
-                let mut c = RabbitMqConfig::new(&self.amqp_url);
-                c.exchange.clone_from(&self.amqp_exchange);
+                let mut c = RabbitMqConfig::new(&b.amqp_url);
+                c.exchange.clone_from(&b.amqp_exchange);
                 Arc::new(
                     RabbitMqPublisher::connect(c)
                         .await
@@ -117,14 +134,10 @@ impl RelayArgs {
                 )
             }
             BrokerKind::Nats => {
-                let p = NatsPublisher::connect(NatsConfig::new(&self.nats_url))
+                let p = NatsPublisher::connect(NatsConfig::new(&b.nats_url))
                     .await
                     .context("connecting to NATS")?;
-                if !self.nats_stream.is_empty() {
-                    p.ensure_stream(&self.nats_stream, &self.nats_subjects)
-                        .await
-                        .with_context(|| format!("creating stream {}", self.nats_stream))?;
-                }
+                b.ensure_nats_stream(&p).await?;
                 Arc::new(p)
             }
         })

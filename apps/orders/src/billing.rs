@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
-use oncely_broker::{BoxFuture, ReceivedMessage, SqlTransport};
-use oncely_inbox::{ConsumerConfig, Handler, HandlerError, Rejected, SqlConsumer};
+use oncely_broker::{BoxFuture, ReceivedMessage, Subscriber};
+use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
 use oncely_sql::{on_tx, Database, Tx};
 use serde::Deserialize;
 
@@ -68,21 +68,14 @@ impl Handler for BillingHandler {
     }
 }
 
-/// The billing consumer on the SQL transport: consumer group [`BILLING_CONSUMER`] on
-/// `topic` (the order service's events topic), handler [`BillingHandler`]. Call
-/// [`SqlConsumer::subscribe`] before running it.
-pub fn billing_consumer(
+/// The billing consumer over `subscriber`, which must be consumer group
+/// [`BILLING_CONSUMER`] of the order service's events topic (SQL transport, RabbitMQ or
+/// NATS JetStream), handler [`BillingHandler`]. Call [`Consumer::subscribe`] before running
+/// it.
+pub fn billing_consumer<S: Subscriber>(
     db: Database,
-    transport: SqlTransport,
-    topic: &str,
+    subscriber: S,
     config: ConsumerConfig,
-) -> SqlConsumer {
-    SqlConsumer::new(
-        db,
-        transport,
-        BILLING_CONSUMER,
-        topic,
-        Arc::new(BillingHandler),
-        config,
-    )
+) -> Consumer<S> {
+    Consumer::new(db, subscriber, Arc::new(BillingHandler), config)
 }

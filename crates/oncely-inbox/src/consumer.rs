@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use oncely_broker::{BoxFuture, Delivery, ReceivedMessage, SqlTransport};
+use oncely_broker::{
+    BoxFuture, Incoming, ReceivedMessage, SqlSubscriber, SubscribeError, Subscriber,
+};
 use oncely_core::{MessageId, RetryPolicy};
-use oncely_sql::{Database, InboxOutcome, InboxStore, StoreError, Tx};
+use oncely_sql::{Database, InboxOutcome, InboxStore, Tx};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -47,12 +49,10 @@ pub trait Handler: Send + Sync + 'static {
 pub struct ConsumerConfig {
     /// Messages handled at once (each holds one transaction). Default 8; at least 1.
     pub concurrency: usize,
-    /// Largest number of deliveries claimed at once. Default 32.
+    /// Largest number of deliveries received at once. Default 32.
     pub batch: u32,
-    /// Lease on a claimed delivery: an unacknowledged delivery is delivered again after it.
-    /// Must exceed the handler's longest run. Default 30 s.
-    pub lease: Duration,
-    /// Idle polling interval. Default 100 ms.
+    /// How long one receive waits for a message (the idle polling interval on the SQL
+    /// transport). Default 100 ms.
     pub poll: Duration,
     /// Backoff (full jitter) and attempt limit for handler failures. Default: 500 ms base,
     /// 5 min cap, 10 attempts.
@@ -60,7 +60,7 @@ pub struct ConsumerConfig {
     /// How long inbox rows are kept; must be longer than the broker's redelivery window
     /// (a copy redelivered after it would run the effect again). Default 7 days.
     pub inbox_retention: Duration,
-    /// How often [`SqlConsumer::run`] deletes inbox rows past the retention and fanned-out
+    /// How often [`Consumer::run`] deletes inbox rows past the retention and fanned-out
     /// queue rows past [`ConsumerConfig::queue_retention`] (500 per statement). Default 60 s.
     pub collect_interval: Duration,
     /// How long the SQL transport keeps a queue row after it was fanned out to the
@@ -74,7 +74,6 @@ impl Default for ConsumerConfig {
         Self {
             concurrency: 8,
             batch: 32,
-            lease: Duration::from_secs(30),
             poll: Duration::from_millis(100),
             retry: RetryPolicy::default(),
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
@@ -116,39 +115,39 @@ impl ConsumerStats {
     }
 }
 
-/// What [`SqlConsumer::process`] did with one delivery.
+/// What [`Consumer::process`] did with one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Processed {
     /// The effect committed and the delivery was acknowledged.
     Consumed,
     /// The effect committed but the acknowledgement did not happen (fault hook, or the
-    /// acknowledgement failed): the delivery comes back after its lease.
+    /// acknowledgement failed): the delivery comes back and the inbox recognises it.
     CommittedNotAcknowledged,
     /// The inbox already held the message: acknowledged, handler not run.
     Duplicate,
-    /// The handler failed: rolled back, rescheduled after a backoff.
+    /// The handler failed: rolled back, retried after a backoff for this group only.
     Retried,
-    /// The handler failed for the last allowed time: rolled back, parked as dead.
+    /// The handler failed for the last allowed time (or the message is undecodable or
+    /// [`Rejected`]): rolled back, moved to the dead-letter destination.
     DeadLettered,
-    /// The store failed before the outcome was settled: nothing acknowledged, the
-    /// delivery comes back after its lease.
+    /// The store or the broker failed before the outcome was settled: nothing
+    /// acknowledged, the delivery comes back.
     StoreFailed,
 }
 
 type FaultHook = Arc<dyn Fn(&MessageId) -> bool + Send + Sync>;
 
-/// A consumer group member on the SQL transport: claims deliveries of consumer `name`,
-/// runs each through the inbox and its [`Handler`], acknowledges, retries, dead-letters.
+/// An inbox consumer: receives deliveries of one consumer group from a [`Subscriber`]
+/// (SQL transport, RabbitMQ, NATS JetStream), runs each through the inbox and its
+/// [`Handler`], acknowledges, retries, dead-letters — the same semantic on every broker.
 ///
-/// Any number of instances with the same name may run (in one or many processes): the
-/// transport leases each delivery to one of them at a time, and the inbox row (primary key
-/// `(consumer, message_id)`) makes a delivery that comes again (lease ran out after a
-/// commit, or two instances holding it at once) a no-op.
-pub struct SqlConsumer {
-    name: String,
-    topic: String,
-    transport: SqlTransport,
+/// Any number of instances of one group may run (in one or many processes): the broker
+/// hands each delivery to one of them at a time, and the inbox row (primary key
+/// `(consumer, message_id)`) makes a delivery that comes again (crash after commit, two
+/// instances holding copies at once, a republished copy) a no-op.
+pub struct Consumer<S: Subscriber> {
+    subscriber: Arc<S>,
     db: Database,
     handler: Arc<dyn Handler>,
     config: ConsumerConfig,
@@ -156,33 +155,31 @@ pub struct SqlConsumer {
     skip_ack_after_commit: Option<FaultHook>,
 }
 
-impl fmt::Debug for SqlConsumer {
+/// An inbox consumer on the SQL transport.
+pub type SqlConsumer = Consumer<SqlSubscriber>;
+
+impl<S: Subscriber> fmt::Debug for Consumer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqlConsumer")
-            .field("name", &self.name)
-            .field("topic", &self.topic)
+        f.debug_struct("Consumer")
+            .field("subscriber", &self.subscriber)
             .field("config", &self.config)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
 }
 
-impl SqlConsumer {
-    /// A consumer named `name` (the inbox's `consumer` column and the consumer group) for
-    /// `topic`, on `db` (migrated) through `transport` (on the same database). Call
-    /// [`SqlConsumer::subscribe`] before the first message it must see is queued.
+impl<S: Subscriber> Consumer<S> {
+    /// A consumer of `subscriber`'s group (its name is the inbox's `consumer` column), with
+    /// inbox and effects in `db` (migrated). Call [`Consumer::subscribe`] before the first
+    /// message it must see is published.
     pub fn new(
         db: Database,
-        transport: SqlTransport,
-        name: impl Into<String>,
-        topic: impl Into<String>,
+        subscriber: S,
         handler: Arc<dyn Handler>,
         config: ConsumerConfig,
     ) -> Self {
         Self {
-            name: name.into(),
-            topic: topic.into(),
-            transport,
+            subscriber: Arc::new(subscriber),
             db,
             handler,
             config,
@@ -193,7 +190,9 @@ impl SqlConsumer {
 
     /// Fault injection (tests, chaos drills): when `hook` returns `true` for a message, the
     /// consumer behaves as if it died right after committing the effect and before
-    /// acknowledging — it does not acknowledge, so the delivery comes back after its lease.
+    /// acknowledging — it does not acknowledge, so the broker delivers it again (SQL: after
+    /// the lease; JetStream: after `ack_wait`; RabbitMQ: when the channel closes, e.g. on
+    /// [`Consumer::close`]).
     #[must_use]
     pub fn with_fault_after_commit(
         mut self,
@@ -203,13 +202,18 @@ impl SqlConsumer {
         self
     }
 
-    /// Registers the consumer group for its topic (idempotent): messages queued from now
-    /// on are delivered to it.
+    /// Creates the group on the broker (idempotent): messages published from now on are
+    /// delivered to it.
     ///
     /// # Errors
-    /// [`StoreError`] when the database fails.
-    pub async fn subscribe(&self) -> Result<(), StoreError> {
-        self.transport.subscribe(&self.name, &self.topic).await
+    /// [`SubscribeError`] when the broker is unreachable or refuses.
+    pub async fn subscribe(&self) -> Result<(), SubscribeError> {
+        self.subscriber.subscribe().await
+    }
+
+    /// Releases the broker connection; deliveries not acknowledged go back to the broker.
+    pub async fn close(&self) {
+        self.subscriber.close().await;
     }
 
     /// This instance's counters.
@@ -219,18 +223,24 @@ impl SqlConsumer {
 
     /// The consumer (group) name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.subscriber.consumer()
     }
 
-    /// Claims one batch (up to [`ConsumerConfig::batch`]) and processes it, up to
-    /// [`ConsumerConfig::concurrency`] at once; returns how many deliveries it claimed.
+    /// The subscriber.
+    pub fn subscriber(&self) -> &S {
+        &self.subscriber
+    }
+
+    /// Receives one batch (up to [`ConsumerConfig::batch`], waiting up to
+    /// [`ConsumerConfig::poll`] for the first) and processes it, up to
+    /// [`ConsumerConfig::concurrency`] at once; returns how many deliveries it received.
     ///
     /// # Errors
-    /// [`StoreError`] when the claim fails (nothing was claimed).
-    pub async fn run_once(&self) -> Result<usize, StoreError> {
+    /// [`SubscribeError`] when receiving fails (nothing was received).
+    pub async fn run_once(&self) -> Result<usize, SubscribeError> {
         let deliveries = self
-            .transport
-            .claim(&self.name, self.config.batch, self.config.lease)
+            .subscriber
+            .receive(self.config.batch, self.config.poll)
             .await?;
         let n = deliveries.len();
         let limit = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
@@ -246,29 +256,53 @@ impl SqlConsumer {
         Ok(n)
     }
 
-    /// Runs one claimed delivery: begin → inbox row → handler → commit → acknowledge; a
-    /// duplicate is acknowledged without the handler; a handler error rolls back and
-    /// reschedules (or dead-letters) the delivery for this consumer only.
-    pub async fn process(&self, delivery: Delivery) -> Processed {
-        let id = delivery.message.id;
+    fn count(&self, counter: &AtomicU64, metric: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric, "consumer" => self.name().to_owned(), "broker" => self.subscriber.broker())
+            .increment(1);
+    }
+
+    async fn dead_letter(&self, delivery: &Incoming<S::Handle>, error: &str) -> Processed {
+        let consumer = self.name();
+        if let Err(e) = self.subscriber.dead(delivery, error).await {
+            tracing::warn!(consumer, error = %e, "dead-letter failed");
+            return Processed::StoreFailed;
+        }
+        self.count(&self.stats.dead_lettered, m::DEAD_LETTERED_TOTAL);
+        Processed::DeadLettered
+    }
+
+    /// Runs one delivery: begin → inbox row → handler → commit → acknowledge; a duplicate
+    /// is acknowledged without the handler; a handler error rolls back and retries the
+    /// delivery after a backoff for this consumer group only (or dead-letters it after the
+    /// attempt limit); an undecodable delivery is dead-lettered at once.
+    pub async fn process(&self, delivery: Incoming<S::Handle>) -> Processed {
+        let consumer = self.name();
+        let message = match &delivery.message {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(consumer, error = %e, "undecodable delivery; dead-lettered");
+                let e = e.to_string();
+                return self.dead_letter(&delivery, &e).await;
+            }
+        };
+        let id = message.id;
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
             Err(e) => {
-                tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "cannot begin");
+                tracing::warn!(consumer, message_id = %id, error = %e, "cannot begin");
                 return Processed::StoreFailed;
             }
         };
-        match InboxStore::record(&mut tx, &self.name, &id, oncely_core::now_ms()).await {
+        match InboxStore::record(&mut tx, consumer, &id, oncely_core::now_ms()).await {
             Ok(InboxOutcome::Duplicate) => {
                 drop(tx.rollback().await);
-                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(m::DUPLICATES_TOTAL, "consumer" => self.name.clone())
-                    .increment(1);
-                tracing::debug!(consumer = %self.name, message_id = %id, "duplicate skipped");
-                return match self.transport.ack(&delivery).await {
-                    Ok(_) => Processed::Duplicate,
+                self.count(&self.stats.duplicates, m::DUPLICATES_TOTAL);
+                tracing::debug!(consumer, message_id = %id, "duplicate skipped");
+                return match self.subscriber.ack(&delivery).await {
+                    Ok(()) => Processed::Duplicate,
                     Err(e) => {
-                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "ack failed");
+                        tracing::warn!(consumer, message_id = %id, error = %e, "ack failed");
                         Processed::StoreFailed
                     }
                 };
@@ -276,14 +310,14 @@ impl SqlConsumer {
             Ok(_) => {}
             Err(e) => {
                 drop(tx.rollback().await);
-                tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "inbox insert failed");
+                tracing::warn!(consumer, message_id = %id, error = %e, "inbox insert failed");
                 return Processed::StoreFailed;
             }
         }
         let started = Instant::now();
         // A panicking handler counts as a failed attempt (else its message would come back
         // after every lease, for ever).
-        let outcome = AssertUnwindSafe(self.handler.handle(&mut tx, &delivery.message))
+        let outcome = AssertUnwindSafe(self.handler.handle(&mut tx, message))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| {
@@ -294,25 +328,24 @@ impl SqlConsumer {
                     .unwrap_or_default();
                 Err(format!("handler panicked: {what}").into())
             });
-        metrics::histogram!(m::HANDLER_SECONDS, "consumer" => self.name.clone())
+        metrics::histogram!(m::HANDLER_SECONDS, "consumer" => consumer.to_owned(), "broker" => self.subscriber.broker())
             .record(started.elapsed().as_secs_f64());
         match outcome {
             Ok(()) => {
                 if let Err(e) = tx.commit().await {
-                    // Outcome unknown: the delivery comes back after its lease and the
-                    // inbox tells whether the commit happened.
-                    tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "commit failed");
+                    // Outcome unknown: the delivery comes back and the inbox tells whether
+                    // the commit happened.
+                    tracing::warn!(consumer, message_id = %id, error = %e, "commit failed");
                     return Processed::StoreFailed;
                 }
-                self.stats.consumed.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(m::CONSUMED_TOTAL, "consumer" => self.name.clone()).increment(1);
+                self.count(&self.stats.consumed, m::CONSUMED_TOTAL);
                 if self.skip_ack_after_commit.as_ref().is_some_and(|f| f(&id)) {
                     return Processed::CommittedNotAcknowledged;
                 }
-                match self.transport.ack(&delivery).await {
-                    Ok(_) => Processed::Consumed,
+                match self.subscriber.ack(&delivery).await {
+                    Ok(()) => Processed::Consumed,
                     Err(e) => {
-                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "ack failed");
+                        tracing::warn!(consumer, message_id = %id, error = %e, "ack failed");
                         Processed::CommittedNotAcknowledged
                     }
                 }
@@ -323,45 +356,35 @@ impl SqlConsumer {
                 let error = error.to_string();
                 let failures = delivery.attempts.saturating_add(1);
                 if rejected || self.config.retry.exhausted(failures) {
-                    tracing::error!(consumer = %self.name, message_id = %id, attempts = failures, %error, "dead-lettered");
-                    if let Err(e) = self.transport.dead(&delivery, &error).await {
-                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "dead-letter failed");
-                        return Processed::StoreFailed;
-                    }
-                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(m::DEAD_LETTERED_TOTAL, "consumer" => self.name.clone())
-                        .increment(1);
-                    Processed::DeadLettered
+                    tracing::error!(consumer, message_id = %id, attempts = failures, %error, "dead-lettered");
+                    self.dead_letter(&delivery, &error).await
                 } else {
                     let delay = self.config.retry.delay(failures, rand::random::<f64>());
-                    tracing::warn!(consumer = %self.name, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
-                    if let Err(e) = self.transport.nack(&delivery, delay, &error).await {
-                        tracing::warn!(consumer = %self.name, message_id = %id, error = %e, "nack failed");
+                    tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
+                    if let Err(e) = self.subscriber.retry(&delivery, delay, &error).await {
+                        tracing::warn!(consumer, message_id = %id, error = %e, "retry failed");
                         return Processed::StoreFailed;
                     }
-                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(m::RETRIES_TOTAL, "consumer" => self.name.clone())
-                        .increment(1);
+                    self.count(&self.stats.retries, m::RETRIES_TOTAL);
                     Processed::Retried
                 }
             }
         }
     }
 
-    /// Runs until `shutdown`: claims as many deliveries as there are free handler slots
-    /// ([`ConsumerConfig::concurrency`]), processes each in its own task, polls every
-    /// [`ConsumerConfig::poll`] when idle, and deletes inbox rows past
-    /// [`ConsumerConfig::inbox_retention`] and fanned-out queue rows past
-    /// [`ConsumerConfig::queue_retention`]. On shutdown it stops claiming and waits for the
-    /// messages in hand.
+    /// Runs until `shutdown`: receives as many deliveries as there are free handler slots
+    /// ([`ConsumerConfig::concurrency`]), processes each in its own task, waits up to
+    /// [`ConsumerConfig::poll`] for messages when idle, and deletes inbox rows past
+    /// [`ConsumerConfig::inbox_retention`] (and, on the SQL transport, fanned-out queue rows
+    /// past [`ConsumerConfig::queue_retention`]). On shutdown it stops receiving, waits for
+    /// the messages in hand, and closes the subscriber.
     pub async fn run(self, shutdown: CancellationToken) {
         let this = Arc::new(self);
         let slots = Arc::new(Semaphore::new(this.config.concurrency.max(1)));
         let tracker = TaskTracker::new();
         tracker.spawn(collect_loop(
             InboxStore::new(this.db.clone()),
-            this.transport.clone(),
-            this.name.clone(),
+            this.subscriber.clone(),
             this.config.clone(),
             shutdown.clone(),
         ));
@@ -377,12 +400,12 @@ impl SqlConsumer {
             let max = u32::try_from(free)
                 .unwrap_or(u32::MAX)
                 .min(this.config.batch.max(1));
-            match this
-                .transport
-                .claim(&this.name, max, this.config.lease)
-                .await
-            {
-                Ok(deliveries) if !deliveries.is_empty() => {
+            let received = tokio::select! {
+                () = shutdown.cancelled() => break,
+                r = this.subscriber.receive(max, this.config.poll) => r,
+            };
+            match received {
+                Ok(deliveries) => {
                     for d in deliveries {
                         let Ok(permit) = slots.clone().acquire_owned().await else {
                             break;
@@ -394,15 +417,15 @@ impl SqlConsumer {
                         });
                     }
                 }
-                Ok(_) => idle(&shutdown, this.config.poll).await,
                 Err(e) => {
-                    tracing::warn!(consumer = %this.name, error = %e, "claim failed");
+                    tracing::warn!(consumer = this.name(), error = %e, "receive failed");
                     idle(&shutdown, this.config.poll).await;
                 }
             }
         }
         tracker.close();
         tracker.wait().await;
+        this.subscriber.close().await;
     }
 }
 
@@ -413,14 +436,14 @@ async fn idle(shutdown: &CancellationToken, poll: Duration) {
     }
 }
 
-async fn collect_loop(
+async fn collect_loop<S: Subscriber>(
     inbox: InboxStore,
-    transport: SqlTransport,
-    name: String,
+    subscriber: Arc<S>,
     config: ConsumerConfig,
     shutdown: CancellationToken,
 ) {
     const BATCH: u32 = 500;
+    let name = subscriber.consumer().to_owned();
     loop {
         let retention = i64::try_from(config.inbox_retention.as_millis()).unwrap_or(i64::MAX);
         let before = oncely_core::now_ms().saturating_sub(retention);
@@ -441,7 +464,7 @@ async fn collect_loop(
         let keep = i64::try_from(config.queue_retention.as_millis()).unwrap_or(i64::MAX);
         let before = oncely_core::now_ms().saturating_sub(keep);
         loop {
-            match transport.collect_fanned_out(before, BATCH).await {
+            match subscriber.collect(before, BATCH).await {
                 Ok(n) if n < u64::from(BATCH) => break,
                 Ok(_) => {}
                 Err(e) => {

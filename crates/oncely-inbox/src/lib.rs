@@ -1,8 +1,8 @@
 //! Inbox consumers: a redelivered message never repeats its effect.
 //!
 //! Brokers deliver at least once: a consumer can commit its work and die before it
-//! acknowledges, and the message comes again. A [`SqlConsumer`] therefore runs every
-//! message as: claim → begin → record the message id in the inbox
+//! acknowledges, and the message comes again. A [`Consumer`] therefore runs every
+//! message as: receive → begin → record the message id in the inbox
 //! ([`InboxStore::record`](oncely_sql::InboxStore::record)) → run the [`Handler`] with the
 //! same transaction → commit → acknowledge. A message the inbox already holds is
 //! acknowledged without running the handler (and counted as a duplicate). A handler error
@@ -13,14 +13,16 @@
 //! attempt.
 //!
 //! # Layout
-//! - `consumer` — [`SqlConsumer`], [`ConsumerConfig`], [`Handler`], [`ConsumerStats`],
-//!   [`Processed`], [`Rejected`]: the
-//!   runtime over the SQL transport's consumer groups.
+//! - `consumer` — [`Consumer`] (generic over an
+//!   [`oncely_broker::Subscriber`]: SQL transport, RabbitMQ, NATS JetStream; [`SqlConsumer`]
+//!   is the SQL transport's), [`ConsumerConfig`], [`Handler`], [`ConsumerStats`],
+//!   [`Processed`], [`Rejected`].
 //! - `metrics` — metric names recorded through the `metrics` facade.
 
 mod consumer;
 pub mod metrics;
 
 pub use consumer::{
-    ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed, Rejected, SqlConsumer,
+    Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed, Rejected,
+    SqlConsumer,
 };
