@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_broker::{BoxFuture, Message, Publisher, ReceivedMessage, SqlTransport};
+use oncely_broker::{
+    BoxFuture, Message, Publisher, ReceivedMessage, SqlSubscriber, SqlTransport, Subscriber,
+};
 use oncely_core::{MessageId, RetryPolicy};
-use oncely_inbox::{ConsumerConfig, Handler, HandlerError, Processed, SqlConsumer};
+use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Processed, SqlConsumer};
 use oncely_sql::{on_pool, on_tx, Database, Tx};
 use oncely_testkit::{on_every_backend, TestDb};
 use tokio_util::sync::CancellationToken;
@@ -74,7 +76,7 @@ impl Handler for Billing {
     }
 }
 
-async fn setup(t: &TestDb) -> SqlTransport {
+pub(crate) async fn setup(t: &TestDb) -> SqlTransport {
     t.db.migrate().await.unwrap();
     let mut tx = t.db.begin().await.unwrap();
     {
@@ -92,11 +94,47 @@ async fn setup(t: &TestDb) -> SqlTransport {
     SqlTransport::new(t.db.clone(), 1 << 20)
 }
 
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A consumer of group `name` on the SQL transport.
+fn sql_consumer(
+    db: &Database,
+    transport: &SqlTransport,
+    name: &str,
+    handler: Arc<dyn Handler>,
+    config: ConsumerConfig,
+    lease: Duration,
+) -> SqlConsumer {
+    Consumer::new(
+        db.clone(),
+        SqlSubscriber::new(transport.clone(), name, TOPIC, lease),
+        handler,
+        config,
+    )
+}
+
+fn billing_on_sql(
+    db: &Database,
+    transport: &SqlTransport,
+    config: ConsumerConfig,
+    lease: Duration,
+) -> SqlConsumer {
+    orders::billing_consumer(
+        db.clone(),
+        SqlSubscriber::new(
+            transport.clone(),
+            orders::BILLING_CONSUMER,
+            orders::ORDERS_TOPIC,
+            lease,
+        ),
+        config,
+    )
+}
+
 fn config() -> ConsumerConfig {
     ConsumerConfig {
         concurrency: 4,
         batch: 16,
-        lease: Duration::from_secs(30),
         poll: Duration::from_millis(10),
         retry: RetryPolicy {
             base: Duration::from_millis(50),
@@ -195,16 +233,13 @@ async fn s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice(t: 
     let handler = Arc::new(Billing::new("billing"));
     let crashed = Arc::new(AtomicBool::new(false));
     let crash = crashed.clone();
-    let consumer = SqlConsumer::new(
-        t.db.clone(),
-        transport.clone(),
+    let consumer = sql_consumer(
+        &t.db,
+        &transport,
         "billing",
-        TOPIC,
         handler.clone(),
-        ConsumerConfig {
-            lease: Duration::from_millis(1_500),
-            ..config()
-        },
+        config(),
+        Duration::from_millis(1_500),
     )
     // Faulted exactly after the commit and before the ack, once.
     .with_fault_after_commit(move |_| !crash.swap(true, Ordering::SeqCst));
@@ -253,16 +288,16 @@ async fn s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice(t: 
 async fn same_message_delivered_to_two_consumer_instances_at_once_yields_one_invoice(t: TestDb) {
     let transport = setup(&t).await;
     let instance = || {
-        SqlConsumer::new(
-            t.db.clone(),
-            transport.clone(),
+        sql_consumer(
+            &t.db,
+            &transport,
             "billing",
-            TOPIC,
             Arc::new(Billing {
                 delay: Duration::from_millis(100),
                 ..Billing::new("billing")
             }),
             config(),
+            LEASE,
         )
     };
     let (a, b) = (instance(), instance());
@@ -274,10 +309,7 @@ async fn same_message_delivered_to_two_consumer_instances_at_once_yields_one_inv
     )
     .await;
 
-    let deliveries = transport
-        .claim("billing", 100, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let deliveries = a.subscriber().receive(100, Duration::ZERO).await.unwrap();
     assert_eq!(deliveries.len(), 8);
     // Each delivery handed to both instances at the same moment.
     let runs = deliveries.into_iter().map(|d| {
@@ -313,21 +345,21 @@ async fn handler_failing_twice_then_succeeding_creates_one_invoice_after_two_del
         },
         ..config()
     };
-    let billing = SqlConsumer::new(
-        t.db.clone(),
-        transport.clone(),
+    let billing = sql_consumer(
+        &t.db,
+        &transport,
         "billing",
-        TOPIC,
         billing_handler.clone(),
         cfg.clone(),
+        LEASE,
     );
-    let audit = SqlConsumer::new(
-        t.db.clone(),
-        transport.clone(),
+    let audit = sql_consumer(
+        &t.db,
+        &transport,
         "audit",
-        TOPIC,
         audit_handler.clone(),
         cfg.clone(),
+        LEASE,
     );
     billing.subscribe().await.unwrap();
     audit.subscribe().await.unwrap();
@@ -369,11 +401,10 @@ async fn handler_failing_twice_then_succeeding_creates_one_invoice_after_two_del
 async fn always_failing_handler_ends_dead_with_its_error_while_other_messages_flow(t: TestDb) {
     let transport = setup(&t).await;
     let handler = Arc::new(Billing::new("billing"));
-    let consumer = SqlConsumer::new(
-        t.db.clone(),
-        transport.clone(),
+    let consumer = sql_consumer(
+        &t.db,
+        &transport,
         "billing",
-        TOPIC,
         handler.clone(),
         ConsumerConfig {
             retry: RetryPolicy {
@@ -383,6 +414,7 @@ async fn always_failing_handler_ends_dead_with_its_error_while_other_messages_fl
             },
             ..config()
         },
+        LEASE,
     );
     consumer.subscribe().await.unwrap();
     let stats = consumer.stats();
@@ -462,16 +494,16 @@ async fn two_running_instances_of_one_group_bill_every_order_once(t: TestDb) {
         ..Billing::new("billing")
     });
     let instance = || {
-        SqlConsumer::new(
-            t.db.clone(),
-            transport.clone(),
+        sql_consumer(
+            &t.db,
+            &transport,
             "billing",
-            TOPIC,
             handler.clone(),
             ConsumerConfig {
                 batch: 4,
                 ..config()
             },
+            LEASE,
         )
     };
     let (a, b) = (instance(), instance());
@@ -540,16 +572,8 @@ async fn s5_billing_killed_after_commit_before_ack_creates_one_invoice(t: TestDb
     let transport = billing_setup(&t).await;
     let crashed = Arc::new(AtomicBool::new(false));
     let crash = crashed.clone();
-    let billing = orders::billing_consumer(
-        t.db.clone(),
-        transport.clone(),
-        orders::ORDERS_TOPIC,
-        ConsumerConfig {
-            lease: Duration::from_millis(300),
-            ..config()
-        },
-    )
-    .with_fault_after_commit(move |_| !crash.swap(true, Ordering::SeqCst));
+    let billing = billing_on_sql(&t.db, &transport, config(), Duration::from_millis(300))
+        .with_fault_after_commit(move |_| !crash.swap(true, Ordering::SeqCst));
     billing.subscribe().await.unwrap();
     for r in transport
         .publish(&[order_created(MessageId::new_random(), "ord-1")])
@@ -575,12 +599,7 @@ async fn order_created_with_a_new_message_id_for_the_same_order_creates_no_secon
     t: TestDb,
 ) {
     let transport = billing_setup(&t).await;
-    let billing = orders::billing_consumer(
-        t.db.clone(),
-        transport.clone(),
-        orders::ORDERS_TOPIC,
-        config(),
-    );
+    let billing = billing_on_sql(&t.db, &transport, config(), LEASE);
     billing.subscribe().await.unwrap();
     let batch = [
         order_created(MessageId::new_random(), "ord-1"),
@@ -597,12 +616,7 @@ async fn order_created_with_a_new_message_id_for_the_same_order_creates_no_secon
 
 async fn orders_created_through_the_service_get_one_invoice_each_shown_by_get(t: TestDb) {
     let transport = billing_setup(&t).await;
-    let billing = orders::billing_consumer(
-        t.db.clone(),
-        transport.clone(),
-        orders::ORDERS_TOPIC,
-        config(),
-    );
+    let billing = billing_on_sql(&t.db, &transport, config(), LEASE);
     billing.subscribe().await.unwrap();
     let api_key = "test-key-0123456789abcdef";
     let app_config = orders::AppConfig {
@@ -709,11 +723,10 @@ async fn orders_created_through_the_service_get_one_invoice_each_shown_by_get(t:
 
 async fn panicking_handler_counts_as_a_failed_attempt_and_ends_dead(t: TestDb) {
     let transport = setup(&t).await;
-    let consumer = SqlConsumer::new(
-        t.db.clone(),
-        transport.clone(),
+    let consumer = sql_consumer(
+        &t.db,
+        &transport,
         "billing",
-        TOPIC,
         Arc::new(Billing::new("billing")),
         ConsumerConfig {
             retry: RetryPolicy {
@@ -723,6 +736,7 @@ async fn panicking_handler_counts_as_a_failed_attempt_and_ends_dead(t: TestDb) {
             },
             ..config()
         },
+        LEASE,
     );
     consumer.subscribe().await.unwrap();
     for r in transport
@@ -734,11 +748,12 @@ async fn panicking_handler_counts_as_a_failed_attempt_and_ends_dead(t: TestDb) {
     {
         r.unwrap();
     }
-    let d = transport
-        .claim("billing", 1, Duration::from_secs(30))
+    let mut d = consumer
+        .subscriber()
+        .receive(1, Duration::ZERO)
         .await
         .unwrap();
-    assert_eq!(consumer.process(d[0].clone()).await, Processed::Retried);
+    assert_eq!(consumer.process(d.remove(0)).await, Processed::Retried);
     eventually(Duration::from_secs(5), || async {
         consumer.run_once().await.unwrap();
         consumer.stats().dead_lettered() == 1
@@ -792,12 +807,7 @@ async fn fanned_out_queue_rows_are_collected_in_batches_and_unsubscribed_topics_
 
 async fn undecodable_order_created_is_dead_at_once(t: TestDb) {
     let transport = billing_setup(&t).await;
-    let billing = orders::billing_consumer(
-        t.db.clone(),
-        transport.clone(),
-        orders::ORDERS_TOPIC,
-        config(),
-    );
+    let billing = billing_on_sql(&t.db, &transport, config(), LEASE);
     billing.subscribe().await.unwrap();
     let good = order_created(MessageId::new_random(), "ord-ok");
     let bad = Message {
@@ -825,4 +835,713 @@ async fn undecodable_order_created_is_dead_at_once(t: TestDb) {
         .contains("order.created payload"));
     assert_eq!(billing.stats().retries(), 0);
     assert_eq!(invoice_rows(&t.db, "ord-ok").await, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Conformance: the same cases on every broker (SQL transport, RabbitMQ, NATS JetStream) and
+// every backend (SQLite, PostgreSQL). Each test gets its own database, and its own broker
+// namespace (RabbitMQ exchange and queues, JetStream streams, all named with a uuid), so
+// tests run in parallel without seeing each other.
+// ---------------------------------------------------------------------------------------
+
+mod conformance {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use lapin::options::{BasicGetOptions, ExchangeDeleteOptions};
+    use oncely_broker::{
+        retry_headers, Message, NatsConfig, NatsPublisher, NatsSubscriber, NatsSubscriberConfig,
+        Publisher, RabbitMqConfig, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscriberConfig,
+        SqlSubscriber, SqlTransport, Subscriber,
+    };
+    use oncely_core::{MessageId, RetryPolicy};
+    use oncely_inbox::{Consumer, ConsumerConfig, Handler, Processed};
+    use oncely_sql::Database;
+    use oncely_testkit::{amqp_url, nats_url, service_reachable, TestBackend, TestDb};
+    use tokio_util::sync::CancellationToken;
+
+    use super::{distinct_orders, eventually, invoices, Billing};
+
+    /// One dead letter as its destination holds it.
+    #[derive(Debug)]
+    pub(super) struct DeadLetter {
+        id: Option<MessageId>,
+        attempts: u32,
+        error: String,
+    }
+
+    /// A broker under test, on one test database.
+    pub(super) trait Fixture: Sync {
+        type S: Subscriber;
+        fn db(&self) -> &Database;
+        /// The topic messages go to.
+        fn topic(&self) -> String;
+        /// A new subscriber (own connection) of consumer group `group`; `settle` is the
+        /// time after which an unacknowledged delivery comes again (SQL lease, JetStream
+        /// `ack_wait`; RabbitMQ redelivers when the connection closes).
+        fn subscriber(&self, group: &str, settle: Duration) -> Self::S;
+        async fn publish(&self, batch: &[Message]);
+        /// Publishes a second copy of `m` (same message id) as a republishing relay would;
+        /// `false` where the transport cannot hold one (the SQL transport keeps one delivery
+        /// per group and message).
+        async fn publish_copy(&self, m: &Message) -> bool;
+        /// Receives the group's deliveries through `a` and processes each on `a` and `b` at
+        /// the same moment; returns how many (transports that cannot hold copies).
+        async fn process_on_both(&self, a: &Consumer<Self::S>, b: &Consumer<Self::S>) -> usize {
+            let _ = (a, b);
+            unreachable!("this broker holds published copies")
+        }
+        /// Publishes a message without a message id; `false` where none can exist.
+        async fn publish_undecodable(&self) -> bool;
+        async fn dead_letters(&self, group: &str) -> Vec<DeadLetter>;
+        async fn cleanup(&self);
+    }
+
+    async fn test_db(backend: TestBackend) -> Option<TestDb> {
+        let t = TestDb::new(backend).await?;
+        super::setup(&t).await;
+        Some(t)
+    }
+
+    fn ns() -> String {
+        uuid::Uuid::new_v4().simple().to_string()
+    }
+
+    // --- SQL transport --------------------------------------------------------------
+
+    pub(super) struct SqlFixture {
+        t: TestDb,
+        transport: SqlTransport,
+        topic: String,
+    }
+
+    impl SqlFixture {
+        pub(super) async fn new(backend: TestBackend) -> Option<Self> {
+            let t = test_db(backend).await?;
+            let transport = SqlTransport::new(t.db.clone(), 1 << 20);
+            Some(Self {
+                t,
+                transport,
+                topic: format!("t{}.orders", ns()),
+            })
+        }
+    }
+
+    impl Fixture for SqlFixture {
+        type S = SqlSubscriber;
+        fn db(&self) -> &Database {
+            &self.t.db
+        }
+        fn topic(&self) -> String {
+            self.topic.clone()
+        }
+        fn subscriber(&self, group: &str, settle: Duration) -> SqlSubscriber {
+            SqlSubscriber::new(self.transport.clone(), group, self.topic.clone(), settle)
+        }
+        async fn publish(&self, batch: &[Message]) {
+            for r in self.transport.publish(batch).await {
+                r.expect("queued");
+            }
+        }
+        async fn publish_copy(&self, _m: &Message) -> bool {
+            false
+        }
+        async fn process_on_both(
+            &self,
+            a: &Consumer<SqlSubscriber>,
+            b: &Consumer<SqlSubscriber>,
+        ) -> usize {
+            let deliveries = a.subscriber().receive(100, Duration::ZERO).await.unwrap();
+            let count = deliveries.len();
+            let runs = deliveries.into_iter().map(|delivery| async move {
+                let (first, second) =
+                    tokio::join!(a.process(delivery.clone()), b.process(delivery));
+                let mut pair = [first, second];
+                pair.sort_by_key(|p| format!("{p:?}"));
+                assert_eq!(pair, [Processed::Consumed, Processed::Duplicate]);
+            });
+            futures_util::future::join_all(runs).await;
+            count
+        }
+        async fn publish_undecodable(&self) -> bool {
+            false
+        }
+        async fn dead_letters(&self, group: &str) -> Vec<DeadLetter> {
+            self.transport
+                .dead_deliveries(group, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|d| DeadLetter {
+                    id: Some(d.id),
+                    attempts: d.attempts,
+                    error: d.last_error.unwrap_or_default(),
+                })
+                .collect()
+        }
+        async fn cleanup(&self) {}
+    }
+
+    // --- RabbitMQ ---------------------------------------------------------------------
+
+    pub(super) struct RabbitFixture {
+        t: TestDb,
+        ns: String,
+        publisher: RabbitMqPublisher,
+        queues: Mutex<Vec<RabbitMqSubscriberConfig>>,
+    }
+
+    impl RabbitFixture {
+        pub(super) async fn new(backend: TestBackend) -> Option<Self> {
+            if !service_reachable("RabbitMQ", &amqp_url()).await {
+                return None;
+            }
+            let t = test_db(backend).await?;
+            let ns = ns();
+            let mut c = RabbitMqConfig::new(amqp_url());
+            c.exchange = format!("t.{ns}");
+            let publisher = RabbitMqPublisher::connect(c).await.expect("RabbitMQ");
+            Some(Self {
+                t,
+                ns,
+                publisher,
+                queues: Mutex::new(Vec::new()),
+            })
+        }
+
+        async fn channel(&self) -> (lapin::Connection, lapin::Channel) {
+            let props = lapin::ConnectionProperties::default()
+                .with_executor(tokio_executor_trait::Tokio::current())
+                .with_reactor(tokio_reactor_trait::Tokio::current());
+            let conn = lapin::Connection::connect(&amqp_url(), props)
+                .await
+                .unwrap();
+            let ch = conn.create_channel().await.unwrap();
+            (conn, ch)
+        }
+    }
+
+    fn amqp_str(v: &lapin::types::AMQPValue) -> String {
+        match v {
+            lapin::types::AMQPValue::LongString(s) => {
+                String::from_utf8_lossy(s.as_bytes()).into_owned()
+            }
+            other => format!("{other:?}"),
+        }
+    }
+
+    impl Fixture for RabbitFixture {
+        type S = RabbitMqSubscriber;
+        fn db(&self) -> &Database {
+            &self.t.db
+        }
+        fn topic(&self) -> String {
+            "orders".to_owned()
+        }
+        fn subscriber(&self, group: &str, _settle: Duration) -> RabbitMqSubscriber {
+            let mut c = RabbitMqSubscriberConfig::new(amqp_url(), group, self.topic());
+            c.exchange = format!("t.{}", self.ns);
+            c.queue = format!("t.{}.{group}", self.ns);
+            c.retry_queue = format!("t.{}.{group}.retry", self.ns);
+            c.dead_queue = format!("t.{}.{group}.dead", self.ns);
+            c.prefetch = 8;
+            self.queues.lock().unwrap().push(c.clone());
+            RabbitMqSubscriber::new(c)
+        }
+        async fn publish(&self, batch: &[Message]) {
+            for r in self.publisher.publish(batch).await {
+                r.expect("confirmed");
+            }
+        }
+        async fn publish_copy(&self, m: &Message) -> bool {
+            self.publish(std::slice::from_ref(m)).await;
+            true
+        }
+        async fn publish_undecodable(&self) -> bool {
+            let (conn, ch) = self.channel().await;
+            ch.basic_publish(
+                &format!("t.{}", self.ns),
+                &self.topic(),
+                lapin::options::BasicPublishOptions::default(),
+                b"no id",
+                lapin::BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+            drop(conn.close(200, "bye").await);
+            true
+        }
+        async fn dead_letters(&self, group: &str) -> Vec<DeadLetter> {
+            let (conn, ch) = self.channel().await;
+            let queue = format!("t.{}.{group}.dead", self.ns);
+            let mut out = Vec::new();
+            while let Some(m) = ch
+                .basic_get(&queue, BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
+            {
+                let h = m.delivery.properties.headers().clone().unwrap_or_default();
+                let get = |k: &str| h.inner().get(k).map(amqp_str);
+                out.push(DeadLetter {
+                    id: m
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .and_then(|s| MessageId::parse(s.as_str()).ok()),
+                    attempts: get(retry_headers::ATTEMPTS)
+                        .and_then(|a| a.parse().ok())
+                        .unwrap_or(0),
+                    error: get(retry_headers::LAST_ERROR).unwrap_or_default(),
+                });
+            }
+            drop(conn.close(200, "bye").await);
+            out
+        }
+        async fn cleanup(&self) {
+            let configs = self.queues.lock().unwrap().clone();
+            let mut seen = std::collections::BTreeSet::new();
+            for c in configs {
+                if seen.insert(c.queue.clone()) {
+                    RabbitMqSubscriber::new(c).delete_queues().await.unwrap();
+                }
+            }
+            let (conn, ch) = self.channel().await;
+            ch.exchange_delete(&format!("t.{}", self.ns), ExchangeDeleteOptions::default())
+                .await
+                .unwrap();
+            drop(conn.close(200, "bye").await);
+        }
+    }
+
+    // --- NATS JetStream -------------------------------------------------------------
+
+    pub(super) struct NatsFixture {
+        t: TestDb,
+        ns: String,
+        publisher: NatsPublisher,
+    }
+
+    impl NatsFixture {
+        pub(super) async fn new(backend: TestBackend) -> Option<Self> {
+            if !service_reachable("NATS", &nats_url()).await {
+                return None;
+            }
+            let t = test_db(backend).await?;
+            let ns = ns();
+            let publisher = NatsPublisher::connect(NatsConfig::new(nats_url()))
+                .await
+                .expect("NATS");
+            publisher
+                .ensure_stream(&format!("T{ns}"), &[format!("t{ns}.orders")])
+                .await
+                .unwrap();
+            Some(Self { t, ns, publisher })
+        }
+    }
+
+    impl Fixture for NatsFixture {
+        type S = NatsSubscriber;
+        fn db(&self) -> &Database {
+            &self.t.db
+        }
+        fn topic(&self) -> String {
+            format!("t{}.orders", self.ns)
+        }
+        fn subscriber(&self, group: &str, settle: Duration) -> NatsSubscriber {
+            let mut c =
+                NatsSubscriberConfig::new(nats_url(), format!("T{}", self.ns), group, self.topic());
+            c.ack_wait = settle;
+            c.batch = 8;
+            c.dlq_prefix = format!("t{}.dlq", self.ns);
+            c.dlq_stream = format!("T{}_DLQ", self.ns);
+            NatsSubscriber::new(c)
+        }
+        async fn publish(&self, batch: &[Message]) {
+            for r in self.publisher.publish(batch).await {
+                r.expect("acknowledged");
+            }
+        }
+        async fn publish_copy(&self, m: &Message) -> bool {
+            // Past the stream's duplicate window a republished copy is a new stream message:
+            // simulated with another Nats-Msg-Id (the message id travels in `message-id`).
+            let mut h = async_nats::HeaderMap::new();
+            h.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{}-copy", m.id).as_str(),
+            );
+            for (k, v) in m.all_headers() {
+                h.insert(k.as_str(), v.as_str());
+            }
+            self.publisher
+                .jetstream()
+                .publish_with_headers(m.topic.clone(), h, m.payload.clone().into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            true
+        }
+        async fn publish_undecodable(&self) -> bool {
+            self.publisher
+                .jetstream()
+                .publish(self.topic(), "no id".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            true
+        }
+        async fn dead_letters(&self, _group: &str) -> Vec<DeadLetter> {
+            let js = self.publisher.jetstream();
+            let Ok(mut stream) = js.get_stream(format!("T{}_DLQ", self.ns)).await else {
+                return Vec::new();
+            };
+            let last = stream.info().await.unwrap().state.last_sequence;
+            let mut out = Vec::new();
+            for seq in 1..=last {
+                let Ok(m) = stream.get_raw_message(seq).await else {
+                    continue;
+                };
+                let get = |k: &str| m.headers.get(k).map(|v| v.as_str().to_owned());
+                out.push(DeadLetter {
+                    id: get("message-id").and_then(|s| MessageId::parse(&s).ok()),
+                    attempts: get(retry_headers::ATTEMPTS)
+                        .and_then(|a| a.parse().ok())
+                        .unwrap_or(0),
+                    error: get(retry_headers::LAST_ERROR).unwrap_or_default(),
+                });
+            }
+            out
+        }
+        async fn cleanup(&self) {
+            let js = self.publisher.jetstream();
+            drop(js.delete_stream(format!("T{}", self.ns)).await);
+            drop(js.delete_stream(format!("T{}_DLQ", self.ns)).await);
+        }
+    }
+
+    // --- the cases --------------------------------------------------------------------
+
+    fn message(f: &impl Fixture, order: &str, payload: &[u8]) -> Message {
+        Message {
+            topic: f.topic(),
+            payload: payload.to_vec(),
+            ..super::order_message(order)
+        }
+    }
+
+    fn config(retry: RetryPolicy) -> ConsumerConfig {
+        ConsumerConfig {
+            retry,
+            ..super::config()
+        }
+    }
+
+    fn consumer<F: Fixture>(
+        f: &F,
+        group: &str,
+        handler: Arc<Billing>,
+        config: ConsumerConfig,
+        settle: Duration,
+    ) -> Consumer<F::S> {
+        Consumer::new(f.db().clone(), f.subscriber(group, settle), handler, config)
+    }
+
+    pub(super) async fn s5_consumer_faulted_after_commit_before_ack_is_redelivered_and_creates_one_invoice<
+        F: Fixture,
+    >(
+        f: &F,
+    ) {
+        let settle = Duration::from_millis(1_500);
+        let first_handler = Arc::new(Billing::new("billing"));
+        let crashed = Arc::new(AtomicBool::new(false));
+        let crash = crashed.clone();
+        let first = consumer(f, "billing", first_handler.clone(), super::config(), settle)
+            // Faulted exactly after the commit and before the ack, once.
+            .with_fault_after_commit(move |_| !crash.swap(true, Ordering::SeqCst));
+        first.subscribe().await.unwrap();
+        f.publish(&[message(f, "o-1", b"o-1")]).await;
+        eventually(Duration::from_secs(15), || async {
+            first.run_once().await.unwrap();
+            first.stats().consumed() == 1
+        })
+        .await;
+        assert!(
+            crashed.load(Ordering::SeqCst),
+            "the fault point was reached"
+        );
+        assert_eq!(invoices(f.db(), "billing").await, 1);
+        // The process dies: its connection goes (RabbitMQ requeues its unacknowledged
+        // delivery; the SQL lease and JetStream ack_wait run out).
+        first.close().await;
+        drop(first);
+
+        let handler = Arc::new(Billing::new("billing"));
+        let second = consumer(f, "billing", handler.clone(), super::config(), settle);
+        second.subscribe().await.unwrap();
+        eventually(Duration::from_secs(20), || async {
+            second.run_once().await.unwrap();
+            second.stats().duplicates() == 1
+        })
+        .await;
+        assert_eq!(invoices(f.db(), "billing").await, 1, "one invoice");
+        assert_eq!(
+            handler.calls.load(Ordering::SeqCst),
+            0,
+            "handler not run again"
+        );
+        assert_eq!(second.stats().consumed(), 0);
+        // Acknowledged now: nothing comes again after another settle period.
+        let until = tokio::time::Instant::now() + settle + Duration::from_millis(700);
+        while tokio::time::Instant::now() < until {
+            second.run_once().await.unwrap();
+        }
+        assert_eq!(
+            second.stats().duplicates(),
+            1,
+            "acknowledged, not redelivered"
+        );
+        assert_eq!(first_handler.calls.load(Ordering::SeqCst), 1);
+        second.close().await;
+    }
+
+    pub(super) async fn same_message_at_two_consumer_instances_at_once_yields_one_invoice<
+        F: Fixture,
+    >(
+        f: &F,
+    ) {
+        // Deliveries outlive their settle time while the slow handler runs, so the same
+        // message is also redelivered to the other instance while the first still holds it
+        // (on RabbitMQ and JetStream a second published copy makes the same point).
+        let settle = Duration::from_millis(500);
+        let handler = Arc::new(Billing {
+            delay: Duration::from_millis(1_200),
+            ..Billing::new("billing")
+        });
+        let a = consumer(f, "billing", handler.clone(), super::config(), settle);
+        let b = consumer(f, "billing", handler.clone(), super::config(), settle);
+        a.subscribe().await.unwrap();
+        b.subscribe().await.unwrap();
+        let orders: Vec<Message> = (0..3)
+            .map(|i| message(f, &format!("o-{i}"), format!("o-{i}").as_bytes()))
+            .collect();
+        f.publish(&orders).await;
+        let mut copies = 0;
+        for m in &orders {
+            if f.publish_copy(m).await {
+                copies += 1;
+            }
+        }
+        let (sa, sb) = (a.stats(), b.stats());
+        if copies == 0 {
+            // The SQL transport keeps one delivery per group and message: hand each claimed
+            // delivery to both instances at the same moment.
+            assert_eq!(f.process_on_both(&a, &b).await, 3);
+        } else {
+            let shutdown = CancellationToken::new();
+            let runs = [
+                tokio::spawn(a.run(shutdown.clone())),
+                tokio::spawn(b.run(shutdown.clone())),
+            ];
+            eventually(Duration::from_secs(30), || async {
+                sa.consumed() + sb.consumed() == 3 && sa.duplicates() + sb.duplicates() >= copies
+            })
+            .await;
+            // Late redeliveries (settle time ran out during the slow handler) come in too.
+            tokio::time::sleep(settle * 3).await;
+            shutdown.cancel();
+            for r in runs {
+                r.await.unwrap();
+            }
+        }
+        assert!(
+            sa.duplicates() + sb.duplicates() >= 3,
+            "every copy recognised"
+        );
+        assert!(copies == 0 || copies == 3);
+        assert_eq!(
+            invoices(f.db(), "billing").await,
+            3,
+            "one invoice per order"
+        );
+        assert_eq!(distinct_orders(f.db(), "billing").await, 3);
+        assert_eq!(
+            handler.calls.load(Ordering::SeqCst),
+            3,
+            "one effect per message"
+        );
+        assert_eq!(sa.consumed() + sb.consumed(), 3);
+    }
+
+    pub(super) async fn handler_failing_twice_then_succeeding_yields_one_invoice_after_two_delayed_retries_sent_to_that_group_only<
+        F: Fixture,
+    >(
+        f: &F,
+    ) {
+        let retry = RetryPolicy {
+            base: Duration::from_millis(300),
+            cap: Duration::from_secs(1),
+            max_attempts: 5,
+        };
+        let billing_handler = Arc::new(Billing {
+            fail_first: AtomicU32::new(2),
+            ..Billing::new("billing")
+        });
+        let audit_handler = Arc::new(Billing::new("audit"));
+        let settle = Duration::from_secs(30);
+        let billing = consumer(f, "billing", billing_handler.clone(), config(retry), settle);
+        let audit = consumer(f, "audit", audit_handler.clone(), config(retry), settle);
+        billing.subscribe().await.unwrap();
+        audit.subscribe().await.unwrap();
+        f.publish(&[message(f, "o-1", b"o-1")]).await;
+        let (bs, au) = (billing.stats(), audit.stats());
+        let shutdown = CancellationToken::new();
+        let runs = [
+            tokio::spawn(billing.run(shutdown.clone())),
+            tokio::spawn(audit.run(shutdown.clone())),
+        ];
+        eventually(Duration::from_secs(20), || async {
+            invoices(f.db(), "billing").await == 1
+        })
+        .await;
+        // Time for a stray copy to reach audit, were the retries fanned out again.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        shutdown.cancel();
+        for r in runs {
+            r.await.unwrap();
+        }
+        assert_eq!(invoices(f.db(), "billing").await, 1);
+        assert_eq!(billing_handler.calls.load(Ordering::SeqCst), 3);
+        assert_eq!(bs.retries(), 2, "two delayed retries");
+        assert_eq!(bs.consumed(), 1);
+        assert_eq!(bs.dead_lettered(), 0);
+        // The retries went to billing only.
+        assert_eq!(audit_handler.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(au.consumed(), 1);
+        assert_eq!(au.duplicates(), 0, "audit was not sent the retries");
+        assert_eq!(invoices(f.db(), "audit").await, 1);
+    }
+
+    pub(super) async fn always_failing_handler_ends_in_the_dead_letter_destination_with_its_error_while_others_flow<
+        F: Fixture,
+    >(
+        f: &F,
+    ) {
+        let retry = RetryPolicy {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(100),
+            max_attempts: 3,
+        };
+        let handler = Arc::new(Billing::new("billing"));
+        let c = consumer(
+            f,
+            "billing",
+            handler,
+            config(retry),
+            Duration::from_secs(30),
+        );
+        c.subscribe().await.unwrap();
+        let poison = message(f, "poison", b"poison");
+        // The poison message comes first; the others must not wait behind it.
+        f.publish(std::slice::from_ref(&poison)).await;
+        let orders: Vec<Message> = (0..10)
+            .map(|i| message(f, &format!("o-{i}"), format!("o-{i}").as_bytes()))
+            .collect();
+        f.publish(&orders).await;
+        let stats = c.stats();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(c.run(shutdown.clone()));
+        eventually(Duration::from_secs(20), || async {
+            invoices(f.db(), "billing").await == 10 && stats.dead_lettered() == 1
+        })
+        .await;
+        shutdown.cancel();
+        run.await.unwrap();
+        let dead = f.dead_letters("billing").await;
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].id, Some(poison.id));
+        assert_eq!(dead[0].attempts, 3);
+        assert!(dead[0].error.contains("poison pill"), "{dead:?}");
+        assert_eq!(stats.retries(), 2);
+        assert_eq!(stats.consumed(), 10);
+        assert_eq!(distinct_orders(f.db(), "billing").await, 10);
+    }
+
+    pub(super) async fn rejected_and_undecodable_messages_are_dead_lettered_at_once<F: Fixture>(
+        f: &F,
+    ) {
+        let retry = RetryPolicy {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(100),
+            max_attempts: 5,
+        };
+        // The order service's billing handler rejects an order.created it cannot decode.
+        let c = Consumer::new(
+            f.db().clone(),
+            f.subscriber("billing", Duration::from_secs(30)),
+            Arc::new(orders::BillingHandler) as Arc<dyn Handler>,
+            config(retry),
+        );
+        c.subscribe().await.unwrap();
+        let bad = Message {
+            event_type: orders::ORDER_CREATED.to_owned(),
+            ..message(f, "bad", b"{not json")
+        };
+        f.publish(std::slice::from_ref(&bad)).await;
+        let undecodable = f.publish_undecodable().await;
+        let expected = if undecodable { 2 } else { 1 };
+        eventually(Duration::from_secs(15), || async {
+            c.run_once().await.unwrap();
+            c.stats().dead_lettered() == expected
+        })
+        .await;
+        assert_eq!(c.stats().retries(), 0, "no retry for what cannot decode");
+        let dead = f.dead_letters("billing").await;
+        assert_eq!(dead.len(), expected as usize, "{dead:?}");
+        let rejected = dead.iter().find(|d| d.id == Some(bad.id)).unwrap();
+        assert_eq!(rejected.attempts, 1);
+        assert!(rejected.error.contains("order.created payload"), "{dead:?}");
+        if undecodable {
+            let raw = dead.iter().find(|d| d.id.is_none()).unwrap();
+            assert!(raw.error.contains("undecodable"), "{dead:?}");
+        }
+        c.close().await;
+    }
+
+    macro_rules! on_every_broker_and_backend {
+        ($($name:ident),* $(,)?) => {
+            on_every_broker_and_backend!(@mod sqlite_sql, Sqlite, SqlFixture; $($name),*);
+            on_every_broker_and_backend!(@mod postgres_sql, Postgres, SqlFixture; $($name),*);
+            on_every_broker_and_backend!(@mod sqlite_rabbitmq, Sqlite, RabbitFixture; $($name),*);
+            on_every_broker_and_backend!(@mod postgres_rabbitmq, Postgres, RabbitFixture; $($name),*);
+            on_every_broker_and_backend!(@mod sqlite_nats, Sqlite, NatsFixture; $($name),*);
+            on_every_broker_and_backend!(@mod postgres_nats, Postgres, NatsFixture; $($name),*);
+        };
+        (@mod $m:ident, $backend:ident, $fixture:ident; $($name:ident),*) => {
+            mod $m {
+                use super::Fixture as _;
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        if let Some(f) =
+                            super::$fixture::new(oncely_testkit::TestBackend::$backend).await
+                        {
+                            super::$name(&f).await;
+                            f.cleanup().await;
+                        }
+                    }
+                )*
+            }
+        };
+    }
+
+    on_every_broker_and_backend!(
+        s5_consumer_faulted_after_commit_before_ack_is_redelivered_and_creates_one_invoice,
+        same_message_at_two_consumer_instances_at_once_yields_one_invoice,
+        handler_failing_twice_then_succeeding_yields_one_invoice_after_two_delayed_retries_sent_to_that_group_only,
+        always_failing_handler_ends_in_the_dead_letter_destination_with_its_error_while_others_flow,
+        rejected_and_undecodable_messages_are_dead_lettered_at_once,
+    );
 }
