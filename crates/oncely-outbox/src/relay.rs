@@ -155,10 +155,7 @@ impl Relay {
     /// at-least-once publishing. A hook that aborts the process (`std::process::abort`)
     /// reproduces a relay killed at exactly that point.
     #[must_use]
-    pub fn with_fault_after_confirm(
-        mut self,
-        hook: FaultAfterConfirm,
-    ) -> Self {
+    pub fn with_fault_after_confirm(mut self, hook: FaultAfterConfirm) -> Self {
         self.fault_after_confirm = Some(FaultHook(hook));
         self
     }
