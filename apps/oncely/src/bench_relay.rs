@@ -208,8 +208,8 @@ impl Target {
                 }
             }
             Broker::Nats => {
-                let (p, _) = self.nats.as_ref().expect("nats target");
-                let js = p.jetstream();
+                let (publisher, _) = self.nats.as_ref().expect("nats target");
+                let js = publisher.jetstream();
                 let mut i = 0;
                 while i < n {
                     let mut acks = Vec::with_capacity(window);
