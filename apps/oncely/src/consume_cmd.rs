@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use oncely_broker::{
     NatsConfig, NatsPublisher, NatsSubscriber, NatsSubscriberConfig, RabbitMqSubscriber,
@@ -102,11 +101,16 @@ impl ConsumerArgs {
                     !broker.nats_stream.is_empty(),
                     "a NATS consumer needs --nats-stream (the stream the relay publishes to)"
                 );
-                // The stream may not exist yet when the consumer starts before the relay.
-                let p = NatsPublisher::connect(NatsConfig::new(&broker.nats_url))
-                    .await
-                    .context("connecting to NATS")?;
-                broker.ensure_nats_stream(&p).await?;
+                // The stream may not exist yet when the consumer starts before the relay. A
+                // broker that is down is not fatal: the consumer keeps trying (as the relay).
+                let ensured = match NatsPublisher::connect(NatsConfig::new(&broker.nats_url)).await
+                {
+                    Ok(p) => broker.ensure_nats_stream(&p).await,
+                    Err(e) => Err(anyhow::Error::new(e).context("connecting to NATS")),
+                };
+                if let Err(e) = ensured {
+                    tracing::warn!(error = %format!("{e:#}"), "NATS stream not ensured; the consumer retries");
+                }
                 let mut c =
                     NatsSubscriberConfig::new(&broker.nats_url, &broker.nats_stream, group, topic);
                 c.ack_wait = lease;
@@ -128,10 +132,11 @@ impl ConsumerArgs {
                 orders::billing_consumer(db.clone(), subscriber, self.config())
             }
         };
-        consumer
-            .subscribe()
-            .await
-            .with_context(|| format!("subscribing consumer {}", consumer.name()))?;
+        // A broker that is down at start-up is not fatal (the relay starts without it too):
+        // the consumer's receive loop connects and subscribes once it is up.
+        if let Err(e) = consumer.subscribe().await {
+            tracing::warn!(consumer = consumer.name(), error = %e, "cannot subscribe yet; retrying in the background");
+        }
         tracing::info!(
             consumer = consumer.name(),
             broker = consumer.subscriber().broker(),

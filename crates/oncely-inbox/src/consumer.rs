@@ -388,6 +388,8 @@ impl<S: Subscriber> Consumer<S> {
             this.config.clone(),
             shutdown.clone(),
         ));
+        // Consecutive receive failures (broker down): the wait doubles up to 5 s.
+        let mut failures = 0u32;
         while !shutdown.is_cancelled() {
             let free = slots.available_permits();
             if free == 0 {
@@ -406,6 +408,7 @@ impl<S: Subscriber> Consumer<S> {
             };
             match received {
                 Ok(deliveries) => {
+                    failures = 0;
                     for d in deliveries {
                         let Ok(permit) = slots.clone().acquire_owned().await else {
                             break;
@@ -419,7 +422,13 @@ impl<S: Subscriber> Consumer<S> {
                 }
                 Err(e) => {
                     tracing::warn!(consumer = this.name(), error = %e, "receive failed");
-                    idle(&shutdown, this.config.poll).await;
+                    let wait = this
+                        .config
+                        .poll
+                        .saturating_mul(1 << failures.min(10))
+                        .min(Duration::from_secs(5));
+                    failures = failures.saturating_add(1);
+                    idle(&shutdown, wait).await;
                 }
             }
         }
