@@ -25,9 +25,10 @@ pub(crate) enum ConsumerName {
 /// [`BrokerArgs`] (`--broker`, the relay's).
 #[derive(Debug, Args)]
 pub(crate) struct ConsumerArgs {
-    /// Topic the consumer reads (the order service's events topic).
+    /// Topic the consumer reads (the order service's events topic). `oncely serve` ignores
+    /// it: its in-process consumer reads the service's own `--events-topic`.
     #[arg(long, env = "ONCELY_CONSUMER_TOPIC", default_value = orders::ORDERS_TOPIC)]
-    consumer_topic: String,
+    pub(crate) consumer_topic: String,
     /// Messages handled at once.
     #[arg(long, env = "ONCELY_CONSUMER_CONCURRENCY", default_value_t = 8)]
     consumer_concurrency: usize,

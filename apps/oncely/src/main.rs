@@ -280,7 +280,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let api_keys = orders::parse_api_keys(&args.api_keys).context("parsing --api-keys")?;
     anyhow::ensure!(
         !api_keys.is_empty(),
@@ -319,6 +319,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Some(args.relay.spawn(&db, stop_relay.clone()))
     };
+    // The in-process consumer reads what this service publishes.
+    args.consumer.consumer_topic.clone_from(&args.events_topic);
     let consumer = if args.no_consumer {
         None
     } else {
