@@ -22,7 +22,8 @@ pub struct RelayConfig {
     pub batch_size: u32,
     /// Batches published at once: while one waits for its confirmations the next goes out,
     /// so commit-to-publish latency is not the sum of two confirmation waits. At most
-    /// `batch_size × max_in_flight_batches` messages await confirmation. Default 2.
+    /// `batch_size × max_in_flight_batches` messages await confirmation; on PostgreSQL each
+    /// batch in flight holds one pooled connection. Default 4.
     pub max_in_flight_batches: usize,
     /// How long a claim stays valid; must exceed the publisher's confirm timeout. A row of a
     /// relay that died is republished (same message id) once its lease runs out.
@@ -51,7 +52,7 @@ impl Default for RelayConfig {
         Self {
             relay_id: uuid::Uuid::new_v4().to_string(),
             batch_size: 256,
-            max_in_flight_batches: 2,
+            max_in_flight_batches: 4,
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(250),
             listen: true,
@@ -187,6 +188,17 @@ impl Relay {
     /// [`RelayError::Store`] when the first claim fails (later claim failures end the
     /// drain early and are logged).
     pub async fn drain(&self, shutdown: &CancellationToken) -> Result<RoundReport, RelayError> {
+        self.drain_woken(shutdown, None).await
+    }
+
+    /// [`Relay::drain`], also claiming again on `wake` (new rows committed) while batches
+    /// wait for their confirmations: events committed during a slow confirmation go out
+    /// in the next window instead of queueing behind it.
+    async fn drain_woken(
+        &self,
+        shutdown: &CancellationToken,
+        wake: Option<&Notify>,
+    ) -> Result<RoundReport, RelayError> {
         let mut total = RoundReport::default();
         let mut in_flight: std::collections::VecDeque<tokio::task::JoinHandle<RoundReport>> =
             std::collections::VecDeque::new();
@@ -203,14 +215,25 @@ impl Relay {
             };
             first = false;
             if batch.is_empty() {
-                // Settling what is in flight may make further partition heads claimable.
-                match in_flight.pop_front() {
-                    Some(oldest) => {
-                        total.add(oldest.await.unwrap_or_default());
-                        continue;
+                // Settling what is in flight may make further partition heads claimable;
+                // so may new commits (a wake-up, or the poll interval) meanwhile.
+                let Some(oldest) = in_flight.front_mut() else {
+                    break;
+                };
+                tokio::select! {
+                    r = oldest => {
+                        in_flight.pop_front();
+                        total.add(r.unwrap_or_default());
                     }
-                    None => break,
+                    () = async {
+                        match wake {
+                            Some(w) => w.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
                 }
+                continue;
             }
             let this = self.clone();
             in_flight.push_back(tokio::spawn(async move {
@@ -393,7 +416,7 @@ impl Relay {
             if shutdown.is_cancelled() {
                 break;
             }
-            let busy = match self.drain(&shutdown).await {
+            let busy = match self.drain_woken(&shutdown, Some(&wake)).await {
                 Ok(r) => r.claimed > 0,
                 Err(e) => {
                     tracing::warn!(error = %e, "relay round failed");
