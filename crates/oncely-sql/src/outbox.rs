@@ -555,9 +555,17 @@ impl OutboxStore {
         let batch = i64::from(batch.max(1));
         let mut tx = p.pool().begin().await?;
         // See `claim`: walk the pending rows in id order and stop at the LIMIT.
+        //
+        // `synchronous_commit = off` for this transaction only: its commit (the settle)
+        // returns before the WAL is flushed. A server crash in that window can only undo
+        // the `published` marks — the rows go back to `pending` and are republished with
+        // the same message ids, which at-least-once delivery already allows; no event is
+        // lost and no business data is in this transaction. It saves one WAL flush per
+        // batch on the relay's critical path.
         sqlx::query(
             "SELECT set_config('enable_sort', 'off', true), \
-             set_config('enable_bitmapscan', 'off', true)",
+             set_config('enable_bitmapscan', 'off', true), \
+             set_config('synchronous_commit', 'off', true)",
         )
         .execute(&mut *tx)
         .await?;
