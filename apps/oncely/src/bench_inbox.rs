@@ -95,6 +95,7 @@ fn backend(db: &Database) -> &'static str {
     match db {
         Database::Sqlite(_) => "SQLite",
         Database::Postgres(_) => "PostgreSQL",
+        Database::MySql(_) => "MySQL/MariaDB",
     }
 }
 

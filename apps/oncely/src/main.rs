@@ -113,7 +113,7 @@ struct OutboxArgs {
 
 #[derive(Debug, Args)]
 struct DbArgs {
-    /// Database URL: sqlite://FILE or postgres://…
+    /// Database URL: sqlite://FILE, postgres://… or mysql://… (MySQL 8.0+ / MariaDB 10.6+)
     #[arg(
         long,
         env = "ONCELY_DATABASE_URL",

@@ -90,7 +90,7 @@ fn order(ext: &str) -> Value {
 
 async fn count_orders(t: &TestDb, ext: &str) -> i64 {
     oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM orders WHERE external_ref = $1"
+        &oncely_sql::sql_text(p, "SELECT COUNT(*) FROM orders WHERE external_ref = $1")
     )
     .bind(ext)
     .fetch_one(p)

@@ -23,6 +23,7 @@ pub async fn migrate(db: &Database) -> Result<(), StoreError> {
     db.run_migrator(
         sqlx::migrate!("./migrations/sqlite"),
         sqlx::migrate!("./migrations/postgres"),
+        sqlx::migrate!("./migrations/mysql"),
     )
     .await
 }

@@ -47,6 +47,29 @@ impl Handler for BillingHandler {
                 .ok_or_else(|| Rejected("order.created without a tenant header".to_owned()))?;
             let invoice_id = uuid::Uuid::now_v7().to_string();
             let message_id = message.id.to_string();
+            let now = oncely_core::now_ms();
+            if let Tx::MySql(t) = tx {
+                // MySQL: a plain insert; the duplicate-key error (1062) on
+                // UNIQUE(order_id, kind) means the invoice exists already.
+                let inserted = sqlx::query(
+                    "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
+                     message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&invoice_id)
+                .bind(tenant)
+                .bind(&order.id)
+                .bind(INVOICE_KIND_ORDER)
+                .bind(order.amount_minor)
+                .bind(&order.currency)
+                .bind(&message_id)
+                .bind(now)
+                .execute(&mut **t)
+                .await;
+                return match inserted {
+                    Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(()),
+                    other => other.map(|_| ()).map_err(Into::into),
+                };
+            }
             on_tx!(tx, |c| sqlx::query(
                 "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
                  message_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -59,7 +82,7 @@ impl Handler for BillingHandler {
             .bind(order.amount_minor)
             .bind(&order.currency)
             .bind(&message_id)
-            .bind(oncely_core::now_ms())
+            .bind(now)
             .execute(c)
             .await
             .map(|_| ()))?;

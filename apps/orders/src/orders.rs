@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use oncely_core::TenantId;
 use oncely_http::{IdempotentTx, NotStored, Problem};
-use oncely_sql::{on_pool, on_tx, Database};
+use oncely_sql::{on_pool, on_tx, sql_text, Database, Tx};
 use serde::{Deserialize, Serialize};
 
 /// Body of `POST /v1/orders`.
@@ -91,6 +91,21 @@ impl OrderRow {
 
 const SELECT_ORDER: &str = "SELECT id, source, external_ref, customer_id, items, amount_minor, \
                             currency, created_at FROM orders";
+
+/// [`SELECT_ORDER`] on MySQL: the business-key columns have a binary collation (exact
+/// comparison), which sqlx decodes as bytes unless cast back to text.
+const SELECT_ORDER_MYSQL: &str = "SELECT id, CAST(source AS CHAR) AS source, \
+     CAST(external_ref AS CHAR) AS external_ref, customer_id, items, amount_minor, currency, \
+     created_at FROM orders";
+
+/// The order select for the database behind `tx`.
+fn select_order(mysql: bool) -> &'static str {
+    if mysql {
+        SELECT_ORDER_MYSQL
+    } else {
+        SELECT_ORDER
+    }
+}
 
 /// A validation failure: 400/422 problem, marked [`NotStored`] so the key stays usable.
 fn invalid(status: StatusCode, kind: &str, title: &str, detail: String) -> Response {
@@ -224,25 +239,50 @@ pub(crate) async fn create_order(
     let context = tx.context().cloned();
     let tx = &mut *tx;
     // The business key is the second guard: INSERT … ON CONFLICT on the UNIQUE constraint.
-    let inserted = on_tx!(tx, |c| {
-        sqlx::query(
-        "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, amount_minor, \
-         currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-         ON CONFLICT (tenant, source, external_ref) DO NOTHING"
-    )
-    .bind(&id)
-    .bind(tenant.as_str())
-    .bind(&order.source)
-    .bind(&order.external_ref)
-    .bind(&order.customer_id)
-    .bind(&items)
-    .bind(order.amount_minor)
-    .bind(&order.currency)
-    .bind(now)
-    .execute(c)
-    .await
-    .map(|r| r.rows_affected())
-    });
+    let mysql = matches!(tx, Tx::MySql(_));
+    let inserted = if let Tx::MySql(t) = tx {
+        // MySQL: a plain insert whose duplicate-key error (1062) on the business key is
+        // the conflict (`INSERT IGNORE` would also silence truncation and other errors).
+        let r = sqlx::query(
+            "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, \
+             amount_minor, currency, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&id)
+        .bind(tenant.as_str())
+        .bind(&order.source)
+        .bind(&order.external_ref)
+        .bind(&order.customer_id)
+        .bind(&items)
+        .bind(order.amount_minor)
+        .bind(&order.currency)
+        .bind(now)
+        .execute(&mut **t)
+        .await;
+        match r {
+            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(0),
+            other => other.map(|r| r.rows_affected()),
+        }
+    } else {
+        on_tx!(tx, |c| {
+            sqlx::query(
+                "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, \
+                 amount_minor, currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (tenant, source, external_ref) DO NOTHING",
+            )
+            .bind(&id)
+            .bind(tenant.as_str())
+            .bind(&order.source)
+            .bind(&order.external_ref)
+            .bind(&order.customer_id)
+            .bind(&items)
+            .bind(order.amount_minor)
+            .bind(&order.currency)
+            .bind(now)
+            .execute(c)
+            .await
+            .map(|r| r.rows_affected())
+        })
+    };
     match inserted {
         Ok(1) => {
             let created = Order {
@@ -274,9 +314,11 @@ pub(crate) async fn create_order(
             order_response(StatusCode::CREATED, &created)
         }
         Ok(_) => {
-            let sql =
-                format!("{SELECT_ORDER} WHERE tenant = $1 AND source = $2 AND external_ref = $3");
-            let row: Result<OrderRow, _> = on_tx!(tx, |c| sqlx::query_as(&sql)
+            let sql = format!(
+                "{} WHERE tenant = $1 AND source = $2 AND external_ref = $3",
+                select_order(mysql)
+            );
+            let row: Result<OrderRow, _> = on_tx!(tx, |c| sqlx::query_as(&sql_text(c, &sql))
                 .bind(tenant.as_str())
                 .bind(&order.source)
                 .bind(&order.external_ref)
@@ -307,8 +349,13 @@ pub(crate) async fn create_order(
         }
         Err(e) => {
             if let sqlx::Error::Database(db) = &e {
-                // Lock wait on a concurrent insert of the same business key ran out.
-                if db.code().as_deref() == Some("55P03") {
+                // Lock wait on a concurrent insert of the same business key ran out
+                // (PostgreSQL 55P03; MySQL 1205 lock-wait timeout, or 1213 deadlock, which
+                // rolled the transaction back: nothing of this request is left).
+                let mysql_lock = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|m| matches!(m.number(), 1205 | 1213));
+                if db.code().as_deref() == Some("55P03") || mysql_lock {
                     let mut res = Problem::new(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "busy",
@@ -332,19 +379,24 @@ pub(crate) async fn get_order(
     axum::Extension(tenant): axum::Extension<TenantId>,
     Path(id): Path<String>,
 ) -> Response {
-    let sql = format!("{SELECT_ORDER} WHERE id = $1 AND tenant = $2");
-    let row: Result<Option<OrderRow>, sqlx::Error> = on_pool!(&db, |p| sqlx::query_as(&sql)
-        .bind(&id)
-        .bind(tenant.as_str())
-        .fetch_optional(p)
-        .await);
+    let sql = format!(
+        "{} WHERE id = $1 AND tenant = $2",
+        select_order(matches!(db, Database::MySql(_)))
+    );
+    let row: Result<Option<OrderRow>, sqlx::Error> =
+        on_pool!(&db, |p| sqlx::query_as(&sql_text(p, &sql))
+            .bind(&id)
+            .bind(tenant.as_str())
+            .fetch_optional(p)
+            .await);
     let row = match row {
         Ok(Some(r)) => {
             let invoice: Result<Option<Invoice>, sqlx::Error> = on_pool!(&db, |p| {
-                sqlx::query_as(
+                sqlx::query_as(&sql_text(
+                    p,
                     "SELECT id, kind, amount_minor, currency, created_at FROM invoices \
                      WHERE order_id = $1 AND tenant = $2 AND kind = $3",
-                )
+                ))
                 .bind(&id)
                 .bind(tenant.as_str())
                 .bind(crate::INVOICE_KIND_ORDER)

@@ -1,5 +1,5 @@
 //! Acceptance checks of ACCEPTANCE.md for the order service, over real HTTP on
-//! `127.0.0.1:0`, on SQLite and PostgreSQL.
+//! `127.0.0.1:0`, on SQLite, PostgreSQL and MariaDB / MySQL.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,9 +115,10 @@ impl Server {
 }
 
 async fn count_orders(db: &Database, external_ref: &str) -> i64 {
-    on_pool!(db, |p| sqlx::query_scalar::<_, i64>(
+    on_pool!(db, |p| sqlx::query_scalar::<_, i64>(&oncely_sql::sql_text(
+        p,
         "SELECT COUNT(*) FROM orders WHERE external_ref = $1"
-    )
+    ))
     .bind(external_ref)
     .fetch_one(p)
     .await)
@@ -255,6 +256,13 @@ async fn a_held_lock_on_the_idempotency_table_is_503_not_500(t: TestDb) {
                 .unwrap();
         }
         oncely_sql::Tx::Sqlite(_) => {} // BEGIN IMMEDIATE already holds the write lock
+        // The request's read then waits for the metadata lock at most lock_wait_timeout.
+        oncely_sql::Tx::MySql(c) => {
+            sqlx::query("LOCK TABLES oncely_idempotency WRITE")
+                .execute(&mut **c)
+                .await
+                .unwrap();
+        }
     }
     let (key, ext) = (unique("lock"), unique("ext"));
     let res = s.post(KEY_A, &key, &order(&ext, 1999)).await;
@@ -265,6 +273,13 @@ async fn a_held_lock_on_the_idempotency_table_is_503_not_500(t: TestDb) {
         String::from_utf8_lossy(&res.body)
     );
     assert!(res.retry_after.is_some());
+    if let oncely_sql::Tx::MySql(c) = &mut held {
+        // ROLLBACK does not end LOCK TABLES.
+        sqlx::query("UNLOCK TABLES")
+            .execute(&mut **c)
+            .await
+            .unwrap();
+    }
     held.rollback().await.unwrap();
     let res = s.post(KEY_A, &key, &order(&ext, 1999)).await;
     assert_eq!(res.status, StatusCode::CREATED);
@@ -657,6 +672,20 @@ async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
             assert!(
                 url.contains("127.0.0.1:5432"),
                 "test assumes the default PostgreSQL address"
+            );
+            (
+                Database::connect(&proxied, &opts).await.unwrap(),
+                Some(proxy),
+            )
+        }
+        Database::MySql(_) => {
+            let url = oncely_testkit::mysql_url();
+            let target: std::net::SocketAddr = "127.0.0.1:3306".parse().unwrap();
+            let proxy = FaultProxy::start(target).await;
+            let proxied = t.url.replace("127.0.0.1:3306", &proxy.addr().to_string());
+            assert!(
+                url.contains("127.0.0.1:3306"),
+                "test assumes the default MySQL address"
             );
             (
                 Database::connect(&proxied, &opts).await.unwrap(),

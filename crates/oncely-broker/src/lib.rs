@@ -21,6 +21,8 @@
 //!   dead-lettered back to the group's queue) and dead queue.
 //! - `nats_subscriber` (feature `nats`) — [`NatsSubscriber`]: a durable pull consumer per
 //!   group, explicit ack, NAK with delay, a DLQ subject per group.
+//! - `sql_mysql` — the SQL transport's MySQL / MariaDB statements (no `RETURNING` on
+//!   `UPDATE`/`DELETE` there: lock with `SKIP LOCKED`, write, read back).
 //! - `rabbitmq` (feature `rabbitmq`) — [`RabbitMqPublisher`]: lapin, persistent messages,
 //!   mandatory routing, publisher confirms over a pipelined window.
 //! - `nats` (feature `nats`) — [`NatsPublisher`]: async-nats JetStream, `Nats-Msg-Id`
@@ -37,6 +39,7 @@ mod rabbitmq;
 mod rabbitmq_subscriber;
 mod sql;
 mod subscriber;
+mod sql_mysql;
 
 pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 #[cfg(feature = "nats")]

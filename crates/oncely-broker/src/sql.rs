@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use oncely_core::MessageId;
-use oncely_sql::{on_tx, on_writer, Database, StoreError};
+use oncely_sql::{on_tx, on_writer, sql_text, Database, StoreError, Tx};
 
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ pub struct SqlHandle {
 }
 
 #[derive(sqlx::FromRow)]
-struct DeliveryRow {
+pub(crate) struct DeliveryRow {
     id: i64,
     topic: String,
     message_id: String,
@@ -115,7 +115,7 @@ struct DeliveryRow {
 }
 
 #[derive(sqlx::FromRow)]
-struct QueueRow {
+pub(crate) struct QueueRow {
     id: i64,
     topic: String,
     message_id: String,
@@ -160,6 +160,32 @@ impl SqlTransport {
                 let headers = serde_json::to_string(&m.all_headers())
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let tx = &mut tx;
+                if let Tx::MySql(t) = tx {
+                    // A plain insert: the duplicate-key error (1062) on UNIQUE(message_id)
+                    // is the republished copy to drop; the failed statement leaves no
+                    // fan-out behind (statement atomicity), the transaction goes on.
+                    let inserted = sqlx::query(
+                        "INSERT INTO oncely_queue (topic, message_id, partition_key, \
+                         event_type, headers, payload, enqueued_at) \
+                         VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&m.topic)
+                    .bind(m.id.to_string())
+                    .bind(&m.partition_key)
+                    .bind(&m.event_type)
+                    .bind(&headers)
+                    .bind(&m.payload)
+                    .bind(now)
+                    .execute(&mut **t)
+                    .await;
+                    match inserted {
+                        Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {}
+                        other => {
+                            other?;
+                        }
+                    }
+                    continue;
+                }
                 on_tx!(tx, |c| sqlx::query(
                     "INSERT INTO oncely_queue (topic, message_id, partition_key, event_type, \
                      headers, payload, enqueued_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
@@ -195,8 +221,8 @@ impl SqlTransport {
     }
 
     /// Takes (deletes and returns) up to `max` of the oldest messages of `topic`, in queue
-    /// order. Concurrent consumers never receive the same message (PostgreSQL: `FOR UPDATE
-    /// SKIP LOCKED`; SQLite: the single writer).
+    /// order. Concurrent consumers never receive the same message (PostgreSQL, MySQL: `FOR
+    /// UPDATE SKIP LOCKED`; SQLite: the single writer).
     ///
     /// # Errors
     /// [`StoreError`] when the database fails or a row is corrupt; nothing is taken then.
@@ -229,6 +255,7 @@ impl SqlTransport {
                 .fetch_all(p.pool())
                 .await?
             }
+            Database::MySql(p) => crate::sql_mysql::receive(p.pool(), topic, max).await?,
         };
         let mut out = rows
             .into_iter()
@@ -260,7 +287,20 @@ impl SqlTransport {
     /// [`StoreError`] when the database fails.
     pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<(), StoreError> {
         let mut tx = self.db.begin().await?;
-        {
+        if let Tx::MySql(t) = &mut tx {
+            let inserted =
+                sqlx::query("INSERT INTO oncely_subscriptions (consumer, topic) VALUES (?, ?)")
+                    .bind(consumer)
+                    .bind(topic)
+                    .execute(&mut **t)
+                    .await;
+            match inserted {
+                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {}
+                other => {
+                    other?;
+                }
+            }
+        } else {
             let tx = &mut tx;
             on_tx!(tx, |c| sqlx::query(
                 "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
@@ -328,6 +368,9 @@ impl SqlTransport {
                 .bind(now)
                 .fetch_all(p.pool())
                 .await?
+            }
+            Database::MySql(p) => {
+                crate::sql_mysql::claim(p.pool(), consumer, max, &token, until, now).await?
             }
         };
         let mut out = rows
@@ -405,9 +448,9 @@ impl SqlTransport {
             .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
         let n = self
             .write(
-                "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $3, \
-                 available_at = $4, lease_token = NULL, locked_until = NULL \
-                 WHERE id = $1 AND lease_token = $2",
+                "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $1, \
+                 available_at = $2, lease_token = NULL, locked_until = NULL \
+                 WHERE id = $3 AND lease_token = $4",
                 delivery,
                 Some(error),
                 at,
@@ -428,9 +471,9 @@ impl SqlTransport {
     async fn dead_handle(&self, delivery: &SqlHandle, error: &str) -> Result<bool, StoreError> {
         let n = self
             .write(
-                "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $3, \
-                 state = 'dead', available_at = $4, lease_token = NULL, locked_until = NULL \
-                 WHERE id = $1 AND lease_token = $2",
+                "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $1, \
+                 state = 'dead', available_at = $2, lease_token = NULL, locked_until = NULL \
+                 WHERE id = $3 AND lease_token = $4",
                 delivery,
                 Some(error),
                 oncely_core::now_ms(),
@@ -449,10 +492,11 @@ impl SqlTransport {
         limit: u32,
     ) -> Result<Vec<DeadDelivery>, StoreError> {
         let rows: Vec<(String, i32, Option<String>)> = oncely_sql::on_pool!(&self.db, |p| {
-            sqlx::query_as(
+            sqlx::query_as(&sql_text(
+                p,
                 "SELECT message_id, attempts, last_error FROM oncely_deliveries \
                  WHERE consumer = $1 AND state = 'dead' ORDER BY id LIMIT $2",
-            )
+            ))
             .bind(consumer)
             .bind(i64::from(limit))
             .fetch_all(p)
@@ -480,19 +524,21 @@ impl SqlTransport {
         consumer: &str,
         id: Option<&MessageId>,
     ) -> Result<u64, StoreError> {
+        // Placeholders in text order, so the same binds serve MySQL's positional `?`.
         let sql = if id.is_some() {
-            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $2, \
+            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $1, \
              lease_token = NULL, locked_until = NULL \
-             WHERE consumer = $1 AND state = 'dead' AND message_id = $3"
+             WHERE consumer = $2 AND state = 'dead' AND message_id = $3"
         } else {
-            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $2, \
+            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $1, \
              lease_token = NULL, locked_until = NULL \
-             WHERE consumer = $1 AND state = 'dead'"
+             WHERE consumer = $2 AND state = 'dead'"
         };
         let id = id.map(ToString::to_string);
         let now = oncely_core::now_ms();
         let n = on_writer!(&self.db, |p| {
-            let mut q = sqlx::query(sql).bind(consumer).bind(now);
+            let sql = sql_text(p, sql);
+            let mut q = sqlx::query(&sql).bind(now).bind(consumer);
             if let Some(id) = &id {
                 q = q.bind(id);
             }
@@ -536,6 +582,9 @@ impl SqlTransport {
             .execute(p.pool())
             .await?
             .rows_affected(),
+            Database::MySql(p) => {
+                crate::sql_mysql::collect_fanned_out(p.pool(), before_ms, batch).await?
+            }
         };
         Ok(n)
     }
@@ -547,10 +596,17 @@ impl SqlTransport {
         error: Option<&str>,
         at: i64,
     ) -> Result<u64, StoreError> {
+        // Placeholders are numbered in text order (`$1` first), so the binds line up on
+        // MySQL's positional `?` too: (error, at, id, lease) or (id) alone.
         let n = on_writer!(&self.db, |p| {
-            let mut q = sqlx::query(sql).bind(delivery.delivery_id);
+            let sql = sql_text(p, sql);
+            let mut q = sqlx::query(&sql);
             if error.is_some() {
-                q = q.bind(&delivery.lease_token).bind(error).bind(at);
+                q = q.bind(error).bind(at);
+            }
+            q = q.bind(delivery.delivery_id);
+            if error.is_some() {
+                q = q.bind(&delivery.lease_token);
             }
             q.execute(p).await.map(|r| r.rows_affected())
         })?;

@@ -30,9 +30,10 @@ async fn tenant_from_header(mut req: Request, next: Next) -> Response {
 
 async fn record_effect(tx: &mut IdempotentTx, name: &str) {
     let tx = &mut **tx;
-    on_tx!(tx, |c| sqlx::query(
+    on_tx!(tx, |c| sqlx::query(&oncely_sql::sql_text(
+        c,
         "INSERT INTO effects (name) VALUES ($1)"
-    )
+    ))
     .bind(name)
     .execute(c)
     .await
@@ -209,7 +210,7 @@ impl App {
 
     async fn effects(&self, name: &str) -> i64 {
         on_pool!(&self.db, |p| sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM effects WHERE name = $1"
+            &oncely_sql::sql_text(p, "SELECT COUNT(*) FROM effects WHERE name = $1")
         )
         .bind(name)
         .fetch_one(p)
@@ -326,10 +327,10 @@ async fn in_flight_retry_gets_409_with_retry_after(t: TestDb) {
     };
     app.handler_started().await;
     let second = app.post("/slow", "k-slow", "{}").await;
-    // PostgreSQL sees the key in flight at once. SQLite has one writer: the retry queues
+    // PostgreSQL and MySQL see the key in flight at once (try-lock). SQLite has one writer: the retry queues
     // behind the first request's transaction and then gets its replay. Never a second run.
     match t.db {
-        Database::Postgres(_) => {
+        Database::Postgres(_) | Database::MySql(_) => {
             assert_eq!(second.status(), StatusCode::CONFLICT);
             assert_eq!(second.headers()["retry-after"], "1");
             let p: Value = second.json().await.unwrap();

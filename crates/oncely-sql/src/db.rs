@@ -3,23 +3,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::pool::PoolOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
+use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
-use sqlx::{Postgres, Sqlite};
+use sqlx::{Executor, MySql, Postgres, Sqlite};
 
 use crate::StoreError;
 
 /// Connection settings shared by every backend.
 #[derive(Debug, Clone)]
 pub struct DbOptions {
-    /// Largest number of pooled connections (PostgreSQL; SQLite read pool). Default 16.
+    /// Largest number of pooled connections (PostgreSQL, MySQL; SQLite read pool).
+    /// Default 16.
     pub max_connections: u32,
     /// How long a request waits for a pooled connection before the store counts as
     /// unreachable (503). Default 5 s.
     pub acquire_timeout: Duration,
-    /// PostgreSQL `lock_timeout` and SQLite busy timeout: the bound on waiting for a row
-    /// or database lock held by another transaction. Default 5 s.
+    /// PostgreSQL `lock_timeout`, MySQL `innodb_lock_wait_timeout` (whole seconds, at least
+    /// 1 s) and SQLite busy timeout: the bound on waiting for a row or database lock held by
+    /// another transaction. Default 5 s.
     pub lock_timeout: Duration,
 }
 
@@ -41,6 +44,8 @@ pub enum Backend {
     Sqlite,
     /// PostgreSQL.
     Postgres,
+    /// MySQL 8.0+ or MariaDB 10.6+.
+    MySql,
 }
 
 /// SQLite: one writer connection (SQLite has one writer; every transaction starts with
@@ -110,6 +115,86 @@ pub struct PgStore {
     pool: PgPool,
 }
 
+/// MySQL / MariaDB: one pool. Every connection runs at `READ COMMITTED` with
+/// `innodb_lock_wait_timeout` set from [`DbOptions::lock_timeout`].
+///
+/// Why `READ COMMITTED` (InnoDB's default is `REPEATABLE READ`): a locking read or a
+/// UNIQUE-index insert under `REPEATABLE READ` takes *gap* locks, so concurrent inserts of
+/// neighbouring keys (idempotency records, inbox rows, outbox rows) block and deadlock on
+/// each other although they never conflict; and its snapshot is fixed at the first read,
+/// so a claim could miss a record committed a moment later and run the operation only to
+/// lose at the insert. `READ COMMITTED` takes record locks only and each statement sees
+/// the latest committed rows — the same semantics the PostgreSQL store relies on.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+}
+
+impl MySqlStore {
+    /// The connection pool (`READ COMMITTED` sessions).
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
+/// A MySQL / MariaDB transaction on a pooled connection, begun with `BEGIN` and ended with
+/// `COMMIT` or `ROLLBACK`. Dereferences to the connection, so queries run on `&mut **tx`.
+///
+/// The idempotency claim takes a *session*-scoped named lock (`GET_LOCK`), so ending the
+/// transaction also releases every named lock of the session (`RELEASE_ALL_LOCKS()`)
+/// before the connection goes back to the pool; a transaction dropped unfinished (an
+/// error path, a panic, a timed-out request) closes its connection instead, and the server
+/// then rolls back and frees the locks with the session.
+#[derive(Debug)]
+pub struct MySqlTx {
+    conn: Option<PoolConnection<MySql>>,
+}
+
+impl std::ops::Deref for MySqlTx {
+    type Target = MySqlConnection;
+    fn deref(&self) -> &Self::Target {
+        self.conn.as_ref().expect("MySqlTx used after it ended")
+    }
+}
+
+impl std::ops::DerefMut for MySqlTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.conn.as_mut().expect("MySqlTx used after it ended")
+    }
+}
+
+impl MySqlTx {
+    async fn begin(pool: &MySqlPool) -> Result<Self, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        if let Err(e) = (&mut *conn).execute("BEGIN").await {
+            conn.close_on_drop();
+            return Err(e);
+        }
+        Ok(Self { conn: Some(conn) })
+    }
+
+    async fn finish(mut self, commit: bool) -> Result<(), sqlx::Error> {
+        let mut conn = self.conn.take().expect("MySqlTx ends once");
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        let result = (&mut *conn).execute(end).await;
+        let released = (&mut *conn).execute("DO RELEASE_ALL_LOCKS()").await;
+        if result.is_err() || released.is_err() {
+            // The session's state is unknown: never hand it to another request.
+            conn.close_on_drop();
+        }
+        result.map(|_| ())
+    }
+}
+
+impl Drop for MySqlTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            // Unfinished: closing the session rolls back and releases its named locks.
+            conn.close_on_drop();
+        }
+    }
+}
+
 impl SqliteStore {
     /// The single-connection writer pool.
     pub fn writer(&self) -> &SqlitePool {
@@ -139,6 +224,8 @@ pub enum Database {
     Sqlite(SqliteStore),
     /// PostgreSQL server.
     Postgres(PgStore),
+    /// MySQL or MariaDB server.
+    MySql(MySqlStore),
 }
 
 /// An open transaction on either backend. Dropping it rolls back.
@@ -148,11 +235,14 @@ pub enum Tx {
     Sqlite(SqliteTx),
     /// PostgreSQL transaction.
     Postgres(sqlx::Transaction<'static, Postgres>),
+    /// MySQL / MariaDB transaction (`READ COMMITTED`).
+    MySql(MySqlTx),
 }
 
 impl Database {
     /// Connects to `url`: `sqlite://path` (the file is created when missing; `sqlite::memory:`
-    /// is refused, one process must see one database) or `postgres://…`.
+    /// is refused, one process must see one database), `postgres://…` or `mysql://…`
+    /// (MySQL 8.0+, MariaDB 10.6+; also `mariadb://…`).
     ///
     /// Does not run migrations; see [`Database::migrate`].
     ///
@@ -185,6 +275,12 @@ impl Database {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let opts = PgConnectOptions::from_str(url)?;
             Self::connect_postgres(opts, options).await
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            let url = url
+                .strip_prefix("mariadb:")
+                .map_or_else(|| url.to_owned(), |rest| format!("mysql:{rest}"));
+            let opts = MySqlConnectOptions::from_str(&url)?;
+            Self::connect_mysql(opts, options).await
         } else {
             Err(StoreError::UnsupportedUrl(url.to_owned()))
         }
@@ -214,6 +310,44 @@ impl Database {
         Ok(Self::Postgres(PgStore { pool }))
     }
 
+    /// Connects to MySQL / MariaDB with explicit connect options. Each new connection is
+    /// set to `READ COMMITTED` (see [`MySqlStore`] for why) with `innodb_lock_wait_timeout`
+    /// and `lock_wait_timeout` = [`DbOptions::lock_timeout`] rounded up to whole seconds.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the server cannot be reached.
+    pub async fn connect_mysql(
+        opts: MySqlConnectOptions,
+        options: &DbOptions,
+    ) -> Result<Self, StoreError> {
+        let lock_secs = options
+            .lock_timeout
+            .as_millis()
+            .div_ceil(1000)
+            .clamp(1, 1_073_741_824);
+        // innodb_lock_wait_timeout bounds row-lock waits, lock_wait_timeout metadata-lock
+        // waits (a table held by DDL or LOCK TABLES; default one day): both end in error
+        // 1205, which is `StoreError::Unavailable` (503), never a stuck request.
+        let init = format!(
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+             SET SESSION innodb_lock_wait_timeout = {lock_secs}; \
+             SET SESSION lock_wait_timeout = {lock_secs}"
+        );
+        let pool = PoolOptions::<MySql>::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |conn, _| {
+                let init = init.clone();
+                Box::pin(async move {
+                    conn.execute(init.as_str()).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await?;
+        Ok(Self::MySql(MySqlStore { pool }))
+    }
+
     /// Applies oncely's embedded migrations (idempotency tables). Safe to run from several
     /// processes at once; applications with their own tables run their own migrator too
     /// (migration versions 1–9999 belong to oncely).
@@ -224,12 +358,13 @@ impl Database {
         self.run_migrator(
             sqlx::migrate!("./migrations/sqlite"),
             sqlx::migrate!("./migrations/postgres"),
+            sqlx::migrate!("./migrations/mysql"),
         )
         .await
     }
 
-    /// Runs a pair of migrators (one per backend) against this database, tolerating
-    /// migrations applied by other migrators in the same database.
+    /// Runs one migrator per backend against this database (the one matching its backend),
+    /// tolerating migrations applied by other migrators in the same database.
     ///
     /// # Errors
     /// [`StoreError::Migrate`] when a migration fails.
@@ -237,21 +372,24 @@ impl Database {
         &self,
         sqlite: sqlx::migrate::Migrator,
         postgres: sqlx::migrate::Migrator,
+        mysql: sqlx::migrate::Migrator,
     ) -> Result<(), StoreError> {
         let mut m = match self {
             Self::Sqlite(_) => sqlite,
             Self::Postgres(_) => postgres,
+            Self::MySql(_) => mysql,
         };
         m.set_ignore_missing(true);
         match self {
             Self::Sqlite(s) => m.run(&s.write).await,
             Self::Postgres(p) => m.run(&p.pool).await,
+            Self::MySql(p) => m.run(&p.pool).await,
         }
         .map_err(StoreError::Migrate)
     }
 
     /// Begins a transaction: `BEGIN IMMEDIATE` on SQLite, `BEGIN` (READ COMMITTED) on
-    /// PostgreSQL.
+    /// PostgreSQL and MySQL.
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when no connection can be had within the acquire timeout.
@@ -271,6 +409,7 @@ impl Database {
                 })
             }
             Self::Postgres(p) => Tx::Postgres(p.pool.begin().await?),
+            Self::MySql(p) => Tx::MySql(MySqlTx::begin(&p.pool).await?),
         })
     }
 
@@ -279,6 +418,7 @@ impl Database {
         match self {
             Self::Sqlite(_) => Backend::Sqlite,
             Self::Postgres(_) => Backend::Postgres,
+            Self::MySql(_) => Backend::MySql,
         }
     }
 
@@ -302,6 +442,7 @@ impl Database {
                 s.read.close().await;
             }
             Self::Postgres(p) => p.pool.close().await,
+            Self::MySql(p) => p.pool.close().await,
         }
     }
 
@@ -309,7 +450,7 @@ impl Database {
     pub fn as_sqlite(&self) -> Option<(&SqlitePool, &SqlitePool)> {
         match self {
             Self::Sqlite(s) => Some((&s.write, &s.read)),
-            Self::Postgres(_) => None,
+            Self::Postgres(_) | Self::MySql(_) => None,
         }
     }
 
@@ -317,7 +458,15 @@ impl Database {
     pub fn as_postgres(&self) -> Option<&PgPool> {
         match self {
             Self::Postgres(p) => Some(&p.pool),
-            Self::Sqlite(_) => None,
+            Self::Sqlite(_) | Self::MySql(_) => None,
+        }
+    }
+
+    /// The MySQL / MariaDB pool, if this is MySQL.
+    pub fn as_mysql(&self) -> Option<&MySqlPool> {
+        match self {
+            Self::MySql(p) => Some(&p.pool),
+            Self::Sqlite(_) | Self::Postgres(_) => None,
         }
     }
 }
@@ -331,6 +480,7 @@ impl Tx {
         match self {
             Self::Sqlite(t) => t.finish(true).await?,
             Self::Postgres(t) => t.commit().await?,
+            Self::MySql(t) => t.finish(true).await?,
         }
         Ok(())
     }
@@ -344,6 +494,7 @@ impl Tx {
         match self {
             Self::Sqlite(t) => t.finish(false).await?,
             Self::Postgres(t) => t.rollback().await?,
+            Self::MySql(t) => t.finish(false).await?,
         }
         Ok(())
     }
@@ -353,16 +504,19 @@ impl Tx {
         match self {
             Self::Sqlite(_) => Backend::Sqlite,
             Self::Postgres(_) => Backend::Postgres,
+            Self::MySql(_) => Backend::MySql,
         }
     }
 }
 
 /// Runs the same expression on whichever connection a [`Tx`] holds. The expression is
-/// compiled once per backend, so one SQL text (using `$1`-style placeholders, which both
-/// SQLite and PostgreSQL accept) serves both.
+/// compiled once per backend, so one SQL text serves all three: write it with `$1`-style
+/// placeholders (SQLite and PostgreSQL) and pass it through [`sql_text`], which turns them
+/// into MySQL's `?` on a MySQL connection.
 ///
 /// ```text
-/// let n = on_tx!(tx, |c| sqlx::query("DELETE FROM t WHERE id = $1").bind(id).execute(c).await)?;
+/// let n = on_tx!(tx, |c| sqlx::query(&sql_text(c, "DELETE FROM t WHERE id = $1"))
+///     .bind(id).execute(c).await)?;
 /// ```
 #[macro_export]
 macro_rules! on_tx {
@@ -376,12 +530,16 @@ macro_rules! on_tx {
                 let $c = &mut **t;
                 $body
             }
+            $crate::Tx::MySql(t) => {
+                let $c = &mut **t;
+                $body
+            }
         }
     };
 }
 
-/// Runs the same expression on a [`Database`]'s read pool (the SQLite reader pool or the
-/// PostgreSQL pool), compiled once per backend like [`on_tx!`].
+/// Runs the same expression on a [`Database`]'s read pool (the SQLite reader pool, the
+/// PostgreSQL or the MySQL pool), compiled once per backend like [`on_tx!`].
 #[macro_export]
 macro_rules! on_pool {
     ($db:expr, |$p:ident| $body:expr) => {
@@ -394,13 +552,18 @@ macro_rules! on_pool {
                 let $p = s.pool();
                 $body
             }
+            $crate::Database::MySql(s) => {
+                let $p = s.pool();
+                $body
+            }
         }
     };
 }
 
-/// Runs the same expression on a [`Database`]'s *write* side (the SQLite single-writer pool
-/// or the PostgreSQL pool), compiled once per backend like [`on_tx!`]: for statements
-/// outside a caller's transaction whose SQL text is the same on both backends.
+/// Runs the same expression on a [`Database`]'s *write* side (the SQLite single-writer pool,
+/// the PostgreSQL or the MySQL pool), compiled once per backend like [`on_tx!`]: for
+/// statements outside a caller's transaction whose SQL text is the same on every backend
+/// (placeholders through [`sql_text`]).
 #[macro_export]
 macro_rules! on_writer {
     ($db:expr, |$p:ident| $body:expr) => {
@@ -410,6 +573,10 @@ macro_rules! on_writer {
                 $body
             }
             $crate::Database::Postgres(s) => {
+                let $p = s.pool();
+                $body
+            }
+            $crate::Database::MySql(s) => {
                 let $p = s.pool();
                 $body
             }

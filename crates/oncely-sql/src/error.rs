@@ -20,8 +20,9 @@ pub enum StoreError {
     /// been completed already). Nothing was changed.
     #[error("the idempotency record is not held by this reservation")]
     NotHeld,
-    /// A database URL that is not `sqlite:`, `postgres:` or `postgresql:`.
-    #[error("unsupported database URL scheme in {0:?}; use sqlite://, postgres://")]
+    /// A database URL that is not `sqlite:`, `postgres:`, `postgresql:`, `mysql:` or
+    /// `mariadb:`.
+    #[error("unsupported database URL scheme in {0:?}; use sqlite://, postgres://, mysql://")]
     UnsupportedUrl(String),
 }
 
@@ -42,6 +43,22 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// The MySQL / MariaDB server error number (`ER_…`), if `e` is one.
+pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(sqlx::mysql::MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// MySQL `ER_LOCK_DEADLOCK` (1213) or `ER_LOCK_WAIT_TIMEOUT` (1205): InnoDB gave up on a
+/// row lock. The statement (1205) or the whole transaction (1213) was rolled back.
+pub(crate) fn is_mysql_lock_conflict(e: &sqlx::Error) -> bool {
+    matches!(mysql_error_number(e), Some(1205 | 1213))
+}
+
 /// Connection-level failures: I/O, TLS, pool exhaustion or shutdown, protocol breakage,
 /// and server errors of SQLSTATE class 08 (connection exception) or 57P0x (shutdown).
 fn is_unreachable(e: &sqlx::Error) -> bool {
@@ -52,18 +69,36 @@ fn is_unreachable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            // PostgreSQL: connection exception (08), shutdown (57P0x), too many connections
-            // (53300), lock_timeout (55P03), statement_timeout (57014), serialization
-            // failure (40001), deadlock (40P01): all transient, retry later.
-            // SQLite (primary result code = extended code & 0xff): BUSY (5), LOCKED (6),
-            // IOERR (10), FULL (13), CANTOPEN (14).
-            c.starts_with("08")
-                || c.starts_with("57P0")
-                || matches!(c.as_ref(), "53300" | "55P03" | "57014" | "40001" | "40P01")
-                || c.parse::<i32>()
-                    .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14))
-        }),
+        sqlx::Error::Database(db) => {
+            if let Some(n) = mysql_error_number(e) {
+                // MySQL / MariaDB: too many connections (1040), shutdown in progress (1053),
+                // lock wait timeout (1205), deadlock (1213), query interrupted (1317),
+                // connection killed (MariaDB 1927), statement time limit (MariaDB 1969,
+                // MySQL 3024), idle session closed by the server (MySQL 4031); plus
+                // SQLSTATE class 08 below (1040, 1053, lost connections).
+                if matches!(
+                    n,
+                    1040 | 1053 | 1205 | 1213 | 1317 | 1927 | 1969 | 3024 | 4031
+                ) {
+                    return true;
+                }
+            }
+            let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
+            db.code().is_some_and(|c| {
+                // PostgreSQL: connection exception (08), shutdown (57P0x), too many
+                // connections (53300), lock_timeout (55P03), statement_timeout (57014),
+                // serialization failure (40001), deadlock (40P01): all transient, retry
+                // later. MySQL: 08xxx and 40001 (deadlock) too.
+                // SQLite (primary result code = extended code & 0xff): BUSY (5), LOCKED (6),
+                // IOERR (10), FULL (13), CANTOPEN (14).
+                c.starts_with("08")
+                    || c.starts_with("57P0")
+                    || matches!(c.as_ref(), "53300" | "55P03" | "57014" | "40001" | "40P01")
+                    || (sqlite
+                        && c.parse::<i32>()
+                            .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14)))
+            })
+        }
         _ => false,
     }
 }

@@ -101,8 +101,38 @@ const CLAIM_SQLITE: &str = "SELECT 1 AS claimed, r.state, \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
      ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
 
+/// The record, written once at completion; a conflict on the primary key inserts nothing.
+const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, key, \
+     fingerprint, route_digest, state, owner, response_status, response_headers, \
+     response_body, created_at, completed_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
+
+/// MySQL / MariaDB: a plain insert; `ER_DUP_ENTRY` (1062) tells the conflict.
+const INSERT_RECORD_MYSQL: &str = "INSERT INTO oncely_idempotency (tenant, operation, `key`, \
+     fingerprint, route_digest, state, owner, response_status, response_headers, \
+     response_body, created_at, completed_at, expires_at) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// MySQL / MariaDB spelling of [`SELECT_RECORD`] (`key` is a reserved word there).
+const SELECT_RECORD_MYSQL: &str = "SELECT state, fingerprint, route_digest, response_status, \
+     response_headers, response_body, created_at, completed_at, expires_at \
+     FROM oncely_idempotency WHERE tenant = ? AND operation = ? AND `key` = ?";
+
+/// MySQL / MariaDB claim: a *session*-scoped named lock taken without waiting (timeout 0),
+/// named after the database and the key's hash (64 characters at most, as MySQL requires),
+/// so deployments in separate databases of one server never contend. Returns 1 when this
+/// session holds it, 0 when another session does. [`crate::MySqlTx`] releases it
+/// (`RELEASE_ALL_LOCKS()`) as soon as the transaction ends, before the connection goes
+/// back to the pool, or closes the session if the transaction is dropped unfinished.
+const CLAIM_MYSQL: &str = "SELECT GET_LOCK(CONCAT('oncely:', \
+     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0)";
+
 /// The claim's row: every record column is NULL when no record exists.
-#[derive(sqlx::FromRow)]
+#[derive(sqlx::FromRow, Default)]
 struct ClaimRow {
     claimed: bool,
     state: Option<String>,
@@ -204,10 +234,15 @@ impl IdempotencyStore {
     /// - PostgreSQL: a transaction-scoped advisory *try*-lock on the key, so a request never
     ///   blocks on another in-flight request with the same key (64 requests on one hot key
     ///   do not pin 64 connections): it gets [`Reservation::InFlight`] at once;
-    /// - SQLite: the transaction already holds the database's write lock (`BEGIN IMMEDIATE`).
+    /// - SQLite: the transaction already holds the database's write lock (`BEGIN IMMEDIATE`);
+    /// - MySQL / MariaDB: a named lock, `GET_LOCK(name, 0)` (no wait), then a read of the
+    ///   record — the same "try, never queue" behaviour as PostgreSQL's try-lock. A named
+    ///   lock belongs to the *session*, not the transaction, so [`crate::MySqlTx`] releases
+    ///   it when the transaction ends (or closes the connection when dropped unfinished).
     ///
     /// The claim only avoids wasted work. The guarantee is the UNIQUE primary key checked by
-    /// the `INSERT … ON CONFLICT DO NOTHING` in [`IdempotencyStore::complete`]: two
+    /// the insert in [`IdempotencyStore::complete`] (`ON CONFLICT DO NOTHING`; on MySQL the
+    /// duplicate-key error `ER_DUP_ENTRY`, SQLSTATE 23000): two
     /// transactions can never both commit a record for one key, and the loser's business
     /// writes roll back with it. Nothing here is SELECT-then-INSERT: the SELECT decides
     /// only what to *answer*, never whether a second execution may commit.
@@ -228,6 +263,28 @@ impl IdempotencyStore {
         let operation = scope.operation.as_str();
         let lock_id = advisory_lock_id(tenant, operation, key.as_str());
         let row: ClaimRow = match tx {
+            Tx::MySql(t) => {
+                // Lock first, then read: a record committed by the previous holder before
+                // it released the lock is visible to this read (READ COMMITTED: every
+                // statement sees the latest commits).
+                let got: Option<i64> = sqlx::query_scalar(CLAIM_MYSQL)
+                    .bind(format!("{lock_id:016x}"))
+                    .fetch_one(&mut **t)
+                    .await?;
+                let record: Option<RecordRow> = sqlx::query_as(SELECT_RECORD_MYSQL)
+                    .bind(tenant)
+                    .bind(operation)
+                    .bind(key.as_str())
+                    .fetch_optional(&mut **t)
+                    .await?;
+                if let Some(record) = record {
+                    return Ok(Reservation::Existing(record.into_record()?));
+                }
+                ClaimRow {
+                    claimed: got == Some(1),
+                    ..ClaimRow::default()
+                }
+            }
             Tx::Sqlite(t) => {
                 sqlx::query_as(CLAIM_SQLITE)
                     .bind(tenant)
@@ -266,7 +323,8 @@ impl IdempotencyStore {
     /// Writes the final record of the reservation `token` in `tx`: state
     /// ([`RecordState::for_status`]), response, `completed_at = now_ms` and
     /// `expires_at = now_ms + retention`, with `INSERT … ON CONFLICT DO NOTHING` under the
-    /// primary key. The caller commits `tx`.
+    /// primary key (MySQL: a plain `INSERT` whose `ER_DUP_ENTRY`, deadlock or lock-wait
+    /// timeout means the same as a conflict). The caller commits `tx`.
     ///
     /// # Errors
     /// [`StoreError::NotHeld`] when another transaction committed a record for this key
@@ -283,31 +341,43 @@ impl IdempotencyStore {
         let expires_at =
             now_ms.saturating_add(i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX));
         let headers = response.headers_json();
-        let n = on_tx!(tx, |c| {
-            sqlx::query(
-            "INSERT INTO oncely_idempotency (tenant, operation, key, fingerprint, route_digest, \
-             state, owner, response_status, response_headers, response_body, created_at, \
-             completed_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(&token.tenant)
-        .bind(&token.operation)
-        .bind(&token.key)
-        .bind(&token.fingerprint.full()[..])
-        .bind(&token.fingerprint.route()[..])
-        .bind(state.as_str())
-        .bind(&token.owner)
-        .bind(i32::from(response.status))
-        .bind(&headers)
-        .bind(&response.body)
-        .bind(token.created_at)
-        .bind(now_ms)
-        .bind(expires_at)
-        .execute(c)
-        .await
-        .map(|r| r.rows_affected())
-        })?;
+        let (sql, ignores_conflict) = match tx {
+            Tx::MySql(_) => (INSERT_RECORD_MYSQL, false),
+            _ => (INSERT_RECORD, true),
+        };
+        let inserted = on_tx!(tx, |c| sqlx::query(sql)
+            .bind(&token.tenant)
+            .bind(&token.operation)
+            .bind(&token.key)
+            .bind(&token.fingerprint.full()[..])
+            .bind(&token.fingerprint.route()[..])
+            .bind(state.as_str())
+            .bind(&token.owner)
+            .bind(i32::from(response.status))
+            .bind(&headers)
+            .bind(&response.body)
+            .bind(token.created_at)
+            .bind(now_ms)
+            .bind(expires_at)
+            .execute(c)
+            .await
+            .map(|r| r.rows_affected()));
+        let n = match inserted {
+            Ok(n) => n,
+            // MySQL has no `ON CONFLICT DO NOTHING` that ignores only the key conflict
+            // (`INSERT IGNORE` also turns truncation and other errors into warnings), so
+            // the duplicate-key error itself is the "already recorded" signal. A deadlock
+            // (1213) or lock-wait timeout (1205) here means another transaction is writing
+            // the same key: this one has lost either way, so it rolls back and answers
+            // with the winner's record (replay) or, while that is uncommitted, 409.
+            Err(e)
+                if !ignores_conflict
+                    && (is_unique_violation(&e) || crate::error::is_mysql_lock_conflict(&e)) =>
+            {
+                0
+            }
+            Err(e) => return Err(e.into()),
+        };
         if n == 1 {
             Ok(())
         } else {
@@ -341,13 +411,22 @@ impl IdempotencyStore {
                     .fetch_optional(p.pool())
                     .await?
             }
+            Database::MySql(p) => {
+                sqlx::query_as(SELECT_RECORD_MYSQL)
+                    .bind(scope.tenant.as_str())
+                    .bind(scope.operation.as_str())
+                    .bind(key.as_str())
+                    .fetch_optional(p.pool())
+                    .await?
+            }
         };
         row.map(RecordRow::into_record).transpose()
     }
 
     /// Deletes up to `batch` finished records whose `expires_at` is before `now_ms`
     /// (PostgreSQL: the locked batch is a materialised CTE, so the `LIMIT` holds — an
-    /// `IN (SELECT … LIMIT … SKIP LOCKED)` subquery may be re-run and delete more).
+    /// `IN (SELECT … LIMIT … SKIP LOCKED)` subquery may be re-run and delete more; MySQL:
+    /// `DELETE … ORDER BY expires_at LIMIT n`).
     /// Records in `processing` or `unknown` are never collected. Returns how many rows were
     /// deleted; call again while it returns `batch`.
     ///
@@ -372,6 +451,16 @@ impl IdempotencyStore {
                  FOR UPDATE SKIP LOCKED) \
                  DELETE FROM oncely_idempotency i USING doomed d \
                  WHERE i.tenant = d.tenant AND i.operation = d.operation AND i.key = d.key",
+            )
+            .bind(now_ms)
+            .bind(batch)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+            // A single-table DELETE takes its own LIMIT.
+            Database::MySql(p) => sqlx::query(
+                "DELETE FROM oncely_idempotency WHERE expires_at < ? \
+                 AND state IN ('succeeded', 'failed') ORDER BY expires_at LIMIT ?",
             )
             .bind(now_ms)
             .bind(batch)

@@ -34,9 +34,10 @@ impl InboxStore {
 
     /// Records that `consumer` received message `id` at `now_ms` (Unix ms), inside `tx`.
     ///
-    /// On PostgreSQL a concurrent transaction recording the same pair waits for the first
-    /// to finish: after its commit this one sees [`InboxOutcome::Duplicate`], after its
-    /// rollback [`InboxOutcome::New`]. SQLite transactions are serialised by its writer.
+    /// On PostgreSQL and MySQL a concurrent transaction recording the same pair waits for
+    /// the first to finish (at most the lock timeout): after its commit this one sees
+    /// [`InboxOutcome::Duplicate`], after its rollback [`InboxOutcome::New`]. SQLite
+    /// transactions are serialised by its writer.
     ///
     /// # Errors
     /// [`StoreError`] when the database fails (the caller rolls back).
@@ -47,6 +48,25 @@ impl InboxStore {
         now_ms: i64,
     ) -> Result<InboxOutcome, StoreError> {
         let id = id.to_string();
+        if let Tx::MySql(t) = tx {
+            // A plain insert: `ER_DUP_ENTRY` (1062, SQLSTATE 23000) is the redelivery signal
+            // (`INSERT IGNORE` would also silence unrelated errors).
+            let inserted = sqlx::query(
+                "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES (?, ?, ?)",
+            )
+            .bind(consumer)
+            .bind(&id)
+            .bind(now_ms)
+            .execute(&mut **t)
+            .await;
+            return match inserted {
+                Ok(_) => Ok(InboxOutcome::New),
+                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+                    Ok(InboxOutcome::Duplicate)
+                }
+                Err(e) => Err(e.into()),
+            };
+        }
         let n = on_tx!(tx, |c| sqlx::query(
             "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3) \
              ON CONFLICT (consumer, message_id) DO NOTHING",
@@ -89,6 +109,14 @@ impl InboxStore {
                  WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  DELETE FROM oncely_inbox i USING doomed d \
                  WHERE i.consumer = d.consumer AND i.message_id = d.message_id",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+            Database::MySql(p) => sqlx::query(
+                "DELETE FROM oncely_inbox WHERE received_at < ? ORDER BY received_at LIMIT ?",
             )
             .bind(before_ms)
             .bind(batch)

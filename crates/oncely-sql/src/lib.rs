@@ -1,4 +1,5 @@
-//! SQL stores for oncely on [`sqlx`]: SQLite (the embedded default) and PostgreSQL.
+//! SQL stores for oncely on [`sqlx`]: SQLite (the embedded default), PostgreSQL and
+//! MySQL 8.0+ / MariaDB 10.6+.
 //!
 //! Every guarantee rests on a UNIQUE constraint checked by the database, never on
 //! SELECT-then-INSERT or a lock with a TTL. All writes can run inside the caller's
@@ -6,8 +7,11 @@
 //! response commit together or not at all.
 //!
 //! # Layout
-//! - `db` — [`Database`] (a pool per backend: [`SqliteStore`], [`PgStore`]), [`Tx`] (a
-//!   transaction on either), [`DbOptions`], connection and embedded migrations.
+//! - `db` — [`Database`] (a pool per backend: [`SqliteStore`], [`PgStore`],
+//!   [`MySqlStore`]), [`Tx`] (a transaction on any of them), [`DbOptions`], connection and
+//!   embedded migrations.
+//! - `dialect` — [`sql_text`]: one SQL text with `$n` placeholders for every backend
+//!   (rewritten to `?` on MySQL).
 //! - `idempotency` — [`IdempotencyStore`]: atomic reservation, lookup, completion and
 //!   the retention collector over table `oncely_idempotency`.
 //! - `outbox` — [`OutboxStore`]: the transactional outbox over table `oncely_outbox`
@@ -19,12 +23,17 @@
 //!   failures.
 
 mod db;
+mod dialect;
 mod error;
 mod idempotency;
 mod inbox;
 mod outbox;
+mod outbox_mysql;
 
-pub use db::{Backend, Database, DbOptions, PgStore, SqliteStore, SqliteTx, Tx};
+pub use db::{
+    Backend, Database, DbOptions, MySqlStore, MySqlTx, PgStore, SqliteStore, SqliteTx, Tx,
+};
+pub use dialect::{sql_text, Dialect};
 pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};

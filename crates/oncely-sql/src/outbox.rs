@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use oncely_core::MessageId;
 
-use crate::{on_tx, Database, StoreError, Tx};
+use crate::{on_tx, outbox_mysql, sql_text, Database, StoreError, Tx};
 
 /// An event to publish, written with [`OutboxStore::enqueue`] in the transaction of the
 /// business change it announces.
@@ -111,7 +111,7 @@ pub struct OutboxRow {
 }
 
 #[derive(sqlx::FromRow)]
-struct Row {
+pub(crate) struct Row {
     id: i64,
     message_id: String,
     topic: String,
@@ -374,8 +374,9 @@ impl ClaimedBatch {
 ///   *head* of each partition — its oldest pending row — so a row whose transaction commits
 ///   after a higher-numbered row is still found, and at most one event per partition key is
 ///   in flight across all relays, which keeps each partition's events in order however
-///   many relays run. PostgreSQL locks candidates with `FOR UPDATE SKIP LOCKED`, so relays
-///   never wait on each other; SQLite serialises claims on its single writer.
+///   many relays run. PostgreSQL and MySQL 8.0+ / MariaDB 10.6+ lock candidates with
+///   `FOR UPDATE SKIP LOCKED`, so relays never wait on each other; SQLite serialises claims
+///   on its single writer.
 /// - **Settle**: [`OutboxStore::mark_published`] after the broker confirmed;
 ///   [`OutboxStore::reschedule`] after a failure (backoff computed by the caller; `dead`
 ///   after the attempt limit). Both act only on rows the caller still leases.
@@ -409,6 +410,26 @@ impl OutboxStore {
         let now = oncely_core::now_ms();
         let headers = serde_json::to_string(&event.headers)
             .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
+        if let Tx::MySql(t) = tx {
+            // No `INSERT … RETURNING` on MySQL: the id is the connection's last insert id.
+            let id = sqlx::query(
+                "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
+                 payload, headers, created_at, available_at, attempts, state) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, 'pending')",
+            )
+            .bind(event.message_id.to_string())
+            .bind(&event.topic)
+            .bind(&event.partition_key)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(&headers)
+            .bind(now)
+            .bind(now)
+            .execute(&mut **t)
+            .await?
+            .last_insert_id();
+            return i64::try_from(id).map_err(|_| StoreError::Corrupt(format!("outbox id {id}")));
+        }
         let id: i64 = on_tx!(tx, |c| {
             sqlx::query_scalar(
             "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, payload, \
@@ -505,6 +526,9 @@ impl OutboxStore {
                 .await?;
                 tx.commit().await?;
                 rows
+            }
+            Database::MySql(p) => {
+                outbox_mysql::claim(p.pool(), owner, until, now_ms, batch).await?
             }
         };
         let mut rows = rows
@@ -648,6 +672,9 @@ impl OutboxStore {
             .execute(p.pool())
             .await?
             .rows_affected(),
+            Database::MySql(p) => {
+                outbox_mysql::mark_published(p.pool(), owner, ids, now_ms).await?
+            }
         };
         Ok(n)
     }
@@ -674,6 +701,15 @@ impl OutboxStore {
                    locked_by = NULL, locked_until = NULL, available_at = $2, \
                    state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
                    WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state";
+        if let Database::MySql(p) = &self.db {
+            let state =
+                outbox_mysql::reschedule(p.pool(), owner, id, &error, retry_at_ms, max).await?;
+            return Ok(match state.as_deref() {
+                None => Rescheduled::NotHeld,
+                Some("dead") => Rescheduled::Dead,
+                Some(_) => Rescheduled::Retry,
+            });
+        }
         let state: Option<String> = crate::on_writer!(&self.db, |p| sqlx::query_scalar(sql)
             .bind(&error)
             .bind(retry_at_ms)
@@ -699,7 +735,7 @@ impl OutboxStore {
         for id in ids {
             let sql = "UPDATE oncely_outbox SET locked_by = NULL, locked_until = NULL \
                        WHERE id = $1 AND locked_by = $2 AND state = 'pending'";
-            n += crate::on_writer!(&self.db, |p| sqlx::query(sql)
+            n += crate::on_writer!(&self.db, |p| sqlx::query(&sql_text(p, sql))
                 .bind(id)
                 .bind(owner)
                 .execute(p)
@@ -722,6 +758,11 @@ impl OutboxStore {
         let (pending, oldest, dead): (i64, Option<i64>, i64) = match &self.db {
             Database::Sqlite(s) => sqlx::query_as(sql).fetch_one(s.reader()).await?,
             Database::Postgres(p) => sqlx::query_as(sql).fetch_one(p.pool()).await?,
+            Database::MySql(p) => {
+                sqlx::query_as(outbox_mysql::STATS)
+                    .fetch_one(p.pool())
+                    .await?
+            }
         };
         Ok(OutboxStats {
             pending: u64::try_from(pending).unwrap_or(0),
@@ -748,6 +789,15 @@ impl OutboxStore {
                     .bind(id)
                     .fetch_optional(p.pool())
                     .await?
+            }
+            Database::MySql(p) => {
+                sqlx::query_as(&format!(
+                    "SELECT {} FROM oncely_outbox WHERE id = ?",
+                    outbox_mysql::COLUMNS
+                ))
+                .bind(id)
+                .fetch_optional(p.pool())
+                .await?
             }
         };
         row.map(Row::into_row).transpose()
@@ -778,6 +828,17 @@ impl OutboxStore {
                     .fetch_all(p.pool())
                     .await?
             }
+            Database::MySql(p) => {
+                sqlx::query_as(&format!(
+                    "SELECT {} FROM oncely_outbox WHERE state = 'dead' AND id > ? \
+                     ORDER BY id LIMIT ?",
+                    outbox_mysql::COLUMNS
+                ))
+                .bind(after_id)
+                .bind(limit)
+                .fetch_all(p.pool())
+                .await?
+            }
         };
         rows.into_iter().map(Row::into_row).collect()
     }
@@ -798,20 +859,22 @@ impl OutboxStore {
             RequeueTarget::Id(id) => (
                 "UPDATE oncely_outbox SET state = 'pending', attempts = 0, available_at = $1, \
                  locked_by = NULL, locked_until = NULL WHERE state = 'dead' AND id = $2",
-                id,
+                Some(id),
             ),
             RequeueTarget::All => (
                 "UPDATE oncely_outbox SET state = 'pending', attempts = 0, available_at = $1, \
-                 locked_by = NULL, locked_until = NULL WHERE state = 'dead' AND $2 = $2",
-                0,
+                 locked_by = NULL, locked_until = NULL WHERE state = 'dead'",
+                None,
             ),
         };
-        let n = crate::on_writer!(&self.db, |p| sqlx::query(sql)
-            .bind(now_ms)
-            .bind(id)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()))?;
+        let n = crate::on_writer!(&self.db, |p| {
+            let sql = sql_text(p, sql);
+            let mut q = sqlx::query(&sql).bind(now_ms);
+            if let Some(id) = id {
+                q = q.bind(id);
+            }
+            q.execute(p).await.map(|r| r.rows_affected())
+        })?;
         Ok(n)
     }
 
@@ -842,6 +905,12 @@ impl OutboxStore {
             .execute(p.pool())
             .await?
             .rows_affected(),
+            Database::MySql(p) => sqlx::query(outbox_mysql::DELETE_PUBLISHED)
+                .bind(before_ms)
+                .bind(batch)
+                .execute(p.pool())
+                .await?
+                .rows_affected(),
         };
         Ok(n)
     }

@@ -1,4 +1,4 @@
-//! Idempotency store conformance: the same checks on SQLite and PostgreSQL.
+//! Idempotency store conformance: the same checks on SQLite, PostgreSQL and MySQL/MariaDB.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use oncely_core::{
     Fingerprint, IdempotencyKey, Operation, RecordState, Scope, StoredResponse, TenantId,
 };
 use oncely_sql::{
-    on_pool, on_tx, IdempotencyStore, InboxOutcome, InboxStore, Reservation, StoreError,
+    on_pool, on_tx, Database, IdempotencyStore, InboxOutcome, InboxStore, Reservation, StoreError,
 };
 use oncely_testkit::{on_every_backend, TestDb};
 
@@ -43,6 +43,7 @@ on_every_backend!(
     rollback_leaves_the_key_free,
     same_key_in_other_tenant_is_independent,
     concurrent_reservations_of_one_key_reserve_once,
+    key_claim_ends_with_its_transaction_even_when_dropped_unfinished,
     collector_deletes_only_expired_finished_records,
     migrations_are_idempotent,
     inbox_records_a_message_once_per_consumer_and_a_rollback_forgets_it,
@@ -205,18 +206,27 @@ async fn collector_deletes_only_expired_finished_records(t: TestDb) {
     // `unknown`: neither is ever collected.
     let mut tx = t.db.begin().await.unwrap();
     for (k, state) in [("p", "processing"), ("u", "unknown")] {
-        on_tx!(&mut tx, |c| sqlx::query(
-            "INSERT INTO oncely_idempotency (tenant, operation, key, fingerprint, route_digest, \
-             state, owner, created_at, expires_at) VALUES ($1, $2, $3, $4, $4, $5, 'o', 0, 0)"
-        )
-        .bind("t1")
-        .bind(sc.operation.as_str())
-        .bind(k)
-        .bind(&[0_u8; 32][..])
-        .bind(state)
-        .execute(c)
-        .await
-        .map(drop))
+        // `key` is a reserved word on MySQL.
+        let key_column = if matches!(t.db, Database::MySql(_)) {
+            "`key`"
+        } else {
+            "key"
+        };
+        let sql = format!(
+            "INSERT INTO oncely_idempotency (tenant, operation, {key_column}, fingerprint, \
+             route_digest, state, owner, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'o', 0, 0)"
+        );
+        on_tx!(&mut tx, |c| sqlx::query(&oncely_sql::sql_text(c, &sql))
+            .bind("t1")
+            .bind(sc.operation.as_str())
+            .bind(k)
+            .bind(&[0_u8; 32][..])
+            .bind(&[0_u8; 32][..])
+            .bind(state)
+            .execute(c)
+            .await
+            .map(drop))
         .unwrap();
     }
     tx.commit().await.unwrap();
@@ -314,4 +324,101 @@ async fn inbox_collector_deletes_only_rows_past_retention_in_bounded_batches(t: 
     .await)
     .unwrap();
     assert_eq!(left, 2);
+}
+
+/// A claim lasts exactly as long as its transaction: after a rollback, after a commit that
+/// wrote nothing, and after a transaction dropped unfinished, another session (a second pool
+/// on the same database) can claim the key. On MySQL the claim is a session-scoped named lock,
+/// so this proves it is released before the connection goes back to the pool, and that a
+/// dropped transaction's session is closed rather than reused with the lock still held.
+async fn key_claim_ends_with_its_transaction_even_when_dropped_unfinished(t: TestDb) {
+    let first = store(&t).await;
+    let other = oncely_sql::Database::connect(&t.url, &oncely_sql::DbOptions::default())
+        .await
+        .unwrap();
+    let s2 = IdempotencyStore::new(other.clone(), Duration::from_secs(60));
+    let (sc, k, fprint) = (scope("t1"), key("claimed"), fp("{}"));
+    let reserve_on = |store: IdempotencyStore, db: oncely_sql::Database| {
+        let (sc, k) = (sc.clone(), k.clone());
+        async move {
+            let mut tx = db.begin().await.unwrap();
+            let r = store.reserve(&mut tx, &sc, &k, &fprint, 1).await.unwrap();
+            (tx, r)
+        }
+    };
+    for end in ["rollback", "commit", "drop"] {
+        let (tx, r) = reserve_on(first.clone(), t.db.clone()).await;
+        assert!(matches!(r, Reservation::Reserved(_)), "{end}: first claim");
+        match end {
+            "rollback" => tx.rollback().await.unwrap(),
+            "commit" => tx.commit().await.unwrap(),
+            _ => drop(tx),
+        }
+        // A dropped transaction is ended by the server closing its session: give it a
+        // moment, bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (tx2, r2) = reserve_on(s2.clone(), other.clone()).await;
+            tx2.rollback().await.unwrap();
+            match r2 {
+                Reservation::Reserved(_) => break,
+                Reservation::InFlight if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                _ => panic!("{end}: the claim outlived its transaction"),
+            }
+        }
+        // And the pooled connection that held it claims it again (nothing left behind).
+        let (tx3, r3) = reserve_on(first.clone(), t.db.clone()).await;
+        assert!(matches!(r3, Reservation::Reserved(_)), "{end}: reclaim");
+        tx3.rollback().await.unwrap();
+    }
+    other.close().await;
+}
+
+/// MySQL / MariaDB: a record insert that runs into another transaction's uncommitted row
+/// for the same key waits at most the lock timeout, and the lock-wait timeout (1205) is
+/// reported as `NotHeld` — the caller rolls back and answers with the winner's record or
+/// 409 — not as a failure (500) and never as a second record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_lock_wait_timeout_on_the_record_insert_is_not_held() {
+    let options = oncely_sql::DbOptions {
+        lock_timeout: Duration::from_secs(1),
+        ..oncely_sql::DbOptions::default()
+    };
+    let Some(t) = TestDb::with_options(oncely_testkit::TestBackend::MySql, &options).await else {
+        return;
+    };
+    let s = store(&t).await;
+    let (sc, k, f) = (scope("t1"), key("contended"), fp("{}"));
+    // Another writer inserted the key's row and has not committed (it bypassed the claim,
+    // as a process of an older version or a manual fix-up might).
+    let mut holder = t.db.begin().await.unwrap();
+    on_tx!(&mut holder, |c| sqlx::query(&oncely_sql::sql_text(
+        c,
+        "INSERT INTO oncely_idempotency (tenant, operation, `key`, fingerprint, route_digest, \
+         state, owner, created_at) VALUES ($1, $2, $3, $4, $5, 'processing', 'x', 0)"
+    ))
+    .bind("t1")
+    .bind(sc.operation.as_str())
+    .bind("contended")
+    .bind(&[0_u8; 32][..])
+    .bind(&[0_u8; 32][..])
+    .execute(c)
+    .await
+    .map(drop))
+    .unwrap();
+    let mut tx = t.db.begin().await.unwrap();
+    let Reservation::Reserved(token) = s.reserve(&mut tx, &sc, &k, &f, 1).await.unwrap() else {
+        panic!("the uncommitted row is invisible (READ COMMITTED) and the named lock is free");
+    };
+    let started = std::time::Instant::now();
+    let done = StoredResponse::new(201, [], vec![]);
+    assert!(matches!(
+        s.complete(&mut tx, token, &done, 2).await,
+        Err(StoreError::NotHeld)
+    ));
+    assert!(started.elapsed() < Duration::from_secs(4), "bounded wait");
+    tx.rollback().await.unwrap();
+    holder.rollback().await.unwrap();
 }

@@ -13,6 +13,13 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// `ONCELY_TEST_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test` (MariaDB 10.6+ or
+/// MySQL 8.0+; the user must be allowed to create databases).
+pub fn mysql_url() -> String {
+    std::env::var("ONCELY_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
 /// The backends the conformance suites run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TestBackend {
@@ -20,6 +27,8 @@ pub enum TestBackend {
     Sqlite,
     /// A fresh schema on the PostgreSQL test server.
     Postgres,
+    /// A fresh database (`t_<uuid>`) on the MySQL / MariaDB test server.
+    MySql,
 }
 
 /// A fresh, migrated-by-the-caller database for one test. Its `url` reaches the same
@@ -52,13 +61,16 @@ impl TestDb {
         match backend {
             TestBackend::Sqlite => Self::fresh("sqlite://", options).await,
             TestBackend::Postgres => Self::fresh(&postgres_url(), options).await,
+            TestBackend::MySql => Self::fresh(&mysql_url(), options).await,
         }
     }
 
     /// A fresh database next to `base_url`: for `sqlite:` a new file in a temporary
     /// directory (the path in `base_url` is ignored), for `postgres:` a new schema in the
-    /// database `base_url` names. `None` (after printing why) when PostgreSQL is unreachable
-    /// and services are not required.
+    /// database `base_url` names, for `mysql:` a new database `t_<uuid>` on that server
+    /// (MySQL has no schemas inside a database; `.ci/run` drops old `t_%` databases).
+    /// `None` (after printing why) when the server is unreachable and services are not
+    /// required.
     ///
     /// # Panics
     /// When the server is unreachable and [`require_services`] is set, or the schema
@@ -94,14 +106,35 @@ impl TestDb {
                         Ok(Err(e)) => e.to_string(),
                         _ => "timed out".to_owned(),
                     };
+                    let server = if base.starts_with("mysql:") {
+                        "MySQL"
+                    } else {
+                        "PostgreSQL"
+                    };
                     assert!(
                         !require_services(),
-                        "PostgreSQL at {base} is required but unreachable: {why}"
+                        "{server} at {base} is required but unreachable: {why}"
                     );
-                    eprintln!("SKIPPED: PostgreSQL at {base} unreachable ({why})");
+                    eprintln!("SKIPPED: {server} at {base} unreachable ({why})");
                     return None;
                 }
             };
+            if let Some(pool) = admin.as_mysql() {
+                sqlx::query(&format!("CREATE DATABASE {schema} CHARACTER SET utf8mb4"))
+                    .execute(pool)
+                    .await
+                    .expect("create test database");
+                admin.close().await;
+                let url = with_database(&base, &schema);
+                let db = Database::connect(&url, options)
+                    .await
+                    .expect("connect to test database");
+                return Some(Self {
+                    url,
+                    db,
+                    _dir: None,
+                });
+            }
             let pool = admin.as_postgres().expect("postgres");
             sqlx::query(&format!("CREATE SCHEMA {schema}"))
                 .execute(pool)
@@ -119,5 +152,41 @@ impl TestDb {
                 _dir: None,
             })
         }
+    }
+}
+
+/// `base` (a `mysql://` URL) with its path replaced by `/database`, query kept.
+fn with_database(base: &str, database: &str) -> String {
+    let (head, query) = match base.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (base, None),
+    };
+    let authority_start = head.find("://").map_or(0, |i| i + 3);
+    let path_start = head[authority_start..]
+        .find('/')
+        .map_or(head.len(), |i| authority_start + i);
+    let mut url = format!("{}/{database}", &head[..path_start]);
+    if let Some(q) = query {
+        url.push('?');
+        url.push_str(q);
+    }
+    url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn mysql_test_urls_name_the_fresh_database() {
+        assert_eq!(
+            with_database("mysql://root@127.0.0.1:3306/test", "t_1"),
+            "mysql://root@127.0.0.1:3306/t_1"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@h/test?ssl-mode=disabled", "t_1"),
+            "mysql://u:p@h/t_1?ssl-mode=disabled"
+        );
+        assert_eq!(with_database("mysql://h:3306", "t_1"), "mysql://h:3306/t_1");
     }
 }

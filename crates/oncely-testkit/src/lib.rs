@@ -6,7 +6,8 @@
 //! passes by skipping.
 //!
 //! # Layout
-//! - `db` — [`TestDb`], [`TestBackend`]: fresh SQLite files and PostgreSQL schemas.
+//! - `db` — [`TestDb`], [`TestBackend`]: fresh SQLite files, PostgreSQL schemas and
+//!   MySQL / MariaDB databases.
 //! - `brokers` — [`amqp_url`], [`nats_url`], [`service_reachable`]: broker URLs and the
 //!   skip-or-fail policy for RabbitMQ and NATS.
 //! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut every connection on demand.
@@ -16,11 +17,11 @@ mod db;
 mod proxy;
 
 pub use brokers::{amqp_url, nats_url, service_reachable, url_authority};
-pub use db::{postgres_url, require_services, TestBackend, TestDb};
+pub use db::{mysql_url, postgres_url, require_services, TestBackend, TestDb};
 pub use proxy::FaultProxy;
 
 /// Instantiates each listed `async fn name(db: TestDb)` once per backend, as
-/// `sqlite::name` and `postgres::name` (multi-threaded runtime, 4 workers). A backend that
+/// `sqlite::name`, `postgres::name` and `mysql::name` (multi-threaded runtime, 4 workers). A backend that
 /// is unreachable skips with a message, or fails under `ONCELY_TEST_REQUIRE_SERVICES=1`.
 ///
 /// ```text
@@ -44,6 +45,16 @@ macro_rules! on_every_backend {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     if let Some(db) = $crate::TestDb::new($crate::TestBackend::Postgres).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::TestBackend::MySql).await {
                         super::$name(db).await;
                     }
                 }
