@@ -140,14 +140,17 @@ impl MySqlStore {
 /// A MySQL / MariaDB transaction on a pooled connection, begun with `BEGIN` and ended with
 /// `COMMIT` or `ROLLBACK`. Dereferences to the connection, so queries run on `&mut **tx`.
 ///
-/// The idempotency claim takes a *session*-scoped named lock (`GET_LOCK`), so ending the
-/// transaction also releases every named lock of the session (`RELEASE_ALL_LOCKS()`)
-/// before the connection goes back to the pool; a transaction dropped unfinished (an
+/// The idempotency claim takes a *session*-scoped named lock (`GET_LOCK`), so ending such a
+/// transaction also releases every named lock of the session (`RELEASE_ALL_LOCKS()`, sent
+/// with the `COMMIT`/`ROLLBACK` in one round trip) before the connection goes back to the
+/// pool; a transaction dropped unfinished (an
 /// error path, a panic, a timed-out request) closes its connection instead, and the server
 /// then rolls back and frees the locks with the session.
 #[derive(Debug)]
 pub struct MySqlTx {
     conn: Option<PoolConnection<MySql>>,
+    /// Set by the idempotency claim: the session may hold a named lock to release.
+    named_lock: bool,
 }
 
 impl std::ops::Deref for MySqlTx {
@@ -170,16 +173,32 @@ impl MySqlTx {
             conn.close_on_drop();
             return Err(e);
         }
-        Ok(Self { conn: Some(conn) })
+        Ok(Self {
+            conn: Some(conn),
+            named_lock: false,
+        })
+    }
+
+    /// Records that this transaction's session took a named lock (`GET_LOCK`), so ending
+    /// the transaction must release it.
+    pub(crate) fn took_named_lock(&mut self) {
+        self.named_lock = true;
     }
 
     async fn finish(mut self, commit: bool) -> Result<(), sqlx::Error> {
         let mut conn = self.conn.take().expect("MySqlTx ends once");
-        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        // One round trip: the server runs the release only if the COMMIT/ROLLBACK succeeded
+        // (a multi-statement text query stops at the first error).
+        let end = match (commit, self.named_lock) {
+            (true, false) => "COMMIT",
+            (false, false) => "ROLLBACK",
+            (true, true) => "COMMIT; DO RELEASE_ALL_LOCKS()",
+            (false, true) => "ROLLBACK; DO RELEASE_ALL_LOCKS()",
+        };
         let result = (&mut *conn).execute(end).await;
-        let released = (&mut *conn).execute("DO RELEASE_ALL_LOCKS()").await;
-        if result.is_err() || released.is_err() {
-            // The session's state is unknown: never hand it to another request.
+        if result.is_err() {
+            // The session's state (transaction, named locks) is unknown: never hand it to
+            // another request; closing it makes the server roll back and free the locks.
             conn.close_on_drop();
         }
         result.map(|_| ())

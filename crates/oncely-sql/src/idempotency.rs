@@ -122,17 +122,27 @@ const SELECT_RECORD_MYSQL: &str = "SELECT state, fingerprint, route_digest, resp
      response_headers, response_body, created_at, completed_at, expires_at \
      FROM oncely_idempotency WHERE tenant = ? AND operation = ? AND `key` = ?";
 
-/// MySQL / MariaDB claim: a *session*-scoped named lock taken without waiting (timeout 0),
-/// named after the database and the key's hash (64 characters at most, as MySQL requires),
-/// so deployments in separate databases of one server never contend. Returns 1 when this
-/// session holds it, 0 when another session does. [`crate::MySqlTx`] releases it
-/// (`RELEASE_ALL_LOCKS()`) as soon as the transaction ends, before the connection goes
-/// back to the pool, or closes the session if the transaction is dropped unfinished.
-const CLAIM_MYSQL: &str = "SELECT GET_LOCK(CONCAT('oncely:', \
-     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0)";
+/// MySQL / MariaDB claim, the counterpart of [`CLAIM_POSTGRES`]: a *session*-scoped named
+/// lock taken without waiting (`GET_LOCK(name, 0)`: 1 when this session holds it, 0 when
+/// another does, NULL on an error — counted as not held: 409, never an unprotected run), named after the database and the key's hash (64 characters at most, as
+/// MySQL requires) so deployments in separate databases of one server never contend, plus
+/// the committed record if there is one. [`crate::MySqlTx`] releases the lock
+/// (`RELEASE_ALL_LOCKS()`) with the transaction's end, before the connection goes back to
+/// the pool, or closes the session if the transaction is dropped unfinished.
+///
+/// As on PostgreSQL the read may precede the lock within the statement, so a record
+/// committed by the previous holder in that instant can be missed: this request then runs,
+/// its record insert meets the primary key (`ER_DUP_ENTRY`), it rolls back and replays the
+/// winner — wasted work, never a second effect.
+const CLAIM_MYSQL: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
+     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) = 1 AS claimed, \
+     r.state, r.fingerprint, r.route_digest, r.response_status, r.response_headers, \
+     r.response_body, r.created_at, r.completed_at, r.expires_at \
+     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
+     ON r.tenant = ? AND r.operation = ? AND r.`key` = ?";
 
 /// The claim's row: every record column is NULL when no record exists.
-#[derive(sqlx::FromRow, Default)]
+#[derive(sqlx::FromRow)]
 struct ClaimRow {
     claimed: bool,
     state: Option<String>,
@@ -235,8 +245,8 @@ impl IdempotencyStore {
     ///   blocks on another in-flight request with the same key (64 requests on one hot key
     ///   do not pin 64 connections): it gets [`Reservation::InFlight`] at once;
     /// - SQLite: the transaction already holds the database's write lock (`BEGIN IMMEDIATE`);
-    /// - MySQL / MariaDB: a named lock, `GET_LOCK(name, 0)` (no wait), then a read of the
-    ///   record — the same "try, never queue" behaviour as PostgreSQL's try-lock. A named
+    /// - MySQL / MariaDB: a named lock, `GET_LOCK(name, 0)` (no wait), in the same statement
+    ///   as the read — the same "try, never queue" behaviour as PostgreSQL's try-lock. A named
     ///   lock belongs to the *session*, not the transaction, so [`crate::MySqlTx`] releases
     ///   it when the transaction ends (or closes the connection when dropped unfinished).
     ///
@@ -264,26 +274,14 @@ impl IdempotencyStore {
         let lock_id = advisory_lock_id(tenant, operation, key.as_str());
         let row: ClaimRow = match tx {
             Tx::MySql(t) => {
-                // Lock first, then read: a record committed by the previous holder before
-                // it released the lock is visible to this read (READ COMMITTED: every
-                // statement sees the latest commits).
-                let got: Option<i64> = sqlx::query_scalar(CLAIM_MYSQL)
+                t.took_named_lock();
+                sqlx::query_as(CLAIM_MYSQL)
                     .bind(format!("{lock_id:016x}"))
-                    .fetch_one(&mut **t)
-                    .await?;
-                let record: Option<RecordRow> = sqlx::query_as(SELECT_RECORD_MYSQL)
                     .bind(tenant)
                     .bind(operation)
                     .bind(key.as_str())
-                    .fetch_optional(&mut **t)
-                    .await?;
-                if let Some(record) = record {
-                    return Ok(Reservation::Existing(record.into_record()?));
-                }
-                ClaimRow {
-                    claimed: got == Some(1),
-                    ..ClaimRow::default()
-                }
+                    .fetch_one(&mut **t)
+                    .await?
             }
             Tx::Sqlite(t) => {
                 sqlx::query_as(CLAIM_SQLITE)

@@ -219,7 +219,7 @@ enum Hold {
     Nothing,
     /// PostgreSQL: locked by this open transaction.
     Locked(Box<sqlx::Transaction<'static, sqlx::Postgres>>),
-    /// SQLite: leased to `owner`.
+    /// SQLite, MySQL: leased to `owner`.
     Leased { store: OutboxStore, owner: String },
 }
 
@@ -552,6 +552,9 @@ impl OutboxStore {
     ///   (republished with the same message ids) — no lease to wait out.
     /// - **SQLite**: a lease for `owner` until `now_ms + lease`, as [`OutboxStore::claim`]
     ///   (one writer: there is no row lock to hold).
+    /// - **MySQL / MariaDB**: a lease as well, written by [`OutboxStore::claim`]'s
+    ///   `FOR UPDATE SKIP LOCKED` transaction (holding the locks across the publish, as on
+    ///   PostgreSQL, is not built for MySQL yet).
     ///
     /// Each held batch keeps one pooled connection (PostgreSQL) until it is settled or
     /// dropped; dropping it unsettled rolls back (PostgreSQL) or leaves the lease to run
