@@ -38,8 +38,8 @@ mod rabbitmq;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq_subscriber;
 mod sql;
-mod subscriber;
 mod sql_mysql;
+mod subscriber;
 
 pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 #[cfg(feature = "nats")]

@@ -1523,6 +1523,9 @@ mod conformance {
             on_every_broker_and_backend!(@mod postgres_rabbitmq, Postgres, RabbitFixture; $($name),*);
             on_every_broker_and_backend!(@mod sqlite_nats, Sqlite, NatsFixture; $($name),*);
             on_every_broker_and_backend!(@mod postgres_nats, Postgres, NatsFixture; $($name),*);
+            on_every_broker_and_backend!(@mod mysql_sql, MySql, SqlFixture; $($name),*);
+            on_every_broker_and_backend!(@mod mysql_rabbitmq, MySql, RabbitFixture; $($name),*);
+            on_every_broker_and_backend!(@mod mysql_nats, MySql, NatsFixture; $($name),*);
         };
         (@mod $m:ident, $backend:ident, $fixture:ident; $($name:ident),*) => {
             mod $m {
