@@ -1072,6 +1072,19 @@ matrix!(
         late_committing_rows_are_not_skipped,
     ]
 );
+matrix!(
+    mysql_nats,
+    MySql,
+    Nats,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+        late_committing_rows_are_not_skipped,
+    ]
+);
 // ---------------------------------------------------------------------------------------
 // Store rules, broker-independent
 // ---------------------------------------------------------------------------------------
