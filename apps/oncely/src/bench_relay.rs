@@ -50,6 +50,12 @@ pub(crate) struct RelayBenchArgs {
     /// Seconds of the latency run.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Brokers to measure.
+    #[arg(long, value_delimiter = ',', default_value = "rabbitmq,nats")]
+    brokers: Vec<String>,
+    /// Batches in flight in the latency run (default: the relay's default).
+    #[arg(long)]
+    latency_in_flight_batches: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -404,14 +410,17 @@ async fn latency(
     rate: u64,
     secs: u64,
     window: usize,
+    in_flight_batches: Option<usize>,
 ) -> anyhow::Result<Vec<i64>> {
     let stop = CancellationToken::new();
+    let defaults = RelayConfig::default();
     let relay = Relay::new(
         db.clone(),
         target.publisher.clone(),
         RelayConfig {
             batch_size: u32::try_from(window).unwrap_or(u32::MAX),
-            ..RelayConfig::default()
+            max_in_flight_batches: in_flight_batches.unwrap_or(defaults.max_in_flight_batches),
+            ..defaults
         },
     );
     let relay = tokio::spawn(relay.run(stop.clone()));
@@ -487,6 +496,9 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
         args.window
     );
     for broker in [Broker::RabbitMq, Broker::Nats] {
+        if !args.brokers.iter().any(|b| b == broker.name()) {
+            continue;
+        }
         let target = match Target::new(broker, &args, args.window).await {
             Ok(t) => t,
             Err(e) => {
@@ -522,7 +534,15 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             raw_lat.last().copied().unwrap_or(0),
             raw_lat.len()
         );
-        let lat = latency(&test_db.db, &target, args.rate, args.seconds, args.window).await?;
+        let lat = latency(
+            &test_db.db,
+            &target,
+            args.rate,
+            args.seconds,
+            args.window,
+            args.latency_in_flight_batches,
+        )
+        .await?;
         println!(
             "{:>8}: commit-to-publish at {} events/s for {} s: p50 {} ms, p99 {} ms, max {} ms \
              (n = {})",
