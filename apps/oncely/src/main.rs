@@ -166,6 +166,10 @@ struct ServeArgs {
     /// topic.
     #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = orders::ORDERS_TOPIC)]
     events_topic: String,
+    /// Seconds a client may take to send a request's head before its connection is closed
+    /// (slowloris guard).
+    #[arg(long, env = "ONCELY_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    header_read_timeout_secs: u64,
 }
 
 impl DbArgs {
@@ -298,6 +302,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             ..IdempotencyConfig::default()
         },
         events_topic: args.events_topic.clone(),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
         ..AppConfig::default()
     };
     let db = args.db.connect().await?;

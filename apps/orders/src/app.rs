@@ -156,10 +156,70 @@ pub async fn serve(
         token.clone(),
     );
     let app = router(db, &config);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let result = serve_http(listener, app, config.header_read_timeout, shutdown).await;
     token.cancel();
     drop(collector.await);
     result
+}
+
+/// The HTTP/1.1 accept loop. `axum::serve` would do, but it gives hyper no timer, so a
+/// client that sends its headers one byte at a time holds a connection forever (slowloris);
+/// this loop runs each connection with hyper-util's builder, a Tokio timer and
+/// `header_read_timeout`. On `shutdown` it stops accepting, lets every connection finish
+/// its request in flight (hyper's graceful shutdown) and returns when all are closed.
+async fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    header_read_timeout: std::time::Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt as _;
+
+    let connections = tokio_util::task::TaskTracker::new();
+    let closing = CancellationToken::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        drop(stream.set_nodelay(true));
+        let service =
+            hyper_util::service::TowerToHyperService::new(app.clone().map_request(
+                |r: http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new),
+            ));
+        let closing = closing.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::trace!(error = %e, "connection ended");
+                    }
+                }
+                () = closing.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    drop(conn.await);
+                }
+            }
+        });
+    }
+    closing.cancel();
+    connections.close();
+    connections.wait().await;
+    Ok(())
 }

@@ -21,6 +21,10 @@ pub struct AppConfig {
     /// Topic of the order events written to the outbox (AMQP routing key, NATS subject,
     /// SQL-transport topic). Default `orders`.
     pub events_topic: String,
+    /// How long a client may take to send a request's head (request line and headers)
+    /// before [`crate::serve`] closes its connection — the slowloris guard (hyper's HTTP/1
+    /// header read timeout). Default 30 s.
+    pub header_read_timeout: Duration,
 }
 
 impl Default for AppConfig {
@@ -32,6 +36,7 @@ impl Default for AppConfig {
             collector_batch: 500,
             idempotency: IdempotencyConfig::default(),
             events_topic: crate::ORDERS_TOPIC.to_owned(),
+            header_read_timeout: Duration::from_secs(30),
         }
     }
 }

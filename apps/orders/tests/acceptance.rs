@@ -139,6 +139,7 @@ fn unique(prefix: &str) -> String {
 }
 
 on_every_backend!(
+    slow_request_head_is_cut_off_after_the_header_read_timeout,
     s1_sequential_retries_create_one_order,
     s2_concurrent_requests_with_one_key_create_one_order,
     s3_same_key_other_amount_is_422_and_reordered_json_replays,
@@ -749,4 +750,51 @@ async fn healthz_and_metrics_answer(t: TestDb) {
         .await
         .unwrap();
     assert!(m.contains("oncely_idempotency_replays_total"), "{m}");
+}
+
+/// Slowloris: a client that sends a request head and never finishes it loses its connection
+/// after the header read timeout, while a normal request on another connection is served.
+async fn slow_request_head_is_cut_off_after_the_header_read_timeout(t: TestDb) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let server = start(
+        &t.db,
+        AppConfig {
+            header_read_timeout: Duration::from_secs(1),
+            ..config()
+        },
+    )
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(b"POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0_u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match slow.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                // hyper may answer 408 before closing; keep reading until the close.
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the slow connection was still open after 10 s"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "closed after {took:?}, expected about 1 s"
+    );
+    // The service itself is fine.
+    let res = server
+        .client
+        .get(format!("{}/healthz", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success());
 }
