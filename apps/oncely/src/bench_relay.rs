@@ -269,12 +269,10 @@ impl Target {
         for k in 0..total as usize {
             tick.tick().await;
             let started = Instant::now();
-            let id = MessageId::new_random().to_string();
+            // The very message the relay would publish for this event.
+            let m = message(&self.topic, k);
             let wait: tokio::task::JoinHandle<anyhow::Result<i64>> = match (&amqp, &self.nats) {
                 (Some((_, ch)), _) => {
-                    let props = lapin::BasicProperties::default()
-                        .with_delivery_mode(2)
-                        .with_message_id(id.into());
                     let confirm = ch
                         .basic_publish(
                             EXCHANGE,
@@ -283,8 +281,8 @@ impl Target {
                                 mandatory: true,
                                 ..BasicPublishOptions::default()
                             },
-                            &payload(k),
-                            props,
+                            &m.payload,
+                            RabbitMqPublisher::properties(&m),
                         )
                         .await?;
                     tokio::spawn(async move {
@@ -294,10 +292,16 @@ impl Target {
                 }
                 (None, Some((p, _))) => {
                     let mut h = async_nats::HeaderMap::new();
-                    h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+                    h.insert(
+                        async_nats::header::NATS_MESSAGE_ID,
+                        m.id.to_string().as_str(),
+                    );
+                    for (name, value) in m.all_headers() {
+                        h.insert(name.as_str(), value.as_str());
+                    }
                     let ack = p
                         .jetstream()
-                        .publish_with_headers(self.topic.clone(), h, payload(k).into())
+                        .publish_with_headers(m.topic.clone(), h, m.payload.into())
                         .await?;
                     tokio::spawn(async move {
                         ack.await?;
