@@ -13,6 +13,20 @@ pub fn nats_url() -> String {
     std::env::var("ONCELY_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 
+/// `ONCELY_TEST_KAFKA_BROKERS`, default `127.0.0.1:9092`: Kafka bootstrap servers,
+/// comma-separated `host:port` (librdkafka `bootstrap.servers`).
+pub fn kafka_brokers() -> String {
+    std::env::var("ONCELY_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// [`kafka_brokers`] as a URL (`kafka://host:port`, the first server) for
+/// [`service_reachable`].
+pub fn kafka_url() -> String {
+    let brokers = kafka_brokers();
+    let first = brokers.split(',').next().unwrap_or_default().trim();
+    format!("kafka://{first}")
+}
+
 /// The `host:port` of a `scheme://[user[:password]@]host:port[/…]` URL.
 pub fn url_authority(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;

@@ -8,15 +8,15 @@
 //! # Layout
 //! - `db` — [`TestDb`], [`TestBackend`]: fresh SQLite files, PostgreSQL schemas and
 //!   MySQL / MariaDB databases.
-//! - `brokers` — [`amqp_url`], [`nats_url`], [`service_reachable`]: broker URLs and the
-//!   skip-or-fail policy for RabbitMQ and NATS.
+//! - `brokers` — [`amqp_url`], [`nats_url`], [`kafka_brokers`], [`service_reachable`]: broker
+//!   URLs and the skip-or-fail policy for RabbitMQ, NATS and Kafka.
 //! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut every connection on demand.
 
 mod brokers;
 mod db;
 mod proxy;
 
-pub use brokers::{amqp_url, nats_url, service_reachable, url_authority};
+pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
 pub use db::{mysql_url, postgres_url, require_services, TestBackend, TestDb};
 pub use proxy::FaultProxy;
 
