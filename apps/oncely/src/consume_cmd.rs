@@ -118,6 +118,9 @@ impl ConsumerArgs {
                 c.batch = prefetch;
                 self.start(name, db, NatsSubscriber::new(c), shutdown).await
             }
+            BrokerKind::Kafka => {
+                anyhow::bail!("consuming from Kafka is not implemented yet")
+            }
         }
     }
 

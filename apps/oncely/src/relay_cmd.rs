@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use oncely_broker::{
-    NatsConfig, NatsPublisher, Publisher, RabbitMqConfig, RabbitMqPublisher, SqlTransport,
+    KafkaConfig, KafkaPublisher, NatsConfig, NatsPublisher, Publisher, RabbitMqConfig,
+    RabbitMqPublisher, SqlTransport,
 };
 use oncely_core::RetryPolicy;
 use oncely_outbox::{Relay, RelayConfig};
@@ -22,6 +23,8 @@ pub(crate) enum BrokerKind {
     Rabbitmq,
     /// NATS JetStream with `Nats-Msg-Id` de-duplication.
     Nats,
+    /// Kafka: idempotent producer, `acks=all`, record key = partition key.
+    Kafka,
 }
 
 /// Which broker, and how to reach it (shared by the relay's publisher and the inbox
@@ -56,12 +59,36 @@ pub(crate) struct BrokerArgs {
         value_delimiter = ','
     )]
     nats_subjects: Vec<String>,
+    /// Kafka bootstrap servers, comma-separated `host:port`.
+    #[arg(long, env = "ONCELY_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub(crate) kafka_brokers: String,
+    /// Kafka topics created at start-up if missing, comma-separated (empty: create none).
+    #[arg(
+        long,
+        env = "ONCELY_KAFKA_TOPICS",
+        default_value = "orders",
+        value_delimiter = ','
+    )]
+    kafka_topics: Vec<String>,
+    /// Partitions of the topics created at start-up.
+    #[arg(long, env = "ONCELY_KAFKA_PARTITIONS", default_value_t = 3)]
+    kafka_partitions: i32,
     /// SQL transport: largest payload, in bytes.
     #[arg(long, env = "ONCELY_SQL_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
     sql_max_message_bytes: usize,
 }
 
 impl BrokerArgs {
+    /// Creates the configured Kafka topics if missing.
+    pub(crate) async fn ensure_kafka_topics(&self) -> anyhow::Result<()> {
+        for t in self.kafka_topics.iter().filter(|t| !t.is_empty()) {
+            oncely_broker::ensure_topic(&self.kafka_brokers, t, self.kafka_partitions.max(1))
+                .await
+                .with_context(|| format!("creating Kafka topic {t}"))?;
+        }
+        Ok(())
+    }
+
     /// Creates the configured JetStream stream if missing (no-op when `--nats-stream` is
     /// empty).
     pub(crate) async fn ensure_nats_stream(&self, p: &NatsPublisher) -> anyhow::Result<()> {
@@ -139,6 +166,13 @@ impl RelayArgs {
                     .context("connecting to NATS")?;
                 b.ensure_nats_stream(&p).await?;
                 Arc::new(p)
+            }
+            BrokerKind::Kafka => {
+                b.ensure_kafka_topics().await?;
+                Arc::new(
+                    KafkaPublisher::new(KafkaConfig::new(&b.kafka_brokers))
+                        .context("creating the Kafka producer")?,
+                )
             }
         })
     }

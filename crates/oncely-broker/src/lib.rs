@@ -4,7 +4,7 @@
 //! Every publisher confirms each message before it reports success, so the relay marks an
 //! outbox row published only when the broker has taken responsibility for it. A message
 //! carries its [`MessageId`](oncely_core::MessageId) where each broker expects one (AMQP
-//! `message_id`, JetStream `Nats-Msg-Id`) and the same set of headers everywhere:
+//! `message_id`, JetStream `Nats-Msg-Id`, a Kafka record header) and the same set of headers everywhere:
 //! `message-id`, `event-type`, `partition-key`, and the event's own (`correlation-id`,
 //! `idempotency-key`, `traceparent`).
 //!
@@ -27,7 +27,11 @@
 //!   mandatory routing, publisher confirms over a pipelined window.
 //! - `nats` (feature `nats`) — [`NatsPublisher`]: async-nats JetStream, `Nats-Msg-Id`
 //!   server-side de-duplication, awaited PubAcks.
+//! - `kafka` (feature `kafka`) — [`KafkaPublisher`]: rdkafka idempotent producer
+//!   (`acks=all`), record key = partition key, awaited delivery reports; [`ensure_topic`].
 
+#[cfg(feature = "kafka")]
+mod kafka;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
@@ -41,6 +45,8 @@ mod sql;
 mod sql_mysql;
 mod subscriber;
 
+#[cfg(feature = "kafka")]
+pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
 pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsPublisher};

@@ -1,5 +1,6 @@
 //! Outbox + relay conformance, written once and run on every database (SQLite, PostgreSQL)
-//! × every broker (the SQL transport, RabbitMQ, NATS JetStream), against the real servers.
+//! × every broker (the SQL transport, RabbitMQ, NATS JetStream, Kafka), against the real
+//! servers (Kafka: tansu, a Kafka-API broker).
 //! A consumer is subscribed before each run; every scenario checks what it received.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use oncely_broker::{
-    NatsConfig, NatsPublisher, Publisher, RabbitMqConfig, RabbitMqPublisher, SqlTransport,
+    KafkaConfig, KafkaPublisher, NatsConfig, NatsPublisher, Publisher, RabbitMqConfig,
+    RabbitMqPublisher, SqlTransport,
 };
 use oncely_core::{IdempotencyKey, MessageId, Operation, RetryPolicy, Scope, TenantId};
 use oncely_outbox::{Relay, RelayConfig};
@@ -24,6 +26,7 @@ enum Broker {
     Sql,
     RabbitMq,
     Nats,
+    Kafka,
 }
 
 /// One delivery as a consumer saw it.
@@ -148,6 +151,15 @@ impl Harness {
                 let consumer = nats_consumer(&p, &stream).await;
                 (Arc::new(p.clone()), consumer, Some(stream), Some(p))
             }
+            Broker::Kafka => {
+                let brokers = oncely_testkit::kafka_brokers();
+                if !oncely_testkit::service_reachable("Kafka", &oncely_testkit::kafka_url()).await {
+                    return None;
+                }
+                let consumer = kafka_consumer(&brokers, &topic).await;
+                let p = KafkaPublisher::new(kafka_config(&brokers)).expect("kafka producer");
+                (Arc::new(p), consumer, None, None)
+            }
         };
         Some(Self {
             db,
@@ -176,9 +188,17 @@ impl Harness {
     }
 
     /// An event the broker cannot take: too large for the SQL transport (limit 1 KiB here),
-    /// unroutable for RabbitMQ (no queue bound), a subject no JetStream stream captures.
+    /// unroutable for RabbitMQ (no queue bound), a subject no JetStream stream captures,
+    /// larger than the Kafka producer's `message.max.bytes` (64 KiB here).
     fn poison(&self, partition: &str) -> OutboxEvent {
         match self.broker {
+            Broker::Kafka => OutboxEvent::new(
+                MessageId::new_random(),
+                self.topic.clone(),
+                partition,
+                "test.poison",
+                vec![b'x'; 128 * 1024],
+            ),
             Broker::Sql => OutboxEvent::new(
                 MessageId::new_random(),
                 self.topic.clone(),
@@ -235,6 +255,84 @@ fn rabbit_config(url: &str) -> RabbitMqConfig {
     c.confirm_timeout = Duration::from_secs(3);
     c.connect_timeout = Duration::from_secs(2);
     c
+}
+
+fn kafka_config(brokers: &str) -> KafkaConfig {
+    let mut c = KafkaConfig::new(brokers);
+    c.delivery_timeout = Duration::from_secs(2);
+    c.max_message_bytes = 64 * 1024;
+    c
+}
+
+/// Kafka topic partitions in the tests: more than one, so per-key ordering is exercised.
+const KAFKA_PARTITIONS: i32 = 3;
+
+/// Creates `topic` (3 partitions) and reads every partition from the beginning (manual
+/// assignment, no consumer group), into a channel. Checks that the record key is the
+/// partition key.
+async fn kafka_consumer(brokers: &str, topic: &str) -> Consumer {
+    use rdkafka::consumer::{Consumer as _, StreamConsumer};
+    use rdkafka::message::{Headers as _, Message as _};
+    oncely_broker::ensure_topic(brokers, topic, KAFKA_PARTITIONS)
+        .await
+        .expect("create topic");
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("test-{topic}"))
+        .set("enable.auto.commit", "false")
+        // After a fetch error, start over rather than jump to the end and miss records.
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("kafka consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..KAFKA_PARTITIONS {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .expect("partition offset");
+    }
+    consumer.assign(&tpl).expect("assign partitions");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let m = match consumer.recv().await {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("kafka test consumer: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let headers: BTreeMap<String, String> = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            assert_eq!(
+                headers.get("partition-key"),
+                Some(&key),
+                "record key = partition key"
+            );
+            let delivered = Delivered {
+                id: headers.get("message-id").cloned().unwrap_or_default(),
+                partition_key: key,
+                event_type: headers.get("event-type").cloned().unwrap_or_default(),
+                headers,
+                payload: m.payload().unwrap_or_default().to_vec(),
+            };
+            if tx.send(delivered).is_err() {
+                break;
+            }
+        }
+    });
+    Consumer::Channel(rx)
 }
 
 fn nats_config(url: &str) -> NatsConfig {
@@ -671,14 +769,15 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
     let events: Vec<OutboxEvent> = (0..5).map(|i| h.event(&format!("k-{i}"), 0)).collect();
     let ids = h.enqueue(&events).await;
     let store = h.store();
-    // Relay A: claim and publish (confirmed), then "crash" before marking.
+    // Relay A: claim and publish (confirmed), then "crash" before marking. The lease must
+    // outlast that publish: a fresh Kafka producer first connects and obtains its producer
+    // id (InitProducerId), which can take longer than the other brokers' round trip.
+    let lease = match h.broker {
+        Broker::Kafka => Duration::from_secs(3),
+        _ => Duration::from_millis(500),
+    };
     let claimed = store
-        .claim(
-            "relay-a",
-            100,
-            Duration::from_millis(500),
-            oncely_core::now_ms(),
-        )
+        .claim("relay-a", 100, lease, oncely_core::now_ms())
         .await
         .unwrap();
     assert_eq!(claimed.len(), 5);
@@ -700,7 +799,7 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
         "relay-b".clone_into(&mut c.relay_id);
     });
     assert_eq!(b.run_once().await.unwrap().claimed, 0);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
     let report = b.run_once().await.unwrap();
     assert_eq!((report.claimed, report.published), (5, 5));
     for id in &ids {
@@ -723,8 +822,10 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
         expected,
         "same ids only"
     );
+    // Kafka's idempotent producer de-duplicates its own retries within one producer
+    // session only: the second relay's copy is a second record with the same id.
     let copies = match h.broker {
-        Broker::RabbitMq => 2,
+        Broker::RabbitMq | Broker::Kafka => 2,
         Broker::Nats | Broker::Sql => 1,
     };
     assert!(
@@ -745,6 +846,18 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
 /// The broker is unreachable for a while: events wait (attempts and last_error recorded,
 /// nothing dead) and all arrive once it is back.
 async fn broker_down_for_a_while_delays_without_losing(mut h: Harness) {
+    if h.broker == Broker::Kafka {
+        // Kafka clients bootstrap, then connect to the broker's advertised listener, so a
+        // proxy in front of the shared broker would not cut them: this run gets its own
+        // tansu that advertises the proxy.
+        let (proxy, tansu, brokers) = private_tansu().await;
+        h.consumer = kafka_consumer(&brokers, &h.topic).await;
+        let publisher: Arc<dyn Publisher> =
+            Arc::new(KafkaPublisher::new(kafka_config(&brokers)).unwrap());
+        broker_down_through(h, &proxy, publisher).await;
+        drop(tansu);
+        return;
+    }
     let target = oncely_testkit::url_authority(&match h.broker {
         Broker::RabbitMq => oncely_testkit::amqp_url(),
         _ => oncely_testkit::nats_url(),
@@ -770,6 +883,50 @@ async fn broker_down_for_a_while_delays_without_losing(mut h: Harness) {
                 .unwrap(),
         ),
     };
+    broker_down_through(h, &proxy, publisher).await;
+}
+
+/// A tansu broker of its own (`ONCELY_TEST_TANSU`, default `tansu` on the PATH; in-memory
+/// storage) listening on a free port and advertising a [`FaultProxy`] in front of it, so
+/// every client connection runs through the proxy. Returns the proxy, the process (killed
+/// on drop) and the bootstrap address (the proxy's).
+async fn private_tansu() -> (FaultProxy, tokio::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let target: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let proxy = FaultProxy::start(target).await;
+    let bin = std::env::var("ONCELY_TEST_TANSU").unwrap_or_else(|_| "tansu".to_owned());
+    let child = tokio::process::Command::new(&bin)
+        .args([
+            "broker",
+            "--storage-engine",
+            "memory://tansu/",
+            "--listener-url",
+            &format!("tcp://{target}"),
+            "--advertised-listener-url",
+            &format!("tcp://{}", proxy.addr()),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {bin} (a tansu binary is required): {e}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(target).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "private tansu did not listen on {target}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let brokers = proxy.addr().to_string();
+    (proxy, child, brokers)
+}
+
+async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<dyn Publisher>) {
     let relay = spawn_relay(h.relay(publisher, |_| {}));
     let first: Vec<_> = (0..20)
         .map(|i| h.event(&format!("p-{}", i % 5), i))
@@ -1008,6 +1165,18 @@ matrix!(
     ]
 );
 matrix!(
+    sqlite_kafka,
+    Sqlite,
+    Kafka,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+    ]
+);
+matrix!(
     postgres_sql,
     Postgres,
     Sql,
@@ -1085,6 +1254,33 @@ matrix!(
         late_committing_rows_are_not_skipped,
     ]
 );
+matrix!(
+    postgres_kafka,
+    Postgres,
+    Kafka,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+        late_committing_rows_are_not_skipped,
+    ]
+);
+matrix!(
+    mysql_kafka,
+    MySql,
+    Kafka,
+    [
+        every_created_order_yields_exactly_one_order_created,
+        three_relays_keep_each_aggregates_order,
+        relay_killed_after_confirm_republishes_with_same_ids,
+        broker_down_for_a_while_delays_without_losing,
+        poison_event_goes_dead_while_the_rest_flow,
+        late_committing_rows_are_not_skipped,
+    ]
+);
+
 // ---------------------------------------------------------------------------------------
 // Store rules, broker-independent
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,294 @@
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::ClientConfig;
+
+use crate::{BoxFuture, Message, PublishError, Publisher};
+
+/// Settings of [`KafkaPublisher`].
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma-separated `host:port` (librdkafka `bootstrap.servers`), e.g.
+    /// `127.0.0.1:9092`.
+    pub brokers: String,
+    /// How long librdkafka may try to deliver one message, retries included
+    /// (`message.timeout.ms`); after it the message fails with [`PublishError::Timeout`].
+    /// Default 10 s.
+    pub delivery_timeout: Duration,
+    /// How long the producer waits to fill a batch (`linger.ms`). Default 2 ms.
+    pub linger: Duration,
+    /// Largest message the producer accepts (`message.max.bytes`), bytes. Larger messages
+    /// fail at once with [`PublishError::TooLarge`]. Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// How long the producer keeps a message for a topic the cluster does not know
+    /// (`topic.metadata.propagation.max.ms`) before failing it with
+    /// [`PublishError::Unroutable`]. Default 2 s.
+    pub unknown_topic_timeout: Duration,
+}
+
+impl KafkaConfig {
+    /// Defaults for `brokers`.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            delivery_timeout: Duration::from_secs(10),
+            linger: Duration::from_millis(2),
+            max_message_bytes: 1024 * 1024,
+            unknown_topic_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// The librdkafka producer settings oncely uses: the idempotent producer
+    /// (`enable.idempotence=true`, which implies `acks=all`, at most 5 requests in flight
+    /// per connection and retries without reordering within a partition). The raw-client
+    /// baseline of `oncely bench relay` uses exactly these.
+    pub fn producer_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("client.id", "oncely-relay")
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", millis(self.delivery_timeout))
+            .set("linger.ms", millis(self.linger))
+            .set("message.max.bytes", self.max_message_bytes.to_string())
+            .set(
+                "topic.metadata.propagation.max.ms",
+                millis(self.unknown_topic_timeout),
+            );
+        c
+    }
+}
+
+fn millis(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
+/// Publishes to Kafka with rdkafka's idempotent producer: the message's topic is the Kafka
+/// topic, its `partition_key` the record key (the default partitioner hashes it, so one
+/// aggregate's events land in one partition, in order), every header of
+/// [`Message::all_headers`] a record header. A message counts as published only when its
+/// delivery report arrives without error (acknowledged by all in-sync replicas).
+///
+/// The producer de-duplicates its own retries within one producer session per partition;
+/// a relay that crashes after the delivery report and before marking the row republishes
+/// it as a second record with the same `message-id` header — consumers de-duplicate on
+/// that (the inbox does).
+///
+/// librdkafka reconnects by itself; messages it cannot deliver within
+/// [`KafkaConfig::delivery_timeout`] fail with [`PublishError::Timeout`]. After a fatal
+/// idempotence error the producer is replaced on the next call.
+#[derive(Clone)]
+pub struct KafkaPublisher {
+    producer: Arc<Mutex<FutureProducer>>,
+    /// Set when a delivery failed with a producer-state error: the next call replaces the
+    /// producer (see [`needs_new_session`]).
+    stale: Arc<AtomicBool>,
+    config: KafkaConfig,
+}
+
+/// Errors after which this producer session cannot deliver again: the broker no longer
+/// accepts its producer id / epoch / sequence. librdkafka reports some of them as fatal
+/// (then [`FutureProducer`]'s client has a `fatal_error`), but not all: tansu 0.6 answers
+/// every produce with `PRODUCER_FENCED` after librdkafka bumped the epoch following
+/// delivery timeouts (an outage), and librdkafka keeps retrying with that epoch. A new
+/// producer (a new session) delivers again; its first records may duplicate ones the old
+/// session delivered, which consumers de-duplicate by `message-id` anyway.
+fn needs_new_session(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::OutOfOrderSequenceNumber
+            | RDKafkaErrorCode::UnknownProducerId
+            | RDKafkaErrorCode::InvalidProducerIdMapping
+            | RDKafkaErrorCode::Fatal
+    )
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaPublisher {
+    /// Creates the producer. librdkafka connects lazily, so an unreachable cluster shows up
+    /// as failed deliveries, not here.
+    ///
+    /// # Errors
+    /// [`PublishError::Rejected`] when librdkafka refuses the configuration.
+    pub fn new(config: KafkaConfig) -> Result<Self, PublishError> {
+        let producer = Self::create(&config)?;
+        Ok(Self {
+            producer: Arc::new(Mutex::new(producer)),
+            stale: Arc::new(AtomicBool::new(false)),
+            config,
+        })
+    }
+
+    fn create(config: &KafkaConfig) -> Result<FutureProducer, PublishError> {
+        config
+            .producer_config()
+            .create()
+            .map_err(|e| PublishError::Rejected(format!("kafka producer: {e}")))
+    }
+
+    /// The current producer (tests and tools flush or inspect it).
+    ///
+    /// # Panics
+    /// When the lock is poisoned.
+    pub fn producer(&self) -> FutureProducer {
+        self.producer.lock().expect("producer lock").clone()
+    }
+
+    /// Creates topic `name` with `partitions` partitions and replication factor 1 unless it
+    /// exists (an existing topic is left as it is), waiting up to 10 s for the answer.
+    ///
+    /// # Errors
+    /// [`PublishError::Rejected`] when the cluster refuses, [`PublishError::Unavailable`]
+    /// when it cannot be reached.
+    pub async fn ensure_topic(&self, name: &str, partitions: i32) -> Result<(), PublishError> {
+        ensure_topic(&self.config.brokers, name, partitions).await
+    }
+
+    fn map_error(e: &KafkaError, m: &Message, config: &KafkaConfig) -> PublishError {
+        match e.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::MessageTimedOut) => PublishError::Timeout(
+                u64::try_from(config.delivery_timeout.as_millis()).unwrap_or(u64::MAX),
+            ),
+            Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => {
+                PublishError::TooLarge {
+                    size: m.payload.len(),
+                    limit: config.max_message_bytes,
+                }
+            }
+            Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                PublishError::Unroutable(m.topic.clone())
+            }
+            Some(
+                RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::Resolve
+                | RDKafkaErrorCode::QueueFull,
+            ) => PublishError::Unavailable(e.to_string()),
+            _ => PublishError::Rejected(e.to_string()),
+        }
+    }
+
+    /// Replaces the producer after a fatal error or a producer-state error (idempotence
+    /// state lost: the old one refuses every message).
+    fn healthy_producer(&self) -> Result<FutureProducer, PublishError> {
+        let mut guard = self.producer.lock().expect("producer lock");
+        let fatal = guard.client().fatal_error();
+        if fatal.is_some() || self.stale.swap(false, Ordering::SeqCst) {
+            tracing::warn!(
+                ?fatal,
+                "kafka producer session unusable; creating a new one"
+            );
+            *guard = Self::create(&self.config)?;
+        }
+        Ok(guard.clone())
+    }
+
+    async fn publish_batch(&self, batch: &[Message]) -> Vec<Result<(), PublishError>> {
+        let producer = match self.healthy_producer() {
+            Ok(p) => p,
+            Err(e) => {
+                return batch
+                    .iter()
+                    .map(|_| Err(PublishError::Rejected(e.to_string())))
+                    .collect()
+            }
+        };
+        // Enqueue everything first (librdkafka batches and pipelines), then await the
+        // delivery reports in order.
+        let pending: Vec<Result<DeliveryFuture, PublishError>> = batch
+            .iter()
+            .map(|m| {
+                let mut headers = OwnedHeaders::new_with_capacity(6);
+                for (k, v) in m.all_headers() {
+                    headers = headers.insert(Header {
+                        key: &k,
+                        value: Some(v.as_bytes()),
+                    });
+                }
+                let record = FutureRecord::to(&m.topic)
+                    .key(m.partition_key.as_bytes())
+                    .payload(m.payload.as_slice())
+                    .headers(headers);
+                producer
+                    .send_result(record)
+                    .map_err(|(e, _)| Self::map_error(&e, m, &self.config))
+            })
+            .collect();
+        let mut results = Vec::with_capacity(batch.len());
+        for (m, p) in batch.iter().zip(pending) {
+            let r = match p {
+                Err(e) => Err(e),
+                Ok(delivery) => match delivery.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => {
+                        if e.rdkafka_error_code().is_some_and(needs_new_session) {
+                            self.stale.store(true, Ordering::SeqCst);
+                        }
+                        Err(Self::map_error(&e, m, &self.config))
+                    }
+                    Err(_canceled) => Err(PublishError::Unavailable(
+                        "producer dropped the delivery report".to_owned(),
+                    )),
+                },
+            };
+            results.push(r);
+        }
+        results
+    }
+}
+
+impl Publisher for KafkaPublisher {
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
+        Box::pin(self.publish_batch(batch))
+    }
+
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+}
+
+/// Creates topic `name` on the cluster at `brokers` with `partitions` partitions and
+/// replication factor 1 unless it exists, waiting up to 10 s.
+///
+/// # Errors
+/// [`PublishError::Rejected`] when the cluster refuses, [`PublishError::Unavailable`] when
+/// it cannot be reached within 10 s.
+pub async fn ensure_topic(brokers: &str, name: &str, partitions: i32) -> Result<(), PublishError> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| PublishError::Rejected(format!("kafka admin client: {e}")))?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let results = tokio::time::timeout(
+        Duration::from_secs(10),
+        admin.create_topics([&topic], &opts),
+    )
+    .await
+    .map_err(|_| PublishError::Unavailable("create topic timed out".to_owned()))?
+    .map_err(|e| PublishError::Unavailable(e.to_string()))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) => {
+                return Err(PublishError::Rejected(format!("create topic {t}: {code}")))
+            }
+        }
+    }
+    Ok(())
+}
