@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use oncely_broker::{
-    NatsConfig, NatsPublisher, NatsSubscriber, NatsSubscriberConfig, RabbitMqSubscriber,
-    RabbitMqSubscriberConfig, SqlSubscriber, SqlTransport, Subscriber,
+    KafkaSubscriber, KafkaSubscriberConfig, NatsConfig, NatsPublisher, NatsSubscriber,
+    NatsSubscriberConfig, RabbitMqSubscriber, RabbitMqSubscriberConfig, SqlSubscriber,
+    SqlTransport, Subscriber,
 };
 use oncely_core::{MessageId, RetryPolicy};
 use oncely_inbox::{Consumer, ConsumerConfig};
@@ -119,7 +120,9 @@ impl ConsumerArgs {
                 self.start(name, db, NatsSubscriber::new(c), shutdown).await
             }
             BrokerKind::Kafka => {
-                anyhow::bail!("consuming from Kafka is not implemented yet")
+                let c = KafkaSubscriberConfig::new(&broker.kafka_brokers, group, topic);
+                self.start(name, db, KafkaSubscriber::new(c), shutdown)
+                    .await
             }
         }
     }

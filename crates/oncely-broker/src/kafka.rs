@@ -99,7 +99,7 @@ pub struct KafkaPublisher {
 /// delivery timeouts (an outage), and librdkafka keeps retrying with that epoch. A new
 /// producer (a new session) delivers again; its first records may duplicate ones the old
 /// session delivered, which consumers de-duplicate by `message-id` anyway.
-fn needs_new_session(code: RDKafkaErrorCode) -> bool {
+pub(crate) fn needs_new_session(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::ProducerFenced

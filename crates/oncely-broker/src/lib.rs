@@ -29,9 +29,14 @@
 //!   server-side de-duplication, awaited PubAcks.
 //! - `kafka` (feature `kafka`) — [`KafkaPublisher`]: rdkafka idempotent producer
 //!   (`acks=all`), record key = partition key, awaited delivery reports; [`ensure_topic`].
+//! - `kafka_subscriber` (feature `kafka`) — [`KafkaSubscriber`]: a consumer group with
+//!   manual offset commits after the inbox commit, a per-group retry topic with a
+//!   not-before header, a per-group dead-letter topic.
 
 #[cfg(feature = "kafka")]
 mod kafka;
+#[cfg(feature = "kafka")]
+mod kafka_subscriber;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
@@ -47,6 +52,8 @@ mod subscriber;
 
 #[cfg(feature = "kafka")]
 pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
+#[cfg(feature = "kafka")]
+pub use kafka_subscriber::{KafkaHandle, KafkaSubscriber, KafkaSubscriberConfig};
 pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsPublisher};

@@ -6,7 +6,7 @@ use oncely_sql::StoreError;
 use crate::ReceivedMessage;
 
 /// Header names the subscribers add to a message they retry or dead-letter (RabbitMQ
-/// headers table, NATS headers of the DLQ copy).
+/// headers table, NATS headers of the DLQ copy, Kafka record headers).
 pub mod retry_headers {
     /// Failed handler runs so far (decimal integer). RabbitMQ carries the count of a
     /// retried message in it; on a dead letter it is the final count.
@@ -18,6 +18,9 @@ pub mod retry_headers {
     pub const TOPIC: &str = "x-oncely-topic";
     /// The consumer group that dead-lettered the message.
     pub const CONSUMER: &str = "x-oncely-consumer";
+    /// Kafka retry records: Unix ms before which the record must not be handled (the
+    /// retry's delay; the subscriber waits until then).
+    pub const NOT_BEFORE: &str = "x-oncely-not-before";
 }
 
 /// A subscriber could not receive or settle a delivery.
