@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
-use oncely_broker::{NatsConfig, NatsPublisher, Publisher, RabbitMqConfig, RabbitMqPublisher};
+use oncely_broker::{
+    KafkaConfig, KafkaPublisher, NatsConfig, NatsPublisher, Publisher, RabbitMqConfig,
+    RabbitMqPublisher,
+};
 use oncely_core::MessageId;
 use oncely_outbox::{Relay, RelayConfig};
 use oncely_sql::{Database, DbOptions, OutboxEvent, OutboxStore};
@@ -37,6 +40,13 @@ pub(crate) struct RelayBenchArgs {
         default_value = "nats://127.0.0.1:4222"
     )]
     nats_url: String,
+    /// Kafka bootstrap servers.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_KAFKA_BROKERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    kafka_brokers: String,
     /// Events per throughput run (relay and raw client each).
     #[arg(long, default_value_t = 20_000)]
     events: usize,
@@ -51,7 +61,7 @@ pub(crate) struct RelayBenchArgs {
     #[arg(long, default_value_t = 10)]
     seconds: u64,
     /// Brokers to measure.
-    #[arg(long, value_delimiter = ',', default_value = "rabbitmq,nats")]
+    #[arg(long, value_delimiter = ',', default_value = "rabbitmq,nats,kafka")]
     brokers: Vec<String>,
     /// Batches in flight in the latency run (default: the relay's default).
     #[arg(long)]
@@ -62,6 +72,7 @@ pub(crate) struct RelayBenchArgs {
 enum Broker {
     RabbitMq,
     Nats,
+    Kafka,
 }
 
 impl Broker {
@@ -69,6 +80,7 @@ impl Broker {
         match self {
             Self::RabbitMq => "rabbitmq",
             Self::Nats => "nats",
+            Self::Kafka => "kafka",
         }
     }
 }
@@ -80,6 +92,8 @@ struct Target {
     publisher: Arc<dyn Publisher>,
     amqp: Option<(lapin::Connection, lapin::Channel, String)>,
     nats: Option<(NatsPublisher, String)>,
+    /// The relay's producer settings, for the raw producer.
+    kafka: Option<KafkaConfig>,
 }
 
 const EXCHANGE: &str = "oncely.bench";
@@ -153,6 +167,7 @@ impl Target {
                     publisher,
                     amqp: Some((conn, ch, topic)),
                     nats: None,
+                    kafka: None,
                 })
             }
             Broker::Nats => {
@@ -170,14 +185,31 @@ impl Target {
                     publisher: Arc::new(p.clone()),
                     amqp: None,
                     nats: Some((p, stream)),
+                    kafka: None,
+                })
+            }
+            Broker::Kafka => {
+                oncely_broker::ensure_topic(&args.kafka_brokers, &topic, 3)
+                    .await
+                    .context("creating the Kafka topic")?;
+                let c = KafkaConfig::new(&args.kafka_brokers);
+                let p = KafkaPublisher::new(c.clone())?;
+                Ok(Self {
+                    broker,
+                    topic,
+                    publisher: Arc::new(p),
+                    amqp: None,
+                    nats: None,
+                    kafka: Some(c),
                 })
             }
         }
     }
 
     /// The raw client: the same messages, persistent / with a message id, published in
-    /// windows of `window` whose confirmations (AMQP confirms / JetStream PubAcks) are
-    /// awaited together — the relay's confirmation mode. Returns messages/s.
+    /// windows of `window` whose confirmations (AMQP confirms / JetStream PubAcks / Kafka
+    /// delivery reports of the idempotent producer with `acks=all`, the relay's producer
+    /// settings) are awaited together — the relay's confirmation mode. Returns messages/s.
     async fn raw(&self, args: &RelayBenchArgs, n: usize, window: usize) -> anyhow::Result<f64> {
         use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
         let started = Instant::now();
@@ -240,8 +272,45 @@ impl Target {
                     }
                 }
             }
+            Broker::Kafka => {
+                let producer = self.raw_kafka_producer()?;
+                let mut i = 0;
+                while i < n {
+                    let mut reports = Vec::with_capacity(window);
+                    for k in i..(i + window).min(n) {
+                        let m = message(&self.topic, k);
+                        let mut h = rdkafka::message::OwnedHeaders::new();
+                        for (name, value) in m.all_headers() {
+                            h = h.insert(rdkafka::message::Header {
+                                key: &name,
+                                value: Some(value.as_bytes()),
+                            });
+                        }
+                        let record = rdkafka::producer::FutureRecord::to(&m.topic)
+                            .key(m.partition_key.as_bytes())
+                            .payload(m.payload.as_slice())
+                            .headers(h);
+                        reports.push(
+                            producer
+                                .send_result(record)
+                                .map_err(|(e, _)| anyhow::anyhow!("enqueue: {e}"))?,
+                        );
+                    }
+                    i += reports.len();
+                    for r in reports {
+                        r.await?
+                            .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+                    }
+                }
+            }
         }
         Ok(n as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// A raw rdkafka producer with the relay's settings (idempotence, `acks=all`, linger).
+    fn raw_kafka_producer(&self) -> anyhow::Result<rdkafka::producer::FutureProducer> {
+        let c = self.kafka.as_ref().context("kafka target")?;
+        Ok(c.producer_config().create()?)
     }
 
     /// The raw client's own publish-to-confirmation latency at `rate`/s for `secs` (one
@@ -264,7 +333,11 @@ impl Target {
                 ch.confirm_select(ConfirmSelectOptions::default()).await?;
                 Some((conn, ch))
             }
-            Broker::Nats => None,
+            Broker::Nats | Broker::Kafka => None,
+        };
+        let kafka = match self.broker {
+            Broker::Kafka => Some(self.raw_kafka_producer()?),
+            _ => None,
         };
         for k in 0..total as usize {
             tick.tick().await;
@@ -272,6 +345,29 @@ impl Target {
             // The very message the relay would publish for this event.
             let m = message(&self.topic, k);
             let wait: tokio::task::JoinHandle<anyhow::Result<i64>> = match (&amqp, &self.nats) {
+                _ if kafka.is_some() => {
+                    let producer = kafka.as_ref().expect("checked");
+                    let h =
+                        rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                            key: "message-id",
+                            value: Some(id.as_bytes()),
+                        });
+                    let key = format!("agg-{k}");
+                    let body = payload(k);
+                    let record = rdkafka::producer::FutureRecord::to(&self.topic)
+                        .key(key.as_bytes())
+                        .payload(body.as_slice())
+                        .headers(h);
+                    let report = producer
+                        .send_result(record)
+                        .map_err(|(e, _)| anyhow::anyhow!("enqueue: {e}"))?;
+                    tokio::spawn(async move {
+                        report
+                            .await?
+                            .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+                        Ok(started.elapsed().as_millis() as i64)
+                    })
+                }
                 (Some((_, ch)), _) => {
                     let confirm = ch
                         .basic_publish(
@@ -334,6 +430,8 @@ impl Target {
         if let Some((p, stream)) = self.nats {
             drop(p.jetstream().delete_stream(&stream).await);
         }
+        // Kafka: the bench topic stays (tansu keeps it in memory; a real cluster's retention
+        // removes the records).
     }
 }
 
@@ -499,7 +597,7 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
         args.events,
         args.window
     );
-    for broker in [Broker::RabbitMq, Broker::Nats] {
+    for broker in [Broker::RabbitMq, Broker::Nats, Broker::Kafka] {
         if !args.brokers.iter().any(|b| b == broker.name()) {
             continue;
         }
