@@ -18,8 +18,8 @@ pub struct KafkaConfig {
     /// `127.0.0.1:9092`.
     pub brokers: String,
     /// How long librdkafka may try to deliver one message, retries included
-    /// (`message.timeout.ms`); after it the message fails with [`PublishError::Timeout`].
-    /// Default 10 s.
+    /// (`message.timeout.ms`, also `request.timeout.ms`); after it the message fails with
+    /// [`PublishError::Timeout`]. Default 10 s.
     pub delivery_timeout: Duration,
     /// How long the producer waits to fill a batch (`linger.ms`). Default 2 ms.
     pub linger: Duration,
@@ -55,6 +55,10 @@ impl KafkaConfig {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", millis(self.delivery_timeout))
+            // A produce request in flight when the connection silently dies fails after
+            // this, not after librdkafka's default 30 s (the idempotent producer cannot time
+            // out a message while its request is in flight).
+            .set("request.timeout.ms", millis(self.delivery_timeout))
             .set("linger.ms", millis(self.linger))
             .set("message.max.bytes", self.max_message_bytes.to_string())
             .set(
