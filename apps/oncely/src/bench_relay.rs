@@ -92,8 +92,9 @@ struct Target {
     publisher: Arc<dyn Publisher>,
     amqp: Option<(lapin::Connection, lapin::Channel, String)>,
     nats: Option<(NatsPublisher, String)>,
-    /// The relay's producer settings, for the raw producer.
-    kafka: Option<KafkaConfig>,
+    /// The raw producer, with the relay's producer settings; created once and reused, so
+    /// its start-up (connect, InitProducerId) falls into the warm-up, as the relay's does.
+    kafka: Option<rdkafka::producer::FutureProducer>,
 }
 
 const EXCHANGE: &str = "oncely.bench";
@@ -200,7 +201,7 @@ impl Target {
                     publisher: Arc::new(p),
                     amqp: None,
                     nats: None,
-                    kafka: Some(c),
+                    kafka: Some(c.producer_config().create()?),
                 })
             }
         }
@@ -307,10 +308,9 @@ impl Target {
         Ok(n as f64 / started.elapsed().as_secs_f64())
     }
 
-    /// A raw rdkafka producer with the relay's settings (idempotence, `acks=all`, linger).
+    /// The raw rdkafka producer with the relay's settings (idempotence, `acks=all`, linger).
     fn raw_kafka_producer(&self) -> anyhow::Result<rdkafka::producer::FutureProducer> {
-        let c = self.kafka.as_ref().context("kafka target")?;
-        Ok(c.producer_config().create()?)
+        self.kafka.clone().context("kafka target")
     }
 
     /// The raw client's own publish-to-confirmation latency at `rate`/s for `secs` (one
