@@ -347,16 +347,16 @@ impl Target {
             let wait: tokio::task::JoinHandle<anyhow::Result<i64>> = match (&amqp, &self.nats) {
                 _ if kafka.is_some() => {
                     let producer = kafka.as_ref().expect("checked");
-                    let h =
-                        rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-                            key: "message-id",
-                            value: Some(id.as_bytes()),
+                    let mut h = rdkafka::message::OwnedHeaders::new();
+                    for (name, value) in m.all_headers() {
+                        h = h.insert(rdkafka::message::Header {
+                            key: &name,
+                            value: Some(value.as_bytes()),
                         });
-                    let key = format!("agg-{k}");
-                    let body = payload(k);
-                    let record = rdkafka::producer::FutureRecord::to(&self.topic)
-                        .key(key.as_bytes())
-                        .payload(body.as_slice())
+                    }
+                    let record = rdkafka::producer::FutureRecord::to(&m.topic)
+                        .key(m.partition_key.as_bytes())
+                        .payload(m.payload.as_slice())
                         .headers(h);
                     let report = producer
                         .send_result(record)
