@@ -4,15 +4,11 @@
 //! in one transaction; binary-collated text columns (`topic`, `partition_key`) are read
 //! through `CAST(… AS CHAR)`, which sqlx decodes as text.
 
+use oncely_sql::in_list;
 use oncely_sql::sqlx::mysql::MySqlPool;
 use oncely_sql::StoreError;
 
 use crate::sql::{DeliveryRow, QueueRow};
-
-/// `?, ?, …` for `n` values.
-fn list(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
 
 const QUEUE_COLUMNS: &str = "id, CAST(topic AS CHAR) AS topic, message_id, \
      CAST(partition_key AS CHAR) AS partition_key, event_type, headers, payload, enqueued_at";
@@ -39,7 +35,7 @@ pub(crate) async fn receive(
         tx.commit().await?;
         return Ok(Vec::new());
     }
-    let set = list(ids.len());
+    let set = in_list(ids.len());
     let select = format!("SELECT {QUEUE_COLUMNS} FROM oncely_queue WHERE id IN ({set})");
     let mut q = sqlx::query_as(&select);
     for id in &ids {
@@ -81,7 +77,7 @@ pub(crate) async fn claim(
         tx.commit().await?;
         return Ok(Vec::new());
     }
-    let set = list(ids.len());
+    let set = in_list(ids.len());
     let update = format!(
         "UPDATE oncely_deliveries SET lease_token = ?, locked_until = ? WHERE id IN ({set})"
     );

@@ -26,6 +26,12 @@ where
     const QUESTION_MARKS: bool = <DB::Connection as Dialect>::QUESTION_MARKS;
 }
 
+/// `?, ?, …` for `n` values: the MySQL spelling of an `IN (…)` list of `n` binds (MySQL has
+/// no array parameter like PostgreSQL's `= ANY($1)`).
+pub fn in_list(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
 /// `sql` as the database behind `conn` spells it: unchanged for SQLite and PostgreSQL;
 /// for MySQL every `$n` placeholder becomes `?`.
 ///

@@ -33,7 +33,7 @@ mod outbox_mysql;
 pub use db::{
     Backend, Database, DbOptions, MySqlStore, MySqlTx, PgStore, SqliteStore, SqliteTx, Tx,
 };
-pub use dialect::{sql_text, Dialect};
+pub use dialect::{in_list, sql_text, Dialect};
 pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};

@@ -197,6 +197,22 @@ pub enum Rescheduled {
     NotHeld,
 }
 
+impl Rescheduled {
+    /// From the `state` a reschedule statement returned (`None`: no row matched).
+    fn from_state(state: Option<&str>) -> Self {
+        match state {
+            None => Self::NotHeld,
+            Some("dead") => Self::Dead,
+            Some(_) => Self::Retry,
+        }
+    }
+}
+
+/// A failed publish: one more attempt, its error, the next attempt's time, and `dead` at the
+/// attempt limit. Binds `$1` error, `$2` available_at, `$3` attempt limit.
+const RESCHEDULE_SET: &str = "attempts = attempts + 1, last_error = $1, available_at = $2, \
+     state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END";
+
 /// Which dead rows [`OutboxStore::requeue_dead`] puts back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -338,26 +354,20 @@ impl ClaimedBatch {
                 let max = i64::from(max_attempts.max(1));
                 for f in failures {
                     let error: String = f.error.chars().take(2000).collect();
-                    let state: Option<String> = sqlx::query_scalar(
-                        "UPDATE oncely_outbox SET attempts = attempts + 1, last_error = $1, \
-                         available_at = $2, \
-                         state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
-                         WHERE id = $4 AND state = 'pending' RETURNING state",
-                    )
+                    // Locked by this transaction, so no owner to check.
+                    let state: Option<String> = sqlx::query_scalar(&format!(
+                        "UPDATE oncely_outbox SET {RESCHEDULE_SET} \
+                         WHERE id = $4 AND state = 'pending' RETURNING state"
+                    ))
                     .bind(&error)
                     .bind(f.retry_at_ms)
                     .bind(max)
                     .bind(f.id)
                     .fetch_optional(&mut **tx)
                     .await?;
-                    settled.failures.push((
-                        f.id,
-                        match state.as_deref() {
-                            None => Rescheduled::NotHeld,
-                            Some("dead") => Rescheduled::Dead,
-                            Some(_) => Rescheduled::Retry,
-                        },
-                    ));
+                    settled
+                        .failures
+                        .push((f.id, Rescheduled::from_state(state.as_deref())));
                 }
                 tx.commit().await?;
             }
@@ -700,20 +710,16 @@ impl OutboxStore {
     ) -> Result<Rescheduled, StoreError> {
         let error: String = error.chars().take(2000).collect();
         let max = i64::from(max_attempts.max(1));
-        let sql = "UPDATE oncely_outbox SET attempts = attempts + 1, last_error = $1, \
-                   locked_by = NULL, locked_until = NULL, available_at = $2, \
-                   state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
-                   WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state";
+        let sql = format!(
+            "UPDATE oncely_outbox SET {RESCHEDULE_SET}, locked_by = NULL, locked_until = NULL \
+             WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state"
+        );
         if let Database::MySql(p) = &self.db {
             let state =
                 outbox_mysql::reschedule(p.pool(), owner, id, &error, retry_at_ms, max).await?;
-            return Ok(match state.as_deref() {
-                None => Rescheduled::NotHeld,
-                Some("dead") => Rescheduled::Dead,
-                Some(_) => Rescheduled::Retry,
-            });
+            return Ok(Rescheduled::from_state(state.as_deref()));
         }
-        let state: Option<String> = crate::on_writer!(&self.db, |p| sqlx::query_scalar(sql)
+        let state: Option<String> = crate::on_writer!(&self.db, |p| sqlx::query_scalar(&sql)
             .bind(&error)
             .bind(retry_at_ms)
             .bind(max)
@@ -721,11 +727,7 @@ impl OutboxStore {
             .bind(owner)
             .fetch_optional(p)
             .await)?;
-        Ok(match state.as_deref() {
-            None => Rescheduled::NotHeld,
-            Some("dead") => Rescheduled::Dead,
-            Some(_) => Rescheduled::Retry,
-        })
+        Ok(Rescheduled::from_state(state.as_deref()))
     }
 
     /// Gives back the leases `owner` holds on `ids` without counting an attempt (a relay

@@ -2,6 +2,7 @@
 //! `= ANY($1)`, `?` placeholders bound by position, `_bin` columns selected through
 //! `CAST(… AS CHAR)` (sqlx decodes a binary-collated column as bytes, not text).
 
+use crate::dialect::in_list;
 use sqlx::mysql::MySqlPool;
 
 use crate::outbox::Row;
@@ -12,11 +13,6 @@ use crate::StoreError;
 pub(crate) const COLUMNS: &str = "id, message_id, CAST(topic AS CHAR) AS topic, \
      CAST(partition_key AS CHAR) AS partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
-
-/// `?, ?, …` for `n` values.
-pub(crate) fn list(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
 
 /// Claims like the PostgreSQL statement, in one transaction of three statements: lock the
 /// candidates with `FOR UPDATE SKIP LOCKED` (MySQL 8.0+, MariaDB 10.6+), lease them, read
@@ -49,7 +45,7 @@ pub(crate) async fn claim(
         tx.commit().await?;
         return Ok(Vec::new());
     }
-    let set = list(ids.len());
+    let set = in_list(ids.len());
     let update_sql = format!(
         "UPDATE oncely_outbox SET locked_by = ?, locked_until = ? \
          WHERE state = 'pending' AND (locked_until IS NULL OR locked_until < ?) AND id IN ({set})"
@@ -88,7 +84,7 @@ pub(crate) async fn mark_published(
             "UPDATE oncely_outbox SET state = 'published', published_at = ?, \
              locked_by = NULL, locked_until = NULL \
              WHERE locked_by = ? AND state = 'pending' AND id IN ({})",
-            list(chunk.len())
+            in_list(chunk.len())
         );
         let mut q = sqlx::query(&sql).bind(now_ms).bind(owner);
         for id in chunk {
