@@ -120,6 +120,26 @@ async fn amqp_connect(url: &str) -> anyhow::Result<(lapin::Connection, lapin::Ch
     Ok((conn, ch))
 }
 
+/// Publishes `m` with the raw lapin client exactly as [`RabbitMqPublisher`] does (same
+/// exchange, routing key = topic, `mandatory`, same properties); returns its confirm.
+async fn amqp_publish(
+    ch: &lapin::Channel,
+    m: &oncely_broker::Message,
+) -> anyhow::Result<lapin::publisher_confirm::PublisherConfirm> {
+    Ok(ch
+        .basic_publish(
+            EXCHANGE,
+            m.topic.as_str(),
+            lapin::options::BasicPublishOptions {
+                mandatory: true,
+                ..lapin::options::BasicPublishOptions::default()
+            },
+            &m.payload,
+            RabbitMqPublisher::properties(m),
+        )
+        .await?)
+}
+
 impl Target {
     async fn new(broker: Broker, args: &RelayBenchArgs, window: usize) -> anyhow::Result<Self> {
         use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -212,7 +232,7 @@ impl Target {
     /// delivery reports of the idempotent producer with `acks=all`, the relay's producer
     /// settings) are awaited together — the relay's confirmation mode. Returns messages/s.
     async fn raw(&self, args: &RelayBenchArgs, n: usize, window: usize) -> anyhow::Result<f64> {
-        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+        use lapin::options::ConfirmSelectOptions;
         let started = Instant::now();
         match self.broker {
             Broker::RabbitMq => {
@@ -223,19 +243,7 @@ impl Target {
                     let mut confirms = Vec::with_capacity(window);
                     for k in i..(i + window).min(n) {
                         let m = message(&self.topic, k);
-                        confirms.push(
-                            ch.basic_publish(
-                                EXCHANGE,
-                                self.topic.as_str(),
-                                BasicPublishOptions {
-                                    mandatory: true,
-                                    ..BasicPublishOptions::default()
-                                },
-                                &m.payload,
-                                RabbitMqPublisher::properties(&m),
-                            )
-                            .await?,
-                        );
+                        confirms.push(amqp_publish(&ch, &m).await?);
                     }
                     i += confirms.len();
                     for c in confirms {
@@ -254,14 +262,7 @@ impl Target {
                     let mut acks = Vec::with_capacity(window);
                     for k in i..(i + window).min(n) {
                         let m = message(&self.topic, k);
-                        let mut h = async_nats::HeaderMap::new();
-                        h.insert(
-                            async_nats::header::NATS_MESSAGE_ID,
-                            m.id.to_string().as_str(),
-                        );
-                        for (name, value) in m.all_headers() {
-                            h.insert(name.as_str(), value.as_str());
-                        }
+                        let h = NatsPublisher::headers(&m);
                         acks.push(
                             js.publish_with_headers(m.topic.clone(), h, m.payload.into())
                                 .await?,
@@ -322,7 +323,7 @@ impl Target {
         rate: u64,
         secs: u64,
     ) -> anyhow::Result<Vec<i64>> {
-        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+        use lapin::options::ConfirmSelectOptions;
         let total = rate * secs;
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -369,32 +370,14 @@ impl Target {
                     })
                 }
                 (Some((_, ch)), _) => {
-                    let confirm = ch
-                        .basic_publish(
-                            EXCHANGE,
-                            self.topic.as_str(),
-                            BasicPublishOptions {
-                                mandatory: true,
-                                ..BasicPublishOptions::default()
-                            },
-                            &m.payload,
-                            RabbitMqPublisher::properties(&m),
-                        )
-                        .await?;
+                    let confirm = amqp_publish(ch, &m).await?;
                     tokio::spawn(async move {
                         confirm.await?;
                         Ok(started.elapsed().as_millis() as i64)
                     })
                 }
                 (None, Some((p, _))) => {
-                    let mut h = async_nats::HeaderMap::new();
-                    h.insert(
-                        async_nats::header::NATS_MESSAGE_ID,
-                        m.id.to_string().as_str(),
-                    );
-                    for (name, value) in m.all_headers() {
-                        h.insert(name.as_str(), value.as_str());
-                    }
+                    let h = NatsPublisher::headers(&m);
                     let ack = p
                         .jetstream()
                         .publish_with_headers(m.topic.clone(), h, m.payload.into())

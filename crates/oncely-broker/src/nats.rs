@@ -95,6 +95,21 @@ impl NatsPublisher {
         &self.client
     }
 
+    /// The NATS headers sent with `m`: `Nats-Msg-Id` = message id (JetStream's
+    /// de-duplication key) and every header of [`Message::all_headers`]. Public so
+    /// benchmarks can publish the very same messages with the raw client.
+    pub fn headers(m: &Message) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            m.id.to_string().as_str(),
+        );
+        for (k, v) in m.all_headers() {
+            headers.insert(k.as_str(), v.as_str());
+        }
+        headers
+    }
+
     fn map_error(
         e: &jetstream::context::PublishError,
         m: &Message,
@@ -119,17 +134,13 @@ impl NatsPublisher {
             let mut pending: Vec<Result<PublishAckFuture, PublishError>> =
                 Vec::with_capacity(window.len());
             for m in window {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(
-                    async_nats::header::NATS_MESSAGE_ID,
-                    m.id.to_string().as_str(),
-                );
-                for (k, v) in m.all_headers() {
-                    headers.insert(k.as_str(), v.as_str());
-                }
                 let sent = self
                     .js
-                    .publish_with_headers(m.topic.clone(), headers, m.payload.clone().into())
+                    .publish_with_headers(
+                        m.topic.clone(),
+                        Self::headers(m),
+                        m.payload.clone().into(),
+                    )
                     .await;
                 pending.push(sent.map_err(|e| Self::map_error(&e, m, timeout_ms)));
             }
