@@ -178,6 +178,26 @@ impl Target {
                     FieldTable::default(),
                 )
                 .await?;
+                // A consumer drains the queue throughout, as in production: a queue that
+                // only grows (tens of thousands of messages held by the queue process)
+                // stalls the broker's confirms in long garbage collections, which would
+                // measure the unconsumed queue rather than the publishers.
+                let consumer_channel = conn.create_channel().await?;
+                let mut deliveries = consumer_channel
+                    .basic_consume(
+                        topic.as_str(),
+                        "oncely-bench-drain",
+                        lapin::options::BasicConsumeOptions {
+                            no_ack: true,
+                            ..lapin::options::BasicConsumeOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await?;
+                tokio::spawn(async move {
+                    use futures_util::StreamExt as _;
+                    while let Some(Ok(_)) = deliveries.next().await {}
+                });
                 let mut c = RabbitMqConfig::new(&args.amqp_url);
                 EXCHANGE.clone_into(&mut c.exchange);
                 c.max_in_flight = window;
@@ -240,15 +260,19 @@ impl Target {
                 ch.confirm_select(ConfirmSelectOptions::default()).await?;
                 let mut i = 0;
                 while i < n {
-                    let mut confirms = Vec::with_capacity(window);
-                    for k in i..(i + window).min(n) {
-                        let m = message(&self.topic, k);
-                        confirms.push(amqp_publish(&ch, &m).await?);
-                    }
+                    // The whole window's publishes at once (each resolves when lapin's io
+                    // thread has written it), then its confirmations.
+                    let messages: Vec<_> = (i..(i + window).min(n))
+                        .map(|k| message(&self.topic, k))
+                        .collect();
+                    let confirms = futures_util::future::join_all(
+                        messages.iter().map(|m| amqp_publish(&ch, m)),
+                    )
+                    .await;
                     i += confirms.len();
                     for c in confirms {
                         anyhow::ensure!(
-                            matches!(c.await?, lapin::publisher_confirm::Confirmation::Ack(None)),
+                            matches!(c?.await?, lapin::publisher_confirm::Confirmation::Ack(None)),
                             "raw publish not acknowledged"
                         );
                     }

@@ -266,6 +266,11 @@ impl Relay {
         tracing::trace!(
             rows = batch.as_ref().map_or(0, |b| b.rows().len()),
             micros = started.elapsed().as_micros() as u64,
+            oldest_age_ms = batch
+                .as_ref()
+                .ok()
+                .and_then(|b| b.rows().iter().map(|r| r.created_at).min())
+                .map_or(0, |c| oncely_core::now_ms() - c),
             "claim"
         );
         batch
