@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use oncely_broker::{
-    KafkaConfig, KafkaPublisher, NatsConfig, NatsPublisher, Publisher, RabbitMqConfig,
+    KafkaConfig, KafkaPublisher, Message, NatsConfig, NatsPublisher, Publisher, RabbitMqConfig,
     RabbitMqPublisher, SqlTransport,
 };
 use oncely_core::{IdempotencyKey, MessageId, Operation, RetryPolicy, Scope, TenantId};
@@ -1101,6 +1101,43 @@ async fn postgres_notify_wakes_an_idle_relay(mut h: Harness) {
     h.finish().await;
 }
 
+/// One publish call of 300 messages — more than a confirmation window (256), and more than
+/// the 30 futures above which `join_all` stops polling in order — reaches the consumer in
+/// the call's order, one copy each: the publishers queue a window's messages in order.
+async fn a_batch_reaches_the_broker_in_the_order_given(mut h: Harness) {
+    let messages: Vec<Message> = (0..300)
+        .map(|i| {
+            let e = h.event("one-aggregate", i);
+            Message {
+                id: e.message_id,
+                topic: e.topic,
+                partition_key: e.partition_key,
+                event_type: e.event_type,
+                payload: e.payload,
+                headers: e.headers,
+            }
+        })
+        .collect();
+    let results = h.publisher.publish(&messages).await;
+    assert_eq!(results.len(), messages.len());
+    for (i, r) in results.iter().enumerate() {
+        assert!(r.is_ok(), "message {i}: {r:?}");
+    }
+    let got = h
+        .consumer
+        .collect(300, Duration::from_secs(30), Duration::from_millis(300))
+        .await;
+    let seqs: Vec<usize> = got
+        .iter()
+        .map(|d| {
+            let text = String::from_utf8(d.payload.clone()).unwrap();
+            text.split_once(':').unwrap().1.parse().unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, (0..300).collect::<Vec<_>>());
+    h.finish().await;
+}
+
 async fn run<F, Fut>(backend: TestBackend, broker: Broker, scenario: F)
 where
     F: FnOnce(Harness) -> Fut,
@@ -1134,6 +1171,7 @@ matrix!(
     Sqlite,
     Sql,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1145,6 +1183,7 @@ matrix!(
     Sqlite,
     RabbitMq,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1157,6 +1196,7 @@ matrix!(
     Sqlite,
     Nats,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1169,6 +1209,7 @@ matrix!(
     Sqlite,
     Kafka,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1181,6 +1222,7 @@ matrix!(
     Postgres,
     Sql,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1194,6 +1236,7 @@ matrix!(
     Postgres,
     RabbitMq,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1207,6 +1250,7 @@ matrix!(
     Postgres,
     Nats,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
@@ -1259,6 +1303,7 @@ matrix!(
     Postgres,
     Kafka,
     [
+        a_batch_reaches_the_broker_in_the_order_given,
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
