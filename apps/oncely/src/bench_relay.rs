@@ -90,7 +90,8 @@ struct Target {
     broker: Broker,
     topic: String,
     publisher: Arc<dyn Publisher>,
-    amqp: Option<(lapin::Connection, lapin::Channel, String)>,
+    /// Connection, channel, queue, and the channel of the consumer draining the queue.
+    amqp: Option<(lapin::Connection, lapin::Channel, String, lapin::Channel)>,
     nats: Option<(NatsPublisher, String)>,
     /// The raw producer, with the relay's producer settings; created once and reused, so
     /// its start-up (connect, InitProducerId) falls into the warm-up, as the relay's does.
@@ -206,7 +207,7 @@ impl Target {
                     broker,
                     topic: topic.clone(),
                     publisher,
-                    amqp: Some((conn, ch, topic)),
+                    amqp: Some((conn, ch, topic, consumer_channel)),
                     nats: None,
                     kafka: None,
                 })
@@ -424,7 +425,17 @@ impl Target {
     }
 
     async fn cleanup(self) {
-        if let Some((conn, ch, queue)) = self.amqp {
+        self.publisher.close().await;
+        if let Some((conn, ch, queue, consumer_channel)) = self.amqp {
+            drop(
+                consumer_channel
+                    .basic_cancel(
+                        "oncely-bench-drain",
+                        lapin::options::BasicCancelOptions::default(),
+                    )
+                    .await,
+            );
+            drop(consumer_channel.close(0, "bench done").await);
             drop(
                 ch.queue_delete(
                     queue.as_str(),

@@ -210,7 +210,7 @@ impl RelayArgs {
                 }
             };
             tracing::info!(broker = publisher.name(), "outbox relay starting");
-            let mut relay = Relay::new(db, publisher, args.config());
+            let mut relay = Relay::new(db, publisher.clone(), args.config());
             if std::env::var("ONCELY_FAULT").as_deref() == Ok("relay-abort-after-confirm") {
                 tracing::warn!("fault injection: aborting after the first confirmed batch");
                 relay = relay.with_fault_after_confirm(Arc::new(|rows| {
@@ -224,6 +224,7 @@ impl RelayArgs {
                 }));
             }
             relay.run(shutdown).await;
+            publisher.close().await;
         })
     }
 }

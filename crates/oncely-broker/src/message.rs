@@ -101,4 +101,11 @@ pub trait Publisher: Send + Sync + std::fmt::Debug {
 
     /// A short name for logs and metrics labels: `sql`, `rabbitmq`, `nats`.
     fn name(&self) -> &'static str;
+
+    /// Closes the broker connection cleanly at shutdown (AMQP `connection.close`), so the
+    /// broker does not log an abrupt disconnect. Publishing again reconnects. The default
+    /// does nothing (clients that need no goodbye).
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }

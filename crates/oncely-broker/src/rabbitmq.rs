@@ -307,4 +307,15 @@ impl Publisher for RabbitMqPublisher {
     fn name(&self) -> &'static str {
         "rabbitmq"
     }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {
+            let conn = self.conn.lock().await.take();
+            if let Some(c) = conn {
+                // 200 = reply-success (AMQP 0-9-1 §1.9); a failure here means the
+                // connection is gone already.
+                drop(c.connection.close(200, "oncely relay stopping").await);
+            }
+        })
+    }
 }
