@@ -59,6 +59,13 @@ impl KafkaConfig {
             // this, not after librdkafka's default 30 s (the idempotent producer cannot time
             // out a message while its request is in flight).
             .set("request.timeout.ms", millis(self.delivery_timeout))
+            // While a partition leader is unreachable, librdkafka (2.12) times out the
+            // messages in that broker's transmit queue only when the broker's thread wakes
+            // up, and while it waits to reconnect it sleeps the whole backoff (it does not
+            // wake for those messages' timeouts): with librdkafka's default ceiling of 10 s
+            // deliveries failed up to 10 s after `message.timeout.ms`. 1 s (the Java
+            // client's default) keeps the timeouts within about a second of it.
+            .set("reconnect.backoff.max.ms", millis(RECONNECT_BACKOFF_MAX))
             .set("linger.ms", millis(self.linger))
             .set("message.max.bytes", self.max_message_bytes.to_string())
             .set(
@@ -68,6 +75,11 @@ impl KafkaConfig {
         c
     }
 }
+
+/// librdkafka `reconnect.backoff.max.ms`: the longest pause between two connection attempts
+/// to a broker, and so the longest librdkafka is late in timing out the messages queued for
+/// an unreachable one.
+const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()
@@ -295,4 +307,17 @@ pub async fn ensure_topic(brokers: &str, name: &str, partitions: i32) -> Result<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_backoff_is_capped_so_timeouts_fire_on_time() {
+        let c = KafkaConfig::new("127.0.0.1:9092").producer_config();
+        assert_eq!(c.get("reconnect.backoff.max.ms"), Some("1000"));
+        // librdkafka accepts the whole configuration (connects lazily).
+        let _producer: FutureProducer = c.create().expect("producer");
+    }
 }
