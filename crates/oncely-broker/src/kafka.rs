@@ -19,7 +19,8 @@ pub struct KafkaConfig {
     pub brokers: String,
     /// How long librdkafka may try to deliver one message, retries included
     /// (`message.timeout.ms`, also `request.timeout.ms`); after it the message fails with
-    /// [`PublishError::Timeout`]. Default 10 s.
+    /// [`PublishError::Timeout`]. A publish call returns within
+    /// [`KafkaConfig::publish_deadline`] whatever the broker does. Default 10 s.
     pub delivery_timeout: Duration,
     /// How long the producer waits to fill a batch (`linger.ms`). Default 2 ms.
     pub linger: Duration,
@@ -44,6 +45,19 @@ impl KafkaConfig {
         }
     }
 
+    /// The longest a publish call waits for its delivery reports: twice
+    /// [`KafkaConfig::delivery_timeout`] (a produce request sent just before a message's
+    /// timeout may take `request.timeout.ms` more to fail) plus 1 s (librdkafka scans for
+    /// timed-out messages about once a second, and after a reconnect backoff). Messages
+    /// without a report by then fail with [`PublishError::Timeout`]; librdkafka still holds
+    /// them and may deliver them later, a copy with the same `message-id` that consumers
+    /// de-duplicate. With the defaults 21 s, within the relay's default 30 s lease.
+    pub fn publish_deadline(&self) -> Duration {
+        self.delivery_timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
+    }
+
     /// The librdkafka producer settings oncely uses: the idempotent producer
     /// (`enable.idempotence=true`, which implies `acks=all`, at most 5 requests in flight
     /// per connection and retries without reordering within a partition). The raw-client
@@ -59,6 +73,13 @@ impl KafkaConfig {
             // this, not after librdkafka's default 30 s (the idempotent producer cannot time
             // out a message while its request is in flight).
             .set("request.timeout.ms", millis(self.delivery_timeout))
+            // While a partition leader is unreachable, librdkafka (2.12) times out the
+            // messages in that broker's transmit queue only when the broker's thread wakes
+            // up, and while it waits to reconnect it sleeps the whole backoff (it does not
+            // wake for those messages' timeouts): with librdkafka's default ceiling of 10 s
+            // deliveries failed up to 10 s after `message.timeout.ms`. 1 s (the Java
+            // client's default) keeps the timeouts within about a second of it.
+            .set("reconnect.backoff.max.ms", millis(RECONNECT_BACKOFF_MAX))
             .set("linger.ms", millis(self.linger))
             .set("message.max.bytes", self.max_message_bytes.to_string())
             .set(
@@ -68,6 +89,11 @@ impl KafkaConfig {
         c
     }
 }
+
+/// librdkafka `reconnect.backoff.max.ms`: the longest pause between two connection attempts
+/// to a broker, and so the longest librdkafka is late in timing out the messages queued for
+/// an unreachable one.
+const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()
@@ -85,8 +111,9 @@ fn millis(d: Duration) -> String {
 /// that (the inbox does).
 ///
 /// librdkafka reconnects by itself; messages it cannot deliver within
-/// [`KafkaConfig::delivery_timeout`] fail with [`PublishError::Timeout`]. After a fatal
-/// idempotence error the producer is replaced on the next call.
+/// [`KafkaConfig::delivery_timeout`] fail with [`PublishError::Timeout`], and a publish call
+/// never waits longer than [`KafkaConfig::publish_deadline`] for its delivery reports. After
+/// a fatal idempotence error the producer is replaced on the next call.
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: Arc<Mutex<FutureProducer>>,
@@ -203,6 +230,8 @@ impl KafkaPublisher {
     }
 
     async fn publish_batch(&self, batch: &[Message]) -> Vec<Result<(), PublishError>> {
+        let wait = self.config.publish_deadline();
+        let deadline = tokio::time::Instant::now() + wait;
         let producer = match self.healthy_producer() {
             Ok(p) => p,
             Err(e) => {
@@ -213,7 +242,9 @@ impl KafkaPublisher {
             }
         };
         // Enqueue everything first (librdkafka batches and pipelines), then await the
-        // delivery reports in order.
+        // delivery reports in order, until the deadline: librdkafka reports every message
+        // eventually, but not always on time (see `RECONNECT_BACKOFF_MAX`), and a relay
+        // must not sit on its claimed rows.
         let pending: Vec<Result<DeliveryFuture, PublishError>> = batch
             .iter()
             .map(|m| {
@@ -234,23 +265,38 @@ impl KafkaPublisher {
             })
             .collect();
         let mut results = Vec::with_capacity(batch.len());
+        let mut overdue = 0_usize;
         for (m, p) in batch.iter().zip(pending) {
             let r = match p {
                 Err(e) => Err(e),
-                Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => {
+                Ok(delivery) => match tokio::time::timeout_at(deadline, delivery).await {
+                    Err(_elapsed) => {
+                        overdue += 1;
+                        Err(PublishError::Timeout(
+                            u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                        ))
+                    }
+                    Ok(Ok(Ok(_))) => Ok(()),
+                    Ok(Ok(Err((e, _)))) => {
                         if e.rdkafka_error_code().is_some_and(needs_new_session) {
                             self.stale.store(true, Ordering::SeqCst);
                         }
                         Err(Self::map_error(&e, m, &self.config))
                     }
-                    Err(_canceled) => Err(PublishError::Unavailable(
+                    Ok(Err(_canceled)) => Err(PublishError::Unavailable(
                         "producer dropped the delivery report".to_owned(),
                     )),
                 },
             };
             results.push(r);
+        }
+        if overdue > 0 {
+            tracing::warn!(
+                overdue,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "kafka delivery reports overdue; reporting the messages as timed out \
+                 (librdkafka may still deliver them: copies with the same message ids)"
+            );
         }
         results
     }
@@ -295,4 +341,25 @@ pub async fn ensure_topic(brokers: &str, name: &str, partitions: i32) -> Result<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_backoff_is_capped_so_timeouts_fire_on_time() {
+        let c = KafkaConfig::new("127.0.0.1:9092").producer_config();
+        assert_eq!(c.get("reconnect.backoff.max.ms"), Some("1000"));
+        // librdkafka accepts the whole configuration (connects lazily).
+        let _producer: FutureProducer = c.create().expect("producer");
+    }
+
+    #[test]
+    fn publish_deadline_covers_an_in_flight_request_and_the_scan() {
+        let mut c = KafkaConfig::new("127.0.0.1:9092");
+        assert_eq!(c.publish_deadline(), Duration::from_secs(21));
+        c.delivery_timeout = Duration::from_secs(2);
+        assert_eq!(c.publish_deadline(), Duration::from_secs(5));
+    }
 }

@@ -993,6 +993,86 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
     h.finish().await;
 }
 
+/// Regression (sqlite_kafka::broker_down_for_a_while_delays_without_losing was flaky): while
+/// the partition leader is unreachable, librdkafka times out the messages queued for it only
+/// when that broker's thread wakes up to reconnect, which its reconnect backoff can put off by
+/// up to `reconnect.backoff.max.ms` (librdkafka's default 10 s) past `message.timeout.ms`. A
+/// publish must still return within [`KafkaConfig::publish_deadline`] (plus scheduling slack),
+/// call after call, however long the outage lasts, and deliver again once the broker is back.
+async fn kafka_publish_returns_in_time_while_the_broker_is_down() {
+    use oncely_broker::{Message, PublishError};
+    if !oncely_testkit::service_reachable("Kafka", &oncely_testkit::kafka_url()).await {
+        return;
+    }
+    let (proxy, tansu, brokers) = private_tansu().await;
+    let topic = format!("t{}", uuid::Uuid::new_v4().simple());
+    oncely_broker::ensure_topic(&brokers, &topic, KAFKA_PARTITIONS)
+        .await
+        .expect("create topic");
+    let config = kafka_config(&brokers);
+    let publisher = KafkaPublisher::new(config.clone()).unwrap();
+    let batch = |n: usize| -> Vec<Message> {
+        (0..n)
+            .map(|i| Message {
+                id: MessageId::new_random(),
+                topic: topic.clone(),
+                partition_key: format!("p-{i}"),
+                event_type: "test.event".to_owned(),
+                payload: format!("p-{i}").into_bytes(),
+                headers: BTreeMap::new(),
+            })
+            .collect()
+    };
+    // Connected, partition leaders known.
+    let up = publisher.publish(&batch(3)).await;
+    assert!(up.iter().all(Result::is_ok), "{up:?}");
+    proxy.cut();
+    // librdkafka's reconnect backoff doubles from 100 ms on every failed connection: over
+    // these calls (about 4 × 3 s) it would reach its 10 s default ceiling, and without the
+    // fix calls 1..3 took 7-10 s. The bound: the publisher's own plus 1 s of scheduling slack
+    // on a loaded machine.
+    let bound = config.publish_deadline() + Duration::from_secs(1);
+    for call in 0..4 {
+        let started = tokio::time::Instant::now();
+        let results = publisher.publish(&batch(3)).await;
+        let took = started.elapsed();
+        assert!(
+            took <= bound,
+            "publish call {call} while down took {took:?} (bound {bound:?})"
+        );
+        assert_eq!(results.len(), 3);
+        for r in &results {
+            assert!(
+                matches!(r, Err(PublishError::Timeout(_))),
+                "call {call}: {r:?}"
+            );
+        }
+    }
+    proxy.restore();
+    // Back: deliveries succeed again (a call or two may still fail while the producer
+    // reconnects or replaces a fenced session).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let results = publisher.publish(&batch(3)).await;
+        if results.iter().all(Result::is_ok) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no delivery after the broker came back: {results:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(tansu);
+}
+
+mod publish_kafka {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn returns_in_time_while_the_broker_is_down() {
+        super::kafka_publish_returns_in_time_while_the_broker_is_down().await;
+    }
+}
+
 /// A poison event fails on every attempt, goes `dead` after the limit (attempts and the
 /// error recorded, counted in stats), and meanwhile every other event flows — including
 /// the one queued behind it in its own partition, once it is dead. Requeue puts it back.

@@ -34,11 +34,13 @@ impl FaultProxy {
                     let Ok((client, _)) = listener.accept().await else {
                         continue;
                     };
+                    // Subscribe before looking at `cut`: a cut between the two would
+                    // otherwise count as already seen, and this connection would survive it.
+                    let mut cut_rx = generation.subscribe();
                     if cut.load(Ordering::SeqCst) {
                         drop(client);
                         continue;
                     }
-                    let mut cut_rx = generation.subscribe();
                     tokio::spawn(async move {
                         let Ok(mut server) = TcpStream::connect(target).await else {
                             return;
