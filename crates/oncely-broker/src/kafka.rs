@@ -93,7 +93,7 @@ impl KafkaConfig {
 /// librdkafka `reconnect.backoff.max.ms`: the longest pause between two connection attempts
 /// to a broker, and so the longest librdkafka is late in timing out the messages queued for
 /// an unreachable one.
-const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+pub(crate) const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()

@@ -233,6 +233,11 @@ impl KafkaSubscriber {
                 "message.timeout.ms",
                 self.config.delivery_timeout.as_millis().to_string(),
             )
+            // As the relay's producer: timeouts reported on time during an outage.
+            .set(
+                "reconnect.backoff.max.ms",
+                crate::kafka::RECONNECT_BACKOFF_MAX.as_millis().to_string(),
+            )
             .create()
             .map_err(|e| SubscribeError::Rejected(format!("kafka producer: {e}")))?;
         *guard = Some(p.clone());
