@@ -102,6 +102,7 @@ on_every_backend!(
     s8_second_process_on_the_same_database_obeys_the_same_keys,
     migrate_command_applies_migrations_and_sigterm_drains,
     serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
+    serve_bills_each_order_once_through_nats_jetstream,
     serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
     inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
     outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
@@ -182,7 +183,57 @@ async fn migrate_command_applies_migrations_and_sigterm_drains(t: TestDb) {
 }
 
 async fn serve_bills_each_order_once_in_process_and_get_shows_the_invoice(t: TestDb) {
-    let p = serve(&t.url);
+    bills_each_order_once(&t, &[]).await;
+}
+
+/// The whole chain through a real broker, as `oncely serve --broker nats` runs it: order and
+/// `order.created` in one transaction, the relay publishing to JetStream, the in-process
+/// billing consumer reading its durable consumer and billing through the inbox — each order
+/// billed once, retries and duplicate orders included.
+async fn serve_bills_each_order_once_through_nats_jetstream(t: TestDb) {
+    let nats_url = oncely_testkit::nats_url();
+    if !oncely_testkit::service_reachable("NATS", &nats_url).await {
+        return;
+    }
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("bill.{suffix}");
+    let stream = format!("BILL{suffix}");
+    bills_each_order_once(
+        &t,
+        &[
+            "--broker",
+            "nats",
+            "--nats-url",
+            &nats_url,
+            "--nats-stream",
+            &stream,
+            "--nats-subjects",
+            &topic,
+            "--events-topic",
+            &topic,
+            "--relay-poll-ms",
+            "50",
+        ],
+    )
+    .await;
+    let js = async_nats::jetstream::new(async_nats::connect(&nats_url).await.unwrap());
+    let messages = js
+        .get_stream(&stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(messages, 5, "one order.created per order in the stream");
+    drop(js.delete_stream(&stream).await);
+}
+
+/// Creates 5 orders through `oncely serve` (with `extra` arguments), each retried with its
+/// key and repeated under a new key, and checks that each is billed exactly once.
+async fn bills_each_order_once(t: &TestDb, extra: &[&str]) {
+    let p = serve_with(&t.url, extra);
     let client = reqwest::Client::new();
     let mut ids = Vec::new();
     for i in 0..5 {
