@@ -94,6 +94,10 @@ impl ConsumerArgs {
             BrokerKind::Rabbitmq => {
                 let mut c = RabbitMqSubscriberConfig::new(&broker.amqp_url, group, topic);
                 c.exchange.clone_from(&broker.amqp_exchange);
+                let queue = format!("{}.{group}", broker.amqp_queue_prefix);
+                c.retry_queue = format!("{queue}.retry");
+                c.dead_queue = format!("{queue}.dead");
+                c.queue = queue;
                 c.prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
                 self.start(name, db, RabbitMqSubscriber::new(c), shutdown)
                     .await

@@ -45,6 +45,10 @@ pub(crate) struct BrokerArgs {
     /// RabbitMQ exchange (declared durable, type topic); the event topic is the routing key.
     #[arg(long, env = "ONCELY_AMQP_EXCHANGE", default_value = "oncely")]
     pub(crate) amqp_exchange: String,
+    /// Prefix of the consumer groups' RabbitMQ queues: `<prefix>.<group>`, `….retry`,
+    /// `….dead`. Give each environment sharing a vhost its own.
+    #[arg(long, env = "ONCELY_AMQP_QUEUE_PREFIX", default_value = "oncely")]
+    pub(crate) amqp_queue_prefix: String,
     /// NATS URL.
     #[arg(long, env = "ONCELY_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub(crate) nats_url: String,

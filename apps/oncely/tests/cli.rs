@@ -103,6 +103,7 @@ on_every_backend!(
     migrate_command_applies_migrations_and_sigterm_drains,
     serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
     serve_bills_each_order_once_through_nats_jetstream,
+    serve_bills_each_order_once_through_rabbitmq,
     serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
     inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
     outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
@@ -228,6 +229,84 @@ async fn serve_bills_each_order_once_through_nats_jetstream(t: TestDb) {
         .messages;
     assert_eq!(messages, 5, "one order.created per order in the stream");
     drop(js.delete_stream(&stream).await);
+}
+
+/// As [`serve_bills_each_order_once_through_nats_jetstream`], through RabbitMQ: the relay
+/// publishes persistent messages with confirms to a topic exchange of this run, the billing
+/// consumer reads its group's queue (this run's `--amqp-queue-prefix`, so runs on other
+/// backends sharing the broker never take each other's deliveries). Publishes that find no
+/// queue bound yet come back unroutable and are retried, so nothing is lost to start-up order.
+async fn serve_bills_each_order_once_through_rabbitmq(t: TestDb) {
+    let amqp_url = oncely_testkit::amqp_url();
+    if !oncely_testkit::service_reachable("RabbitMQ", &amqp_url).await {
+        return;
+    }
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let exchange = format!("bill.{suffix}");
+    let prefix = format!("bill-{suffix}");
+    bills_each_order_once(
+        &t,
+        &[
+            "--broker",
+            "rabbitmq",
+            "--amqp-url",
+            &amqp_url,
+            "--amqp-exchange",
+            &exchange,
+            "--amqp-queue-prefix",
+            &prefix,
+            "--relay-poll-ms",
+            "50",
+            "--relay-backoff-base-ms",
+            "50",
+        ],
+    )
+    .await;
+    // Nothing left behind in the group's queues: every delivery acknowledged, none dead.
+    let conn = lapin::Connection::connect(
+        &amqp_url,
+        lapin::ConnectionProperties::default()
+            .with_executor(tokio_executor_trait::Tokio::current())
+            .with_reactor(tokio_reactor_trait::Tokio::current()),
+    )
+    .await
+    .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    for (queue, dead) in [
+        (format!("{prefix}.billing"), false),
+        (format!("{prefix}.billing.retry"), false),
+        (format!("{prefix}.billing.dead"), true),
+    ] {
+        let q = ch
+            .queue_declare(
+                queue.as_str(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..lapin::options::QueueDeclareOptions::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("queue {queue} declared by the consumer: {e}"));
+        if dead {
+            assert_eq!(q.message_count(), 0, "nothing dead-lettered");
+        }
+        drop(
+            ch.queue_delete(
+                queue.as_str(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
+            .await,
+        );
+    }
+    drop(
+        ch.exchange_delete(
+            exchange.as_str(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await,
+    );
+    drop(conn.close(200, "test done").await);
 }
 
 /// Creates 5 orders through `oncely serve` (with `extra` arguments), each retried with its
