@@ -124,7 +124,10 @@ impl ConsumerArgs {
                 self.start(name, db, NatsSubscriber::new(c), shutdown).await
             }
             BrokerKind::Kafka => {
-                let c = KafkaSubscriberConfig::new(&broker.kafka_brokers, group, topic);
+                let mut c = KafkaSubscriberConfig::new(&broker.kafka_brokers, group, topic);
+                if let Some(prefix) = &broker.kafka_group_prefix {
+                    c.group_id = format!("{prefix}.{group}");
+                }
                 self.start(name, db, KafkaSubscriber::new(c), shutdown)
                     .await
             }

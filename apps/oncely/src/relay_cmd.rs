@@ -77,6 +77,10 @@ pub(crate) struct BrokerArgs {
     /// Partitions of the topics created at start-up.
     #[arg(long, env = "ONCELY_KAFKA_PARTITIONS", default_value_t = 3)]
     kafka_partitions: i32,
+    /// Prefix of the consumer groups' Kafka group ids: `<prefix>.<group>` (unset: the group
+    /// name alone, e.g. `billing`). Give each environment sharing a cluster its own.
+    #[arg(long, env = "ONCELY_KAFKA_GROUP_PREFIX")]
+    pub(crate) kafka_group_prefix: Option<String>,
     /// SQL transport: largest payload, in bytes.
     #[arg(long, env = "ONCELY_SQL_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
     sql_max_message_bytes: usize,

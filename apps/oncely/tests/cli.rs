@@ -104,6 +104,7 @@ on_every_backend!(
     serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
     serve_bills_each_order_once_through_nats_jetstream,
     serve_bills_each_order_once_through_rabbitmq,
+    serve_bills_each_order_once_through_kafka,
     serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
     inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
     outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
@@ -307,6 +308,54 @@ async fn serve_bills_each_order_once_through_rabbitmq(t: TestDb) {
         .await,
     );
     drop(conn.close(200, "test done").await);
+}
+
+/// As [`serve_bills_each_order_once_through_nats_jetstream`], through Kafka (tansu): the relay
+/// produces with the idempotent producer to a topic of this run, the billing consumer reads
+/// it in a consumer group of this run (`--kafka-group-prefix`).
+async fn serve_bills_each_order_once_through_kafka(t: TestDb) {
+    if !oncely_testkit::service_reachable("Kafka", &oncely_testkit::kafka_url()).await {
+        return;
+    }
+    let brokers = oncely_testkit::kafka_brokers();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("bill.{suffix}");
+    bills_each_order_once(
+        &t,
+        &[
+            "--broker",
+            "kafka",
+            "--kafka-brokers",
+            &brokers,
+            "--kafka-topics",
+            &topic,
+            "--kafka-group-prefix",
+            &format!("bill-{suffix}"),
+            "--events-topic",
+            &topic,
+            "--relay-poll-ms",
+            "50",
+        ],
+    )
+    .await;
+    // The billing consumer read in this run's group.
+    let group = format!("bill-{suffix}.billing");
+    let groups = tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::Consumer as _;
+        let c: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .unwrap();
+        c.fetch_group_list(Some(&group), Duration::from_secs(10))
+            .unwrap()
+            .groups()
+            .iter()
+            .map(|g| g.name().to_owned())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert_eq!(groups, [format!("bill-{suffix}.billing")]);
 }
 
 /// Creates 5 orders through `oncely serve` (with `extra` arguments), each retried with its
