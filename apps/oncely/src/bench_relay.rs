@@ -113,10 +113,7 @@ fn payload(n: usize) -> Vec<u8> {
 }
 
 async fn amqp_connect(url: &str) -> anyhow::Result<(lapin::Connection, lapin::Channel)> {
-    let props = lapin::ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    let conn = lapin::Connection::connect(url, props).await?;
+    let conn = lapin::Connection::connect(url, oncely_broker::amqp_connection_properties()).await?;
     let ch = conn.create_channel().await?;
     Ok((conn, ch))
 }
@@ -306,20 +303,9 @@ impl Target {
                     let mut reports = Vec::with_capacity(window);
                     for k in i..(i + window).min(n) {
                         let m = message(&self.topic, k);
-                        let mut h = rdkafka::message::OwnedHeaders::new();
-                        for (name, value) in m.all_headers() {
-                            h = h.insert(rdkafka::message::Header {
-                                key: &name,
-                                value: Some(value.as_bytes()),
-                            });
-                        }
-                        let record = rdkafka::producer::FutureRecord::to(&m.topic)
-                            .key(m.partition_key.as_bytes())
-                            .payload(m.payload.as_slice())
-                            .headers(h);
                         reports.push(
                             producer
-                                .send_result(record)
+                                .send_result(KafkaPublisher::record(&m))
                                 .map_err(|(e, _)| anyhow::anyhow!("enqueue: {e}"))?,
                         );
                     }
@@ -373,19 +359,8 @@ impl Target {
             let wait: tokio::task::JoinHandle<anyhow::Result<i64>> = match (&amqp, &self.nats) {
                 _ if kafka.is_some() => {
                     let producer = kafka.as_ref().expect("checked");
-                    let mut h = rdkafka::message::OwnedHeaders::new();
-                    for (name, value) in m.all_headers() {
-                        h = h.insert(rdkafka::message::Header {
-                            key: &name,
-                            value: Some(value.as_bytes()),
-                        });
-                    }
-                    let record = rdkafka::producer::FutureRecord::to(&m.topic)
-                        .key(m.partition_key.as_bytes())
-                        .payload(m.payload.as_slice())
-                        .headers(h);
                     let report = producer
-                        .send_result(record)
+                        .send_result(KafkaPublisher::record(&m))
                         .map_err(|(e, _)| anyhow::anyhow!("enqueue: {e}"))?;
                     tokio::spawn(async move {
                         report

@@ -190,6 +190,24 @@ impl KafkaPublisher {
         ensure_topic(&self.config.brokers, name, partitions).await
     }
 
+    /// The record sent for `m`: topic = the message's topic, key = its partition key (one
+    /// aggregate's events share a partition and keep their order), value = the payload, and
+    /// every header of [`Message::all_headers`] as a record header. Public so benchmarks can
+    /// send the very same records with the raw producer.
+    pub fn record(m: &Message) -> FutureRecord<'_, [u8], [u8]> {
+        let mut headers = OwnedHeaders::new_with_capacity(6);
+        for (k, v) in m.all_headers() {
+            headers = headers.insert(Header {
+                key: &k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        FutureRecord::to(&m.topic)
+            .key(m.partition_key.as_bytes())
+            .payload(m.payload.as_slice())
+            .headers(headers)
+    }
+
     fn map_error(e: &KafkaError, m: &Message, config: &KafkaConfig) -> PublishError {
         match e.rdkafka_error_code() {
             Some(RDKafkaErrorCode::MessageTimedOut) => PublishError::Timeout(
@@ -248,19 +266,8 @@ impl KafkaPublisher {
         let pending: Vec<Result<DeliveryFuture, PublishError>> = batch
             .iter()
             .map(|m| {
-                let mut headers = OwnedHeaders::new_with_capacity(6);
-                for (k, v) in m.all_headers() {
-                    headers = headers.insert(Header {
-                        key: &k,
-                        value: Some(v.as_bytes()),
-                    });
-                }
-                let record = FutureRecord::to(&m.topic)
-                    .key(m.partition_key.as_bytes())
-                    .payload(m.payload.as_slice())
-                    .headers(headers);
                 producer
-                    .send_result(record)
+                    .send_result(Self::record(m))
                     .map_err(|(e, _)| Self::map_error(&e, m, &self.config))
             })
             .collect();
