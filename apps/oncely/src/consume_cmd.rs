@@ -92,12 +92,9 @@ impl ConsumerArgs {
                 self.start(name, db, sub, shutdown).await
             }
             BrokerKind::Rabbitmq => {
-                let mut c = RabbitMqSubscriberConfig::new(&broker.amqp_url, group, topic);
+                let mut c = RabbitMqSubscriberConfig::new(&broker.amqp_url, group, topic)
+                    .with_queue_prefix(&broker.amqp_queue_prefix);
                 c.exchange.clone_from(&broker.amqp_exchange);
-                let queue = format!("{}.{group}", broker.amqp_queue_prefix);
-                c.retry_queue = format!("{queue}.retry");
-                c.dead_queue = format!("{queue}.dead");
-                c.queue = queue;
                 c.prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
                 self.start(name, db, RabbitMqSubscriber::new(c), shutdown)
                     .await

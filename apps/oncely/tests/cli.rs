@@ -264,14 +264,9 @@ async fn serve_bills_each_order_once_through_rabbitmq(t: TestDb) {
     )
     .await;
     // Nothing left behind in the group's queues: every delivery acknowledged, none dead.
-    let conn = lapin::Connection::connect(
-        &amqp_url,
-        lapin::ConnectionProperties::default()
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio::current()),
-    )
-    .await
-    .unwrap();
+    let conn = lapin::Connection::connect(&amqp_url, oncely_broker::amqp_connection_properties())
+        .await
+        .unwrap();
     let ch = conn.create_channel().await.unwrap();
     for (queue, dead) in [
         (format!("{prefix}.billing"), false),

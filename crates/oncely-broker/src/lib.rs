@@ -60,7 +60,7 @@ pub use nats::{NatsConfig, NatsPublisher};
 #[cfg(feature = "nats")]
 pub use nats_subscriber::{NatsHandle, NatsSubscriber, NatsSubscriberConfig};
 #[cfg(feature = "rabbitmq")]
-pub use rabbitmq::{RabbitMqConfig, RabbitMqPublisher};
+pub use rabbitmq::{amqp_connection_properties, RabbitMqConfig, RabbitMqPublisher};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq_subscriber::{RabbitMqHandle, RabbitMqSubscriber, RabbitMqSubscriberConfig};
 pub use sql::{DeadDelivery, Delivery, ReceivedMessage, SqlHandle, SqlSubscriber, SqlTransport};

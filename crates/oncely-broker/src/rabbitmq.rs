@@ -42,6 +42,16 @@ impl RabbitMqConfig {
     }
 }
 
+/// lapin's connection properties for the current tokio runtime: lapin spawns its tasks on
+/// tokio's executor and registers its socket with tokio's reactor (instead of its own
+/// defaults). Every oncely AMQP connection — publisher, subscriber, tools, tests — starts
+/// from these.
+pub fn amqp_connection_properties() -> ConnectionProperties {
+    ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current())
+}
+
 struct Conn {
     connection: Connection,
     channel: Channel,
@@ -98,10 +108,7 @@ impl RabbitMqPublisher {
     }
 
     async fn open(&self) -> Result<Conn, PublishError> {
-        let props = ConnectionProperties::default()
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio::current())
-            .with_connection_name("oncely-relay".into());
+        let props = amqp_connection_properties().with_connection_name("oncely-relay".into());
         let connection = tokio::time::timeout(
             self.config.connect_timeout,
             Connection::connect(&self.config.url, props),

@@ -10,7 +10,7 @@ use lapin::options::{
 };
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, Consumer, ExchangeKind};
 use oncely_core::MessageId;
 use tokio::sync::Mutex;
 
@@ -59,13 +59,25 @@ impl RabbitMqSubscriberConfig {
             declare_exchange: true,
             consumer: consumer.to_owned(),
             topic: topic.into(),
-            queue: format!("oncely.{consumer}"),
-            retry_queue: format!("oncely.{consumer}.retry"),
-            dead_queue: format!("oncely.{consumer}.dead"),
+            queue: String::new(),
+            retry_queue: String::new(),
+            dead_queue: String::new(),
             prefetch: 32,
             confirm_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
         }
+        .with_queue_prefix("oncely")
+    }
+
+    /// Names the group's queues `<prefix>.<consumer>`, `<prefix>.<consumer>.retry` and
+    /// `<prefix>.<consumer>.dead` (default prefix `oncely`): one prefix per environment
+    /// sharing a vhost keeps their groups apart.
+    #[must_use]
+    pub fn with_queue_prefix(mut self, prefix: &str) -> Self {
+        self.queue = format!("{prefix}.{}", self.consumer);
+        self.retry_queue = format!("{}.retry", self.queue);
+        self.dead_queue = format!("{}.dead", self.queue);
+        self
     }
 }
 
@@ -185,9 +197,7 @@ impl RabbitMqSubscriber {
     }
 
     async fn plain_channel(&self) -> Result<(Connection, Channel), SubscribeError> {
-        let props = ConnectionProperties::default()
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio::current())
+        let props = crate::rabbitmq::amqp_connection_properties()
             .with_connection_name(format!("oncely-consumer-{}", self.config.consumer).into());
         let connection = tokio::time::timeout(
             self.config.connect_timeout,

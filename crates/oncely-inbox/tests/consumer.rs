@@ -1019,12 +1019,12 @@ mod conformance {
         }
 
         async fn channel(&self) -> (lapin::Connection, lapin::Channel) {
-            let props = lapin::ConnectionProperties::default()
-                .with_executor(tokio_executor_trait::Tokio::current())
-                .with_reactor(tokio_reactor_trait::Tokio::current());
-            let conn = lapin::Connection::connect(&amqp_url(), props)
-                .await
-                .unwrap();
+            let conn = lapin::Connection::connect(
+                &amqp_url(),
+                oncely_broker::amqp_connection_properties(),
+            )
+            .await
+            .unwrap();
             let ch = conn.create_channel().await.unwrap();
             (conn, ch)
         }

@@ -388,10 +388,7 @@ async fn rabbit_consumer(url: &str, topic: &str) -> Consumer {
         BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
     };
     use lapin::types::FieldTable;
-    let props = lapin::ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    let conn = lapin::Connection::connect(url, props)
+    let conn = lapin::Connection::connect(url, oncely_broker::amqp_connection_properties())
         .await
         .expect("consumer connection");
     let ch = conn.create_channel().await.expect("consumer channel");
