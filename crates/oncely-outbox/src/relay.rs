@@ -37,7 +37,10 @@ pub struct RelayConfig {
     pub listen: bool,
     /// Backoff and attempt limit for failed publishes.
     pub retry: RetryPolicy,
-    /// How long published rows are kept before deletion. Default 24 h.
+    /// How long published rows are kept before deletion. Default 24 h. Zero keeps none:
+    /// on PostgreSQL a published row is then forgotten when its batch is settled (no
+    /// published record to write, which raises the relay's throughput), elsewhere it is
+    /// deleted by the next cleanup.
     pub retention: Duration,
     /// Interval of the deletion of published rows past retention. Default 60 s.
     pub cleanup_interval: Duration,
@@ -134,7 +137,7 @@ impl Relay {
     /// A relay over `db`'s outbox publishing through `publisher`.
     pub fn new(db: Database, publisher: Arc<dyn Publisher>, config: RelayConfig) -> Self {
         Self {
-            store: OutboxStore::new(db),
+            store: OutboxStore::new(db).keep_published(!config.retention.is_zero()),
             publisher,
             config,
             fault_after_confirm: None,
@@ -194,65 +197,183 @@ impl Relay {
     /// [`Relay::drain`], also claiming again on `wake` (new rows committed) while batches
     /// wait for their confirmations: events committed during a slow confirmation go out
     /// in the next window instead of queueing behind it.
+    ///
+    /// Each batch is one task: claim, publish, settle. While claims come back full (a
+    /// backlog), every free slot gets a task at once, so claims run concurrently with
+    /// each other as well as with publishes (`FOR UPDATE SKIP LOCKED` keeps them apart);
+    /// otherwise one claim runs at a time, so an idle outbox is not polled by several
+    /// claims per wake-up.
     async fn drain_woken(
         &self,
         shutdown: &CancellationToken,
         wake: Option<&Notify>,
     ) -> Result<RoundReport, RelayError> {
+        enum Event {
+            Claimed {
+                rows: usize,
+            },
+            ClaimFailed(StoreError),
+            Settled(RoundReport),
+            /// The task ended without reporting (it panicked); `claimed`: after its claim.
+            Lost {
+                claimed: bool,
+            },
+        }
+        /// Reports [`Event::Lost`] if the task ends before its last report.
+        struct Reporter {
+            events: tokio::sync::mpsc::UnboundedSender<Event>,
+            claimed: bool,
+            done: bool,
+        }
+        impl Reporter {
+            fn send(&mut self, event: Event) {
+                match event {
+                    Event::Claimed { rows } => {
+                        self.claimed = true;
+                        self.done = rows == 0;
+                    }
+                    _ => self.done = true,
+                }
+                drop(self.events.send(event));
+            }
+        }
+        impl Drop for Reporter {
+            fn drop(&mut self) {
+                if !self.done {
+                    drop(self.events.send(Event::Lost {
+                        claimed: self.claimed,
+                    }));
+                }
+            }
+        }
         let mut total = RoundReport::default();
-        let mut in_flight: std::collections::VecDeque<tokio::task::JoinHandle<RoundReport>> =
-            std::collections::VecDeque::new();
+        let (events, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
         let windows = self.config.max_in_flight_batches.max(1);
-        let mut first = true;
-        while !shutdown.is_cancelled() {
-            let batch = match self.claim().await {
-                Ok(batch) => batch,
-                Err(e) if first => return Err(e.into()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "relay claim failed");
-                    break;
+        let full = usize::try_from(self.config.batch_size.max(1)).unwrap_or(usize::MAX);
+        let tasks = TaskTracker::new();
+        // Tasks started and not finished; of them, those still claiming.
+        let (mut in_flight, mut claiming) = (0usize, 0usize);
+        // The last claim came back full: more is likely waiting.
+        let mut backlog = false;
+        // The last claim found nothing: wait for a settle, a wake-up or the poll interval.
+        let mut dry = false;
+        let mut claimed_any = false;
+        let mut failed: Option<StoreError> = None;
+        // Id ranges of the batches in flight, by task number.
+        let held: Arc<std::sync::Mutex<HeldRanges>> = Arc::default();
+        let mut task_no = 0u64;
+        loop {
+            while failed.is_none()
+                && !dry
+                && !shutdown.is_cancelled()
+                && in_flight < windows
+                && (claiming == 0 || backlog)
+            {
+                in_flight += 1;
+                claiming += 1;
+                let this = self.clone();
+                let held = held.clone();
+                task_no += 1;
+                let no = task_no;
+                let mut reporter = Reporter {
+                    events: events.clone(),
+                    claimed: false,
+                    done: false,
+                };
+                tasks.spawn(async move {
+                    let skip: Vec<_> = lock(&held).iter().map(|(_, r)| r.clone()).collect();
+                    let batch = match this.claim_skipping(&skip).await {
+                        Ok(batch) => batch,
+                        Err(e) => {
+                            reporter.send(Event::ClaimFailed(e));
+                            return;
+                        }
+                    };
+                    reporter.send(Event::Claimed {
+                        rows: batch.rows().len(),
+                    });
+                    let (Some(first), Some(last)) = (batch.rows().first(), batch.rows().last())
+                    else {
+                        return;
+                    };
+                    lock(&held).push((no, first.id..=last.id));
+                    let results = this.publish(batch.rows()).await;
+                    let report = this.settle(batch, results).await;
+                    lock(&held).retain(|(n, _)| *n != no);
+                    reporter.send(Event::Settled(report));
+                });
+            }
+            if in_flight == 0 {
+                break;
+            }
+            let event = tokio::select! {
+                e = rx.recv() => e,
+                () = async {
+                    match wake {
+                        Some(w) => w.notified().await,
+                        None => std::future::pending().await,
+                    }
+                }, if dry => {
+                    dry = false;
+                    continue;
+                }
+                () = tokio::time::sleep(self.config.poll_interval), if dry => {
+                    dry = false;
+                    continue;
                 }
             };
-            first = false;
-            if batch.is_empty() {
-                // Settling what is in flight may make further partition heads claimable;
-                // so may new commits (a wake-up, or the poll interval) meanwhile.
-                let Some(oldest) = in_flight.front_mut() else {
-                    break;
-                };
-                tokio::select! {
-                    r = oldest => {
-                        in_flight.pop_front();
-                        total.add(r.unwrap_or_default());
+            match event {
+                Some(Event::Claimed { rows }) => {
+                    claiming -= 1;
+                    backlog = rows >= full;
+                    if rows == 0 {
+                        // Settling what is in flight may make further partition heads
+                        // claimable; so may new commits.
+                        in_flight -= 1;
+                        dry = true;
+                    } else {
+                        claimed_any = true;
                     }
-                    () = async {
-                        match wake {
-                            Some(w) => w.notified().await,
-                            None => std::future::pending().await,
-                        }
-                    } => {}
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
                 }
-                continue;
-            }
-            let this = self.clone();
-            in_flight.push_back(tokio::spawn(async move {
-                let results = this.publish(batch.rows()).await;
-                this.settle(batch, results).await
-            }));
-            while in_flight.len() >= windows {
-                if let Some(oldest) = in_flight.pop_front() {
-                    total.add(oldest.await.unwrap_or_default());
+                Some(Event::Settled(report)) => {
+                    in_flight -= 1;
+                    total.add(report);
+                    dry = false;
                 }
+                Some(Event::ClaimFailed(e)) => {
+                    claiming -= 1;
+                    in_flight -= 1;
+                    tracing::warn!(error = %e, "relay claim failed");
+                    failed.get_or_insert(e);
+                }
+                Some(Event::Lost { claimed }) => {
+                    if !claimed {
+                        claiming -= 1;
+                    }
+                    in_flight -= 1;
+                }
+                // Unreachable while `events` lives.
+                None => break,
             }
         }
-        for h in in_flight {
-            total.add(h.await.unwrap_or_default());
+        tasks.close();
+        tasks.wait().await;
+        match failed {
+            Some(e) if !claimed_any => Err(e.into()),
+            _ => Ok(total),
         }
-        Ok(total)
     }
 
     async fn claim(&self) -> Result<ClaimedBatch, StoreError> {
+        self.claim_skipping(&[]).await
+    }
+
+    /// Claims a batch; `held` are the id ranges of this relay's batches in flight (their
+    /// rows are locked by this relay, so the claim need not look at them).
+    async fn claim_skipping(
+        &self,
+        held: &[std::ops::RangeInclusive<i64>],
+    ) -> Result<ClaimedBatch, StoreError> {
         let started = std::time::Instant::now();
         let batch = self
             .store
@@ -261,6 +382,7 @@ impl Relay {
                 self.config.batch_size,
                 self.config.lease,
                 oncely_core::now_ms(),
+                held,
             )
             .await;
         tracing::trace!(
@@ -440,6 +562,14 @@ impl Relay {
         tracker.wait().await;
         tracing::info!(relay = %self.config.relay_id, "relay stopped");
     }
+}
+
+/// Id ranges (first..=last claimed id) of a relay's batches in flight, by task number.
+type HeldRanges = Vec<(u64, std::ops::RangeInclusive<i64>)>;
+
+/// The mutex's data, also after a panic elsewhere poisoned it (a range list stays valid).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn to_message(row: &OutboxRow) -> Message {

@@ -1553,7 +1553,112 @@ async fn published_rows_are_deleted_after_retention_in_batches(t: TestDb) {
     assert!(store.get(ids[0]).await.unwrap().is_none());
 }
 
+/// Settling a claimed batch: a published row is recorded as published (with its time) and
+/// its message id cannot be enqueued again while it is kept; a failed row is back, same id,
+/// with its attempt and error, blocking its partition until it is available again; a row
+/// neither published nor failed is back untouched; a batch dropped unsettled gives its rows
+/// back (PostgreSQL: its transaction rolls back when the pool takes the connection back;
+/// elsewhere after the lease).
+async fn settling_a_batch_records_each_row(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let store = OutboxStore::new(t.db.clone());
+    let events = [
+        plain_event("a"),
+        plain_event("b"),
+        plain_event("c"),
+        plain_event("a"),
+    ];
+    let ids = enqueue_all(&t.db, &events).await;
+    let now = oncely_core::now_ms();
+    let lease = Duration::from_millis(300);
+    let batch = store.claim_batch("r", 10, lease, now, &[]).await.unwrap();
+    let claimed: Vec<i64> = batch.rows().iter().map(|r| r.id).collect();
+    assert_eq!(claimed, ids[..3], "the heads of a, b, c in id order");
+    let failure = oncely_sql::PublishFailure::new(ids[1], "nack", now + 60_000);
+    let settled = batch
+        .settle(&[ids[0]], now + 5, &[failure], 5)
+        .await
+        .unwrap();
+    assert_eq!(settled.published, 1);
+    assert_eq!(
+        settled.failures,
+        vec![(ids[1], oncely_sql::Rescheduled::Retry)]
+    );
+
+    let published = store.get(ids[0]).await.unwrap().expect("kept");
+    assert_eq!(published.state, OutboxState::Published);
+    assert_eq!(published.published_at, Some(now + 5));
+    assert_eq!(published.event, events[0]);
+    let mut tx = t.db.begin().await.unwrap();
+    let again = OutboxStore::enqueue(&mut tx, &events[0]).await;
+    assert!(again.is_err(), "a published id enqueued again: {again:?}");
+    drop(tx);
+
+    let failed = store.get(ids[1]).await.unwrap().expect("back");
+    assert_eq!(failed.state, OutboxState::Pending);
+    assert_eq!(failed.attempts, 1);
+    assert_eq!(failed.last_error.as_deref(), Some("nack"));
+    assert_eq!(failed.available_at, now + 60_000);
+    assert_eq!(failed.event, events[1]);
+    let untouched = store.get(ids[2]).await.unwrap().expect("back");
+    assert_eq!(
+        (untouched.state, untouched.attempts),
+        (OutboxState::Pending, 0)
+    );
+    assert_eq!(untouched.event, events[2]);
+
+    // SQLite and MySQL leased the rows; let the leases of the released ones run out.
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let now = oncely_core::now_ms();
+    let batch = store.claim_batch("r", 10, lease, now, &[]).await.unwrap();
+    let claimed: Vec<i64> = batch.rows().iter().map(|r| r.id).collect();
+    assert_eq!(
+        claimed,
+        vec![ids[2], ids[3]],
+        "b is in backoff; a's second event is its head now"
+    );
+    drop(batch);
+    if matches!(t.db, oncely_sql::Database::Postgres(_)) {
+        // The rollback runs when the pool takes the connection back, a moment later.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let batch = store.claim_batch("r", 10, lease, now, &[]).await.unwrap();
+            if batch.rows().len() == 2 {
+                break;
+            }
+            drop(batch);
+            assert!(
+                std::time::Instant::now() < deadline,
+                "an unsettled batch gives its rows back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Without retention, a published row is not kept: PostgreSQL forgets it when the batch is
+/// settled; SQLite and MySQL mark it and the next cleanup deletes it.
+async fn without_retention_published_rows_are_not_kept(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let store = OutboxStore::new(t.db.clone()).keep_published(false);
+    let ids = enqueue_all(&t.db, &[plain_event("a"), plain_event("b")]).await;
+    let now = oncely_core::now_ms();
+    let batch = store
+        .claim_batch("r", 10, Duration::from_secs(60), now, &[])
+        .await
+        .unwrap();
+    let settled = batch.settle(&ids, now, &[], 5).await.unwrap();
+    assert_eq!(settled.published, 2);
+    store.delete_published(now + 1, 500).await.unwrap();
+    for id in ids {
+        assert!(store.get(id).await.unwrap().is_none());
+    }
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+}
+
 oncely_testkit::on_every_backend!(
+    settling_a_batch_records_each_row,
+    without_retention_published_rows_are_not_kept,
     claim_takes_partition_heads_and_honours_leases,
     stats_and_requeue_by_id,
     published_rows_are_deleted_after_retention_in_batches,

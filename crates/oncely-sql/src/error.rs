@@ -20,6 +20,13 @@ pub enum StoreError {
     /// been completed already). Nothing was changed.
     #[error("the idempotency record is not held by this reservation")]
     NotHeld,
+    /// [`crate::OutboxStore::enqueue`]: an event with this message id was published already
+    /// and is still within the relay's retention (PostgreSQL keeps published events apart
+    /// from the outbox). Nothing was written; the caller must roll back. (A second copy of
+    /// a *pending* event is the database's unique violation on `message_id`,
+    /// [`StoreError::Database`].)
+    #[error("an event with message id {0} was published already")]
+    AlreadyPublished(String),
     /// A database URL that is not `sqlite:`, `postgres:`, `postgresql:`, `mysql:` or
     /// `mariadb:`.
     #[error("unsupported database URL scheme in {0:?}; use sqlite://, postgres://, mysql://")]

@@ -130,6 +130,11 @@ pub(crate) struct Row {
 const COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
 
+/// [`COLUMNS`] read from `oncely_outbox_published` (PostgreSQL).
+const PUBLISHED_COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, \
+     headers, created_at, available_at, attempts, last_error, 'published' AS state, \
+     published_at";
+
 /// [`COLUMNS`] prefixed with a table alias.
 fn qualified(alias: &str) -> String {
     COLUMNS
@@ -233,8 +238,12 @@ pub struct ClaimedBatch {
 enum Hold {
     /// Nothing was claimed.
     Nothing,
-    /// PostgreSQL: locked by this open transaction.
-    Locked(Box<sqlx::Transaction<'static, sqlx::Postgres>>),
+    /// PostgreSQL: deleted, and so locked, by this open transaction; `keep`: record the
+    /// published rows in `oncely_outbox_published`.
+    Locked {
+        tx: Box<sqlx::Transaction<'static, sqlx::Postgres>>,
+        keep: bool,
+    },
     /// SQLite, MySQL: leased to `owner`.
     Leased { store: OutboxStore, owner: String },
 }
@@ -243,7 +252,7 @@ impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Nothing => f.write_str("Nothing"),
-            Self::Locked(_) => f.write_str("Locked"),
+            Self::Locked { keep, .. } => f.debug_struct("Locked").field("keep", keep).finish(),
             Self::Leased { owner, .. } => f.debug_struct("Leased").field("owner", owner).finish(),
         }
     }
@@ -339,41 +348,160 @@ impl ClaimedBatch {
                     store.release(&owner, &rest).await?;
                 }
             }
-            Hold::Locked(mut tx) => {
-                if !published.is_empty() {
-                    settled.published = sqlx::query(
-                        "UPDATE oncely_outbox SET state = 'published', published_at = $1 \
-                         WHERE id = ANY($2) AND state = 'pending'",
-                    )
-                    .bind(published_at_ms)
-                    .bind(published)
-                    .execute(&mut **tx)
-                    .await?
-                    .rows_affected();
+            Hold::Locked { mut tx, keep } => {
+                // The claim deleted the rows in this still-open transaction: a published row
+                // is recorded in the published table (or, without retention, nothing more);
+                // a failed one goes back with its attempt recorded, the rest go back as they
+                // were (same id, so the partition's order holds).
+                let published: std::collections::HashSet<i64> = published.iter().copied().collect();
+                let failed: std::collections::HashMap<i64, &PublishFailure> =
+                    failures.iter().map(|f| (f.id, f)).collect();
+                let max = max_attempts.max(1);
+                for row in &self.rows {
+                    if published.contains(&row.id) {
+                        settled.published += 1;
+                        continue;
+                    }
+                    let mut back = row.clone();
+                    if let Some(f) = failed.get(&row.id) {
+                        back.attempts = back.attempts.saturating_add(1);
+                        back.last_error = Some(f.error.chars().take(2000).collect());
+                        back.available_at = f.retry_at_ms;
+                        back.state = if back.attempts >= max {
+                            OutboxState::Dead
+                        } else {
+                            OutboxState::Pending
+                        };
+                    }
+                    put_back(&mut tx, &back).await?;
+                    if failed.contains_key(&row.id) {
+                        settled.failures.push((
+                            row.id,
+                            match back.state {
+                                OutboxState::Dead => Rescheduled::Dead,
+                                _ => Rescheduled::Retry,
+                            },
+                        ));
+                    }
                 }
-                let max = i64::from(max_attempts.max(1));
-                for f in failures {
-                    let error: String = f.error.chars().take(2000).collect();
-                    // Locked by this transaction, so no owner to check.
-                    let state: Option<String> = sqlx::query_scalar(&format!(
-                        "UPDATE oncely_outbox SET {RESCHEDULE_SET} \
-                         WHERE id = $4 AND state = 'pending' RETURNING state"
-                    ))
-                    .bind(&error)
-                    .bind(f.retry_at_ms)
-                    .bind(max)
-                    .bind(f.id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                    settled
-                        .failures
-                        .push((f.id, Rescheduled::from_state(state.as_deref())));
+                if keep && settled.published > 0 {
+                    let rows: Vec<&OutboxRow> = self
+                        .rows
+                        .iter()
+                        .filter(|r| published.contains(&r.id))
+                        .collect();
+                    record_published(&mut tx, &rows, published_at_ms).await?;
                 }
                 tx.commit().await?;
             }
         }
         Ok(settled)
     }
+}
+
+/// Re-inserts a row the claim deleted (PostgreSQL), with its id and message id.
+async fn put_back(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    row: &OutboxRow,
+) -> Result<(), StoreError> {
+    let headers = serde_json::to_string(&row.event.headers)
+        .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
+    sqlx::query(
+        "INSERT INTO oncely_outbox (id, message_id, topic, partition_key, event_type, \
+         payload, headers, created_at, available_at, attempts, last_error, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(row.id)
+    .bind(row.event.message_id.to_string())
+    .bind(&row.event.topic)
+    .bind(&row.event.partition_key)
+    .bind(&row.event.event_type)
+    .bind(&row.event.payload)
+    .bind(headers)
+    .bind(row.created_at)
+    .bind(row.available_at)
+    .bind(i32::try_from(row.attempts).unwrap_or(i32::MAX))
+    .bind(&row.last_error)
+    .bind(row.state.as_str())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Records confirmed rows (PostgreSQL) in `oncely_outbox_published`, in one statement.
+async fn record_published(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    rows: &[&OutboxRow],
+    published_at_ms: i64,
+) -> Result<(), StoreError> {
+    let mut headers = Vec::with_capacity(rows.len());
+    for r in rows {
+        headers.push(
+            serde_json::to_string(&r.event.headers)
+                .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?,
+        );
+    }
+    sqlx::query(
+        "INSERT INTO oncely_outbox_published (id, message_id, topic, partition_key, \
+         event_type, payload, headers, created_at, available_at, attempts, last_error, \
+         published_at) \
+         SELECT u.*, $12 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
+         $5::text[], $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], $10::int[], \
+         $11::text[]) AS u",
+    )
+    .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| r.event.message_id.to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.event.topic.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.event.partition_key.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.event.event_type.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.event.payload.as_slice())
+            .collect::<Vec<_>>(),
+    )
+    .bind(headers)
+    .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.available_at).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| i32::try_from(r.attempts).unwrap_or(i32::MAX))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.last_error.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(published_at_ms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// `ranges` as a PostgreSQL `int8multirange` literal, e.g. `{[1,128],[200,311]}`.
+fn multirange(ranges: &[std::ops::RangeInclusive<i64>]) -> String {
+    let parts: Vec<String> = ranges
+        .iter()
+        .filter(|r| r.start() <= r.end())
+        .map(|r| format!("[{},{}]", r.start(), r.end()))
+        .collect();
+    format!("{{{}}}", parts.join(","))
 }
 
 /// The transactional outbox over table `oncely_outbox` (DESIGN.md "Outbox, relay, inbox").
@@ -387,20 +515,41 @@ impl ClaimedBatch {
 ///   many relays run. PostgreSQL and MySQL 8.0+ / MariaDB 10.6+ lock candidates with
 ///   `FOR UPDATE SKIP LOCKED`, so relays never wait on each other; SQLite serialises claims
 ///   on its single writer.
-/// - **Settle**: [`OutboxStore::mark_published`] after the broker confirmed;
-///   [`OutboxStore::reschedule`] after a failure (backoff computed by the caller; `dead`
-///   after the attempt limit). Both act only on rows the caller still leases.
+/// - **Settle**: [`ClaimedBatch::settle`] for a batch of [`OutboxStore::claim_batch`];
+///   for leases of [`OutboxStore::claim`], [`OutboxStore::mark_published`] after the broker
+///   confirmed and [`OutboxStore::reschedule`] after a failure (backoff computed by the
+///   caller; `dead` after the attempt limit), both acting only on rows the caller still
+///   leases.
+/// - **Published rows**: on PostgreSQL they leave `oncely_outbox` for
+///   `oncely_outbox_published` (or are forgotten, see [`OutboxStore::keep_published`]);
+///   elsewhere they stay, state `published`. [`OutboxStore::get`] finds them either way
+///   until [`OutboxStore::delete_published`] removes them.
 ///
 /// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct OutboxStore {
     db: Database,
+    keep_published: bool,
 }
 
 impl OutboxStore {
-    /// A store on `db` (migrated with [`Database::migrate`]).
+    /// A store on `db` (migrated with [`Database::migrate`]) that keeps published rows
+    /// until [`OutboxStore::delete_published`] removes them.
     pub fn new(db: Database) -> Self {
-        Self { db }
+        Self {
+            db,
+            keep_published: true,
+        }
+    }
+
+    /// Whether rows are kept once published (default `true`). With `false` (a relay with
+    /// zero retention), PostgreSQL forgets a row when its publish is settled, which spares
+    /// the write of the published record; SQLite and MySQL mark it and leave it to
+    /// [`OutboxStore::delete_published`].
+    #[must_use]
+    pub fn keep_published(mut self, keep: bool) -> Self {
+        self.keep_published = keep;
+        self
     }
 
     /// The database.
@@ -415,7 +564,11 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError::Database`] when the insert fails — including a unique violation on
     /// `message_id`, which means the same event was enqueued twice; the caller must then
-    /// roll back.
+    /// roll back. [`StoreError::AlreadyPublished`] (PostgreSQL) when an event with this
+    /// message id was published within the retention. Either guard is best effort across
+    /// the retention boundary and against a copy enqueued while the first is being
+    /// published; such a copy goes out with the same message id, which JetStream and the
+    /// consumers' inboxes drop.
     pub async fn enqueue(tx: &mut Tx, event: &OutboxEvent) -> Result<i64, StoreError> {
         let now = oncely_core::now_ms();
         let headers = serde_json::to_string(&event.headers)
@@ -439,6 +592,28 @@ impl OutboxStore {
             .await?
             .last_insert_id();
             return i64::try_from(id).map_err(|_| StoreError::Corrupt(format!("outbox id {id}")));
+        }
+        if let Tx::Postgres(t) = tx {
+            // Published events live in `oncely_outbox_published`; the UNIQUE(message_id)
+            // there and the check here keep an id from being enqueued again while its
+            // published record is kept.
+            let id: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
+                 payload, headers, created_at, available_at, attempts, state) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $7, 0, 'pending' \
+                 WHERE NOT EXISTS (SELECT 1 FROM oncely_outbox_published WHERE message_id = $1) \
+                 RETURNING id",
+            )
+            .bind(event.message_id.to_string())
+            .bind(&event.topic)
+            .bind(&event.partition_key)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(&headers)
+            .bind(now)
+            .fetch_optional(&mut **t)
+            .await?;
+            return id.ok_or_else(|| StoreError::AlreadyPublished(event.message_id.to_string()));
         }
         let id: i64 = on_tx!(tx, |c| {
             sqlx::query_scalar(
@@ -552,23 +727,30 @@ impl OutboxStore {
     /// Claims up to `batch` partition heads (the rows [`OutboxStore::claim`] would take) and
     /// holds them until [`ClaimedBatch::settle`]:
     ///
-    /// - **PostgreSQL**: the rows are locked `FOR UPDATE SKIP LOCKED` by a transaction that
-    ///   stays open while they are published and is committed by `settle` together with
-    ///   their new state. Nothing is written to claim them (no lease update), so each
-    ///   published row costs one row write instead of two; other relays skip the locked
-    ///   rows, and since a locked head is still `pending`, the rest of its partition stays
-    ///   unclaimable until it is settled. A relay that dies mid-batch loses its connection,
-    ///   PostgreSQL rolls the transaction back and the rows are claimable again at once
-    ///   (republished with the same message ids) — no lease to wait out.
+    /// - **PostgreSQL**: one statement locks the rows `FOR UPDATE SKIP LOCKED` and deletes
+    ///   them, in a transaction that stays open while they are published; `settle` commits
+    ///   it together with the outcome (published rows recorded in
+    ///   `oncely_outbox_published` when the store keeps them, failed and unsettled rows
+    ///   re-inserted with their ids). Until then other relays still see the rows — so the
+    ///   rest of each partition stays unclaimable — and skip them, as they are locked. A
+    ///   relay that dies mid-batch loses its connection, PostgreSQL rolls the transaction
+    ///   back and the rows are claimable again at once, untouched (republished with the same
+    ///   message ids) — no lease to wait out. The hot table thus only ever holds pending and
+    ///   dead rows, and a published row costs no second version of itself. Measured with
+    ///   `oncely bench relay`: see the README.
     /// - **SQLite**: a lease for `owner` until `now_ms + lease`, as [`OutboxStore::claim`]
     ///   (one writer: there is no row lock to hold).
     /// - **MySQL / MariaDB**: a lease as well, written by [`OutboxStore::claim`]'s
     ///   `FOR UPDATE SKIP LOCKED` transaction (holding the locks across the publish, as on
     ///   PostgreSQL, is not built for MySQL yet).
     ///
+    /// `skip`: id ranges the claim need not look at (PostgreSQL), because their rows are
+    /// held by the caller's own batches in flight — rows there that the caller does not
+    /// hold are only left for a later claim. Pass `&[]` when there are none.
+    ///
     /// Each held batch keeps one pooled connection (PostgreSQL) until it is settled or
-    /// dropped; dropping it unsettled rolls back (PostgreSQL) or leaves the lease to run
-    /// out (SQLite).
+    /// dropped; dropping it unsettled rolls back (PostgreSQL, when the pool takes the
+    /// connection back) or leaves the lease to run out (SQLite, MySQL).
     ///
     /// # Errors
     /// [`StoreError`] when the database fails; nothing is held then.
@@ -578,6 +760,7 @@ impl OutboxStore {
         batch: u32,
         lease: Duration,
         now_ms: i64,
+        skip: &[std::ops::RangeInclusive<i64>],
     ) -> Result<ClaimedBatch, StoreError> {
         let Database::Postgres(p) = &self.db else {
             let rows = self.claim(owner, batch, lease, now_ms).await?;
@@ -590,43 +773,59 @@ impl OutboxStore {
             });
         };
         let batch = i64::from(batch.max(1));
-        let mut tx = p.pool().begin().await?;
-        // See `claim`: walk the pending rows in id order and stop at the LIMIT.
+        // See `claim`: walk the pending rows in id order and stop at the LIMIT. The planner
+        // settings and `synchronous_commit` are set in the same round trip as `BEGIN`.
+        //
+        // `plan_cache_mode = force_generic_plan`: the claim's plan does not depend on its
+        // parameters, but PostgreSQL 15 kept choosing a custom plan for it on every
+        // execution (`pg_prepared_statements`: 0 generic, 8 custom), planning it each time
+        // for about 1 ms — as long as the claim itself.
         //
         // `synchronous_commit = off` for this transaction only: its commit (the settle)
         // returns before the WAL is flushed. A server crash in that window can only undo
-        // the `published` marks — the rows go back to `pending` and are republished with
-        // the same message ids, which at-least-once delivery already allows; no event is
-        // lost and no business data is in this transaction. It saves one WAL flush per
-        // batch on the relay's critical path.
-        sqlx::query(
-            "SELECT set_config('enable_sort', 'off', true), \
-             set_config('enable_bitmapscan', 'off', true), \
-             set_config('synchronous_commit', 'off', true)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        // A live lease (a relay using `claim`) is honoured as in `claim`. `FOR UPDATE OF o`
-        // locks only the candidate rows; LIMIT applies after locking, so skipped rows do
-        // not count against it.
+        // the settle — the rows come back `pending` and are republished with the same
+        // message ids, which at-least-once delivery already allows; no event is lost and no
+        // business data is in this transaction. It saves one WAL flush per batch on the
+        // relay's critical path.
+        let mut tx = p
+            .pool()
+            .begin_with(
+                "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
+                 SET LOCAL plan_cache_mode = force_generic_plan; \
+                 SET LOCAL synchronous_commit = off",
+            )
+            .await?;
+        // The claim *is* the delete: the candidates are locked `FOR UPDATE OF o SKIP
+        // LOCKED` (LIMIT applies after locking, so skipped rows do not count against it)
+        // and deleted in the same statement. Until this transaction commits, other relays
+        // still see the rows (so a partition whose head is in flight stays blocked) and
+        // skip them (they are locked); a rollback — relay crash, lost connection, failed
+        // settle — puts them back untouched. A live lease (a relay using `claim`) is
+        // honoured as in `claim`.
         let rows: Vec<Row> = sqlx::query_as(&format!(
-            "SELECT {} FROM oncely_outbox o \
+            "WITH c AS (SELECT o.id FROM oncely_outbox o \
              WHERE o.state = 'pending' AND o.available_at <= $1 \
              AND (o.locked_until IS NULL OR o.locked_until < $1) \
+             AND NOT (CAST($3::text AS int8multirange) @> o.id) \
              AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
                WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
-               AND (p.id < o.id OR p.locked_until >= $1)) \
-             ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED",
-            qualified("o")
+               AND p.id < o.id) \
+             AND o.partition_key NOT IN (SELECT l.partition_key FROM oncely_outbox l \
+               WHERE l.state = 'pending' AND l.locked_until >= $1) \
+             ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
+             DELETE FROM oncely_outbox x USING c WHERE x.id = c.id RETURNING {}",
+            qualified("x")
         ))
         .bind(now_ms)
         .bind(batch)
+        .bind(multirange(skip))
         .fetch_all(&mut *tx)
         .await?;
-        let rows = rows
+        let mut rows = rows
             .into_iter()
             .map(Row::into_row)
             .collect::<Result<Vec<_>, _>>()?;
+        rows.sort_by_key(|r| r.id);
         if rows.is_empty() {
             // Nothing to hold: give the connection back now.
             tx.rollback().await?;
@@ -637,7 +836,10 @@ impl OutboxStore {
         }
         Ok(ClaimedBatch {
             rows,
-            hold: Hold::Locked(Box::new(tx)),
+            hold: Hold::Locked {
+                tx: Box::new(tx),
+                keep: self.keep_published,
+            },
         })
     }
 
@@ -674,12 +876,26 @@ impl OutboxStore {
                 .await?
                 .rows_affected()
             }
-            Database::Postgres(p) => sqlx::query(
-                "UPDATE oncely_outbox SET state = 'published', published_at = $1, \
-                 locked_by = NULL, locked_until = NULL \
-                 WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending'",
+            // The row moves to `oncely_outbox_published` (or goes, without retention).
+            Database::Postgres(p) if self.keep_published => sqlx::query(
+                "WITH d AS (DELETE FROM oncely_outbox \
+                 WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending' RETURNING *) \
+                 INSERT INTO oncely_outbox_published (id, message_id, topic, partition_key, \
+                 event_type, payload, headers, created_at, available_at, attempts, last_error, \
+                 published_at) \
+                 SELECT id, message_id, topic, partition_key, event_type, payload, headers, \
+                 created_at, available_at, attempts, last_error, $1 FROM d",
             )
             .bind(now_ms)
+            .bind(ids)
+            .bind(owner)
+            .execute(p.pool())
+            .await?
+            .rows_affected(),
+            Database::Postgres(p) => sqlx::query(
+                "DELETE FROM oncely_outbox \
+                 WHERE id = ANY($1) AND locked_by = $2 AND state = 'pending'",
+            )
             .bind(ids)
             .bind(owner)
             .execute(p.pool())
@@ -790,10 +1006,15 @@ impl OutboxStore {
                     .await?
             }
             Database::Postgres(p) => {
-                sqlx::query_as(&sql)
-                    .bind(id)
-                    .fetch_optional(p.pool())
-                    .await?
+                // A published row lives in `oncely_outbox_published` (migration 0005).
+                sqlx::query_as(&format!(
+                    "SELECT {COLUMNS} FROM oncely_outbox WHERE id = $1 \
+                     UNION ALL SELECT {PUBLISHED_COLUMNS} FROM oncely_outbox_published \
+                     WHERE id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(p.pool())
+                .await?
             }
             Database::MySql(p) => {
                 sqlx::query_as(&format!(
@@ -901,9 +1122,9 @@ impl OutboxStore {
             .await?
             .rows_affected(),
             Database::Postgres(p) => sqlx::query(
-                "WITH c AS (SELECT id FROM oncely_outbox WHERE state = 'published' \
-                 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM oncely_outbox t USING c WHERE t.id = c.id",
+                "WITH c AS (SELECT id FROM oncely_outbox_published WHERE published_at < $1 \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM oncely_outbox_published t USING c WHERE t.id = c.id",
             )
             .bind(before_ms)
             .bind(batch)
