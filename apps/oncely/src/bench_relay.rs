@@ -74,8 +74,9 @@ pub(crate) struct RelayBenchArgs {
     /// most `window` messages await confirmation, as with the raw client.
     #[arg(long, default_value_t = 2)]
     in_flight_batches: usize,
-    /// The relay's retention of published rows in the throughput run, seconds (default
-    /// the relay's default, 24 h; 0 keeps none — see `RelayConfig::retention`).
+    /// The relay's retention of published rows in the throughput run, seconds (default:
+    /// the relay's default, 0 — none kept; see `RelayConfig::retention`). The latency run
+    /// always keeps them, to read their publish times.
     #[arg(long)]
     retention_secs: Option<u64>,
 }
@@ -531,6 +532,9 @@ async fn latency(
         RelayConfig {
             batch_size: u32::try_from(window).unwrap_or(u32::MAX),
             max_in_flight_batches: in_flight_batches.unwrap_or(defaults.max_in_flight_batches),
+            // Published rows are kept, to read their `published_at` (the broker's
+            // confirmation time) below; keeping them costs the relay a write per event.
+            retention: Duration::from_secs(3600),
             ..defaults
         },
     );
@@ -597,14 +601,19 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
         ..DbOptions::default()
     };
     println!(
-        "relay benchmark: database {}, {} events per throughput run, window {}",
+        "relay benchmark: database {}, {} events per throughput run, window {} ({} batches \
+         in flight), {} rounds, published rows kept {} s",
         if args.database_url.starts_with("sqlite") {
             "SQLite"
         } else {
             "PostgreSQL"
         },
         args.events,
-        args.window
+        args.window,
+        args.in_flight_batches,
+        args.rounds,
+        args.retention_secs
+            .unwrap_or(RelayConfig::default().retention.as_secs())
     );
     for broker in [Broker::RabbitMq, Broker::Nats, Broker::Kafka] {
         if !args.brokers.iter().any(|b| b == broker.name()) {

@@ -132,8 +132,10 @@ pub(crate) struct RelayArgs {
     /// Backoff: upper bound of any wait, in seconds.
     #[arg(long, env = "ONCELY_RELAY_BACKOFF_CAP_SECS", default_value_t = 300)]
     relay_backoff_cap_secs: u64,
-    /// How long published outbox rows are kept, in seconds.
-    #[arg(long, env = "ONCELY_OUTBOX_RETENTION_SECS", default_value_t = 86_400)]
+    /// How long published outbox rows are kept, in seconds. 0 (the default): not kept — on
+    /// PostgreSQL a row is gone once its publish is settled, elsewhere the next cleanup
+    /// deletes it. Keeping them costs the relay a write per event.
+    #[arg(long, env = "ONCELY_OUTBOX_RETENTION_SECS", default_value_t = 0)]
     outbox_retention_secs: u64,
 }
 

@@ -699,6 +699,8 @@ async fn relay_process_aborted_after_confirm_is_republished_with_the_same_ids_an
             .args(["--nats-url", &nats_url, "--nats-stream", &stream])
             .args(["--nats-subjects", &topic, "--relay-lease-secs", "2"])
             .args(["--relay-poll-ms", "50"])
+            // Keep the published rows, so the test can read their state.
+            .args(["--outbox-retention-secs", "3600"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if fault {

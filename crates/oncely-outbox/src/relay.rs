@@ -37,10 +37,12 @@ pub struct RelayConfig {
     pub listen: bool,
     /// Backoff and attempt limit for failed publishes.
     pub retry: RetryPolicy,
-    /// How long published rows are kept before deletion. Default 24 h. Zero keeps none:
-    /// on PostgreSQL a published row is then forgotten when its batch is settled (no
-    /// published record to write, which raises the relay's throughput), elsewhere it is
-    /// deleted by the next cleanup.
+    /// How long published rows are kept (for audit, and as a guard against enqueueing a
+    /// published message id again) before deletion. Default zero, which keeps none: on
+    /// PostgreSQL a published row is forgotten when its batch is settled — no published
+    /// record to write, a fifth or more of the relay's throughput in `oncely bench relay`
+    /// — elsewhere the next cleanup deletes it. The broker (a JetStream stream, the
+    /// consumers' inboxes) keeps its own record of what was delivered.
     pub retention: Duration,
     /// Interval of the deletion of published rows past retention. Default 60 s.
     pub cleanup_interval: Duration,
@@ -60,7 +62,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(250),
             listen: true,
             retry: RetryPolicy::default(),
-            retention: Duration::from_secs(24 * 3600),
+            retention: Duration::ZERO,
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 500,
             stats_interval: Duration::from_secs(5),

@@ -236,6 +236,8 @@ impl Harness {
                 cap: Duration::from_millis(200),
                 max_attempts: 1000,
             },
+            // Keep published rows, so scenarios can read their state.
+            retention: Duration::from_secs(3600),
             ..RelayConfig::default()
         };
         tweak(&mut config);
