@@ -211,8 +211,11 @@ impl Relay {
         wake: Option<&Notify>,
     ) -> Result<RoundReport, RelayError> {
         enum Event {
+            /// `settles_before`: batches settled when the task started; a settle since then
+            /// may have made rows claimable that this claim did not see.
             Claimed {
                 rows: usize,
+                settles_before: u64,
             },
             ClaimFailed(StoreError),
             Settled(RoundReport),
@@ -230,7 +233,7 @@ impl Relay {
         impl Reporter {
             fn send(&mut self, event: Event) {
                 match event {
-                    Event::Claimed { rows } => {
+                    Event::Claimed { rows, .. } => {
                         self.claimed = true;
                         self.done = rows == 0;
                     }
@@ -264,6 +267,8 @@ impl Relay {
         // Id ranges of the batches in flight, by task number.
         let held: Arc<std::sync::Mutex<HeldRanges>> = Arc::default();
         let mut task_no = 0u64;
+        // Batches settled so far.
+        let mut settles = 0u64;
         loop {
             while failed.is_none()
                 && !dry
@@ -282,6 +287,7 @@ impl Relay {
                     claimed: false,
                     done: false,
                 };
+                let settles_before = settles;
                 tasks.spawn(async move {
                     let skip: Vec<_> = lock(&held).iter().map(|(_, r)| r.clone()).collect();
                     let batch = match this.claim_skipping(&skip).await {
@@ -293,15 +299,18 @@ impl Relay {
                     };
                     reporter.send(Event::Claimed {
                         rows: batch.rows().len(),
+                        settles_before,
                     });
                     let (Some(first), Some(last)) = (batch.rows().first(), batch.rows().last())
                     else {
                         return;
                     };
-                    lock(&held).push((no, first.id..=last.id));
+                    // Removed however the task ends (a panic while publishing included):
+                    // a range left behind would hide its rows from this drain's claims.
+                    let held_range = HeldRange::new(held, no, first.id..=last.id);
                     let results = this.publish(batch.rows()).await;
                     let report = this.settle(batch, results).await;
-                    lock(&held).retain(|(n, _)| *n != no);
+                    drop(held_range);
                     reporter.send(Event::Settled(report));
                 });
             }
@@ -325,20 +334,25 @@ impl Relay {
                 }
             };
             match event {
-                Some(Event::Claimed { rows }) => {
+                Some(Event::Claimed {
+                    rows,
+                    settles_before,
+                }) => {
                     claiming -= 1;
                     backlog = rows >= full;
                     if rows == 0 {
                         // Settling what is in flight may make further partition heads
-                        // claimable; so may new commits.
+                        // claimable; so may new commits. A batch settled while this claim
+                        // ran may have done so already: then claim again at once.
                         in_flight -= 1;
-                        dry = true;
+                        dry = settles == settles_before;
                     } else {
                         claimed_any = true;
                     }
                 }
                 Some(Event::Settled(report)) => {
                     in_flight -= 1;
+                    settles += 1;
                     total.add(report);
                     dry = false;
                 }
@@ -568,6 +582,29 @@ impl Relay {
 
 /// Id ranges (first..=last claimed id) of a relay's batches in flight, by task number.
 type HeldRanges = Vec<(u64, std::ops::RangeInclusive<i64>)>;
+
+/// One batch's entry in [`HeldRanges`], removed when dropped.
+struct HeldRange {
+    held: Arc<std::sync::Mutex<HeldRanges>>,
+    no: u64,
+}
+
+impl HeldRange {
+    fn new(
+        held: Arc<std::sync::Mutex<HeldRanges>>,
+        no: u64,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> Self {
+        lock(&held).push((no, range));
+        Self { held, no }
+    }
+}
+
+impl Drop for HeldRange {
+    fn drop(&mut self) {
+        lock(&self.held).retain(|(n, _)| *n != self.no);
+    }
+}
 
 /// The mutex's data, also after a panic elsewhere poisoned it (a range list stays valid).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

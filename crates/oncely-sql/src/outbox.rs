@@ -130,6 +130,19 @@ pub(crate) struct Row {
 const COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
 
+/// PostgreSQL: takes the transaction-scoped advisory lock of the row's partition
+/// (`pg_try_advisory_xact_lock(1869505381, hashtext(partition_key))`; 1869505381 is
+/// `"once"` in ASCII, keeping oncely's keys apart from the application's), false when
+/// another transaction holds it. A `claim_batch` relay holds the partitions of its batch
+/// until the batch is settled, so no other relay takes a row of theirs — in particular not
+/// a row that committed late, after a newer row of its partition was claimed: the anti-join
+/// on lower ids cannot see that newer row (it looks pending), only its partition lock can.
+/// Two partition keys with the same hash only wait for each other. Each row a relay holds
+/// takes one entry of PostgreSQL's lock table: size `max_locks_per_transaction` for the
+/// batch size (`max_locks_per_transaction × max_connections` slots in all; the defaults,
+/// 64 × 100, hold 25 batches of 256).
+const PARTITION_LOCK: &str = "pg_try_advisory_xact_lock(1869505381, hashtext(t.partition_key))";
+
 /// [`COLUMNS`] read from `oncely_outbox_published` (PostgreSQL).
 const PUBLISHED_COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, \
      headers, created_at, available_at, attempts, last_error, 'published' AS state, \
@@ -430,7 +443,9 @@ async fn put_back(
     Ok(())
 }
 
-/// Records confirmed rows (PostgreSQL) in `oncely_outbox_published`, in one statement.
+/// Records confirmed rows (PostgreSQL) in `oncely_outbox_published`, in one statement. A
+/// message id recorded already (a copy enqueued while its original was being published,
+/// published again with the same id) keeps its first record.
 async fn record_published(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
     rows: &[&OutboxRow],
@@ -449,7 +464,8 @@ async fn record_published(
          published_at) \
          SELECT u.*, $12 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
          $5::text[], $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], $10::int[], \
-         $11::text[]) AS u",
+         $11::text[]) AS u \
+         ON CONFLICT DO NOTHING",
     )
     .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
     .bind(
@@ -683,7 +699,8 @@ impl OutboxStore {
             // The locking subquery sits in a CTE so it runs exactly once: as an `IN (…)`
             // subquery the planner may rescan it, and with SKIP LOCKED a rescan returns
             // other rows (more than LIMIT in all). The outer WHERE re-checks the lease on
-            // the row version the lock returned.
+            // the row version the lock returned, and leaves out partitions a
+            // `claim_batch` relay holds ([`PARTITION_LOCK`]).
             Database::Postgres(p) => {
                 // The claim must walk the pending rows in id order and stop at the LIMIT.
                 // Without fresh statistics (a burst right after a quiet period) the planner
@@ -702,6 +719,7 @@ impl OutboxStore {
                      UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 FROM c \
                      WHERE t.id = c.id AND t.state = 'pending' \
                      AND (t.locked_until IS NULL OR t.locked_until < $3) \
+                     AND {PARTITION_LOCK} \
                      RETURNING {}",
                     qualified("t")
                 ))
@@ -799,7 +817,9 @@ impl OutboxStore {
             .await?;
         // The claim *is* the delete: the candidates are locked `FOR UPDATE OF o SKIP
         // LOCKED` (LIMIT applies after locking, so skipped rows do not count against it)
-        // and deleted in the same statement. Until this transaction commits, other relays
+        // and deleted in the same statement — those whose partition this transaction can
+        // lock ([`PARTITION_LOCK`]); a candidate whose partition another relay holds stays
+        // locked by this transaction, untouched, until it ends. Until this transaction commits, other relays
         // still see the rows (so a partition whose head is in flight stays blocked) and
         // skip them (they are locked); a rollback — relay crash, lost connection, failed
         // settle — puts them back untouched. A live lease (a relay using `claim`) is
@@ -815,7 +835,9 @@ impl OutboxStore {
              AND o.partition_key NOT IN (SELECT l.partition_key FROM oncely_outbox l \
                WHERE l.state = 'pending' AND l.locked_until >= $1) \
              ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
-             DELETE FROM oncely_outbox x USING c WHERE x.id = c.id RETURNING {}",
+             DELETE FROM oncely_outbox x USING c \
+             WHERE x.id = c.id AND {} RETURNING {}",
+            PARTITION_LOCK.replace("t.partition_key", "x.partition_key"),
             qualified("x")
         ))
         .bind(now_ms)
@@ -879,21 +901,26 @@ impl OutboxStore {
                 .rows_affected()
             }
             // The row moves to `oncely_outbox_published` (or goes, without retention).
-            Database::Postgres(p) if self.keep_published => sqlx::query(
-                "WITH d AS (DELETE FROM oncely_outbox \
-                 WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending' RETURNING *) \
-                 INSERT INTO oncely_outbox_published (id, message_id, topic, partition_key, \
-                 event_type, payload, headers, created_at, available_at, attempts, last_error, \
-                 published_at) \
-                 SELECT id, message_id, topic, partition_key, event_type, payload, headers, \
-                 created_at, available_at, attempts, last_error, $1 FROM d",
-            )
-            .bind(now_ms)
-            .bind(ids)
-            .bind(owner)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
+            // A message id recorded already keeps its first record (see `record_published`).
+            Database::Postgres(p) if self.keep_published => {
+                let n: i64 = sqlx::query_scalar(
+                    "WITH d AS (DELETE FROM oncely_outbox \
+                     WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending' RETURNING *), \
+                     i AS (INSERT INTO oncely_outbox_published (id, message_id, topic, \
+                     partition_key, event_type, payload, headers, created_at, available_at, \
+                     attempts, last_error, published_at) \
+                     SELECT id, message_id, topic, partition_key, event_type, payload, headers, \
+                     created_at, available_at, attempts, last_error, $1 FROM d \
+                     ON CONFLICT DO NOTHING) \
+                     SELECT count(*) FROM d",
+                )
+                .bind(now_ms)
+                .bind(ids)
+                .bind(owner)
+                .fetch_one(p.pool())
+                .await?;
+                u64::try_from(n).unwrap_or(0)
+            }
             Database::Postgres(p) => sqlx::query(
                 "DELETE FROM oncely_outbox \
                  WHERE id = ANY($1) AND locked_by = $2 AND state = 'pending'",
