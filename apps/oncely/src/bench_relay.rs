@@ -444,15 +444,7 @@ impl Target {
 /// The message the relay publishes for [`event`]`(topic, n)` (fresh id): the raw client
 /// sends exactly these, headers included.
 fn message(topic: &str, n: usize) -> oncely_broker::Message {
-    let e = event(topic, n);
-    oncely_broker::Message {
-        id: e.message_id,
-        topic: e.topic,
-        partition_key: e.partition_key,
-        event_type: e.event_type,
-        payload: e.payload,
-        headers: e.headers,
-    }
+    oncely_outbox::to_message(event(topic, n))
 }
 
 fn event(topic: &str, n: usize) -> OutboxEvent {

@@ -3,7 +3,7 @@
 //! ([`oncely_broker::Publisher`]), with confirmation, retries and per-partition order.
 //!
 //! # Layout
-//! - `relay` — [`Relay`], [`RelayConfig`], [`RoundReport`], [`RelayError`]: claim → publish →
+//! - `relay` — [`Relay`], [`RelayConfig`], [`RoundReport`], [`RelayError`], [`to_message`]: claim → publish →
 //!   mark; LISTEN/NOTIFY wake-up on PostgreSQL with a polling fallback; backoff with full
 //!   jitter; the gauges and the retention of published rows.
 //! - [`metrics`] — the metric names it records and histogram buckets for them.
@@ -11,4 +11,4 @@
 pub mod metrics;
 mod relay;
 
-pub use relay::{FaultAfterConfirm, Relay, RelayConfig, RelayError, RoundReport};
+pub use relay::{to_message, FaultAfterConfirm, Relay, RelayConfig, RelayError, RoundReport};

@@ -4,7 +4,8 @@ use std::time::Duration;
 use oncely_broker::{Message, PublishError, Publisher};
 use oncely_core::RetryPolicy;
 use oncely_sql::{
-    ClaimedBatch, Database, OutboxRow, OutboxStore, PublishFailure, Rescheduled, StoreError,
+    ClaimedBatch, Database, OutboxEvent, OutboxRow, OutboxStore, PublishFailure, Rescheduled,
+    StoreError,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -415,7 +416,7 @@ impl Relay {
     }
 
     async fn publish(&self, rows: &[OutboxRow]) -> Vec<Result<(), PublishError>> {
-        let messages: Vec<Message> = rows.iter().map(to_message).collect();
+        let messages: Vec<Message> = rows.iter().map(|r| to_message(r.event.clone())).collect();
         let started = std::time::Instant::now();
         let results = self.publisher.publish(&messages).await;
         tracing::trace!(
@@ -611,14 +612,16 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn to_message(row: &OutboxRow) -> Message {
+/// The message the relay publishes for `event`: same id (the broker's and the consumers'
+/// de-duplication key), topic, partition key, event type, payload and headers.
+pub fn to_message(event: OutboxEvent) -> Message {
     Message {
-        id: row.event.message_id,
-        topic: row.event.topic.clone(),
-        partition_key: row.event.partition_key.clone(),
-        event_type: row.event.event_type.clone(),
-        payload: row.event.payload.clone(),
-        headers: row.event.headers.clone(),
+        id: event.message_id,
+        topic: event.topic,
+        partition_key: event.partition_key,
+        event_type: event.event_type,
+        payload: event.payload,
+        headers: event.headers,
     }
 }
 

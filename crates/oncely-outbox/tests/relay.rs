@@ -782,14 +782,7 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
     assert_eq!(claimed.len(), 5);
     let messages: Vec<_> = claimed
         .iter()
-        .map(|r| oncely_broker::Message {
-            id: r.event.message_id,
-            topic: r.event.topic.clone(),
-            partition_key: r.event.partition_key.clone(),
-            event_type: r.event.event_type.clone(),
-            payload: r.event.payload.clone(),
-            headers: r.event.headers.clone(),
-        })
+        .map(|r| oncely_outbox::to_message(r.event.clone()))
         .collect();
     let results = h.publisher.publish(&messages).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
@@ -1185,17 +1178,7 @@ async fn postgres_notify_wakes_an_idle_relay(mut h: Harness) {
 /// the call's order, one copy each: the publishers queue a window's messages in order.
 async fn a_batch_reaches_the_broker_in_the_order_given(mut h: Harness) {
     let messages: Vec<Message> = (0..300)
-        .map(|i| {
-            let e = h.event("one-aggregate", i);
-            Message {
-                id: e.message_id,
-                topic: e.topic,
-                partition_key: e.partition_key,
-                event_type: e.event_type,
-                payload: e.payload,
-                headers: e.headers,
-            }
-        })
+        .map(|i| oncely_outbox::to_message(h.event("one-aggregate", i)))
         .collect();
     let results = h.publisher.publish(&messages).await;
     assert_eq!(results.len(), messages.len());
@@ -1980,7 +1963,8 @@ async fn stress(t: &TestDb, s: Stress) -> StressOutcome {
 }
 
 /// Checks a stress run: every event confirmed exactly once, each partition in sequence
-/// order (a late-committed event may follow its successor, nothing else may move).
+/// order (a late-committed event may follow its successor, nothing else may move), and
+/// never two events of one partition being published at once.
 fn check_stress(s: Stress, o: &StressOutcome) {
     let confirmed = o.recorder.confirmed();
     let mut problems = Vec::new();
@@ -1995,7 +1979,7 @@ fn check_stress(s: Stress, o: &StressOutcome) {
             })
             .unwrap_or_default();
         let late = o.late.get(&key).cloned().unwrap_or_default();
-        let mut expected: Vec<usize> = (0..s.per).collect();
+        let expected: Vec<usize> = (0..s.per).collect();
         let mut alt = expected.clone();
         for l in &late {
             alt.swap(*l, *l + 1);
@@ -2016,7 +2000,6 @@ fn check_stress(s: Stress, o: &StressOutcome) {
                 })
         };
         if !ok {
-            expected.dedup();
             problems.push(format!(
                 "{key}: confirmed {got:?}, expected {expected:?} (late pairs may swap: {alt:?})"
             ));
@@ -2030,9 +2013,16 @@ fn check_stress(s: Stress, o: &StressOutcome) {
         o.pending_left,
         problems.join("\n")
     );
+    let overlaps = o.recorder.overlaps();
+    assert!(
+        overlaps.is_empty(),
+        "{} times two events of one partition were published at once, e.g. {:?}",
+        overlaps.len(),
+        &overlaps[..overlaps.len().min(10)]
+    );
 }
 
-/// PASSES (regression). Six relays (`Relay::run`, own pools) drain one outbox of 40
+/// Six relays (`Relay::run`, own pools) drain one outbox of 40
 /// partitions while four writers add 1,000 events; a fifth of the publishes fail at random
 /// (failed rows are re-inserted and then claimed by whichever relay comes next). Every
 /// event is confirmed exactly once, each partition in id order, and no two events of one
@@ -2049,16 +2039,9 @@ async fn claim_relays_with_flaky_publishes_lose_nothing_and_keep_order(t: TestDb
     };
     let o = stress(&t, s).await;
     check_stress(s, &o);
-    let overlaps = o.recorder.overlaps();
-    assert!(
-        overlaps.is_empty(),
-        "{} overlaps: {:?}",
-        overlaps.len(),
-        &overlaps[..overlaps.len().min(10)]
-    );
 }
 
-/// PASSES (regression). As above without retention (published rows are forgotten at
+/// As above without retention (published rows are forgotten at
 /// settle) and with one publish call in ten panicking: the relay task dies with its batch,
 /// which is dropped unsettled and rolls back; the rows must come back and be published.
 async fn claim_relays_whose_publishes_panic_lose_nothing(t: TestDb) {
@@ -2073,18 +2056,10 @@ async fn claim_relays_whose_publishes_panic_lose_nothing(t: TestDb) {
     };
     let o = stress(&t, s).await;
     check_stress(s, &o);
-    let overlaps = o.recorder.overlaps();
-    assert!(
-        overlaps.is_empty(),
-        "{} overlaps: {:?}",
-        overlaps.len(),
-        &overlaps[..overlaps.len().min(10)]
-    );
 }
 
-/// FAILS (overlaps; loss and order checks pass). Same cause as
-/// `claim_batch_late_head_waits_for_its_partitions_row_in_flight`, at scale.
-/// Late commits interleaved with draining: every fifth event of each partition is written
+/// `claim_batch_late_head_waits_for_its_partitions_row_in_flight` at scale (it used to
+/// fail on overlaps, the loss and order checks passing). Late commits interleaved with draining: every fifth event of each partition is written
 /// by a transaction that commits after the next event of the partition has committed (and
 /// may already be in flight). Nothing may be lost, and at most one event per partition may
 /// be in flight across all relays.
@@ -2100,22 +2075,14 @@ async fn claim_relays_with_late_commits_keep_one_event_per_partition_in_flight(t
     };
     let o = stress(&t, s).await;
     check_stress(s, &o);
-    let overlaps = o.recorder.overlaps();
-    assert!(
-        overlaps.is_empty(),
-        "{} times two events of one partition were published at once, e.g. {:?}",
-        overlaps.len(),
-        &overlaps[..overlaps.len().min(10)]
-    );
 }
 
-/// FAILS, deterministically.
 /// A row whose transaction commits late — after a higher-numbered row of its partition
 /// was committed and claimed — must wait until that row is settled: at most one event per
 /// partition in flight across all relays (the rule `OutboxStore::claim` enforces with its
-/// lease check, see the passing lease variant below). `claim_batch` sees row locks only on
-/// the row it tries to lock, so the late head is handed to a second relay while the first
-/// relay is still publishing the partition's next row.
+/// lease check, see the lease variant below). Row locks show only on the row a claim tries
+/// to lock, so before the partition lock `claim_batch` handed the late head to a second
+/// relay while the first was still publishing the partition's next row.
 async fn claim_batch_late_head_waits_for_its_partitions_row_in_flight(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = OutboxStore::new(t.db.clone());
@@ -2149,8 +2116,8 @@ async fn claim_batch_late_head_waits_for_its_partitions_row_in_flight(t: TestDb)
     drop(first);
 }
 
-/// PASSES (regression, the rule the test above expects of `claim_batch`): with the
-/// lease-based `claim`, a late head waits while a higher row of its partition is leased.
+/// The rule the test above expects of `claim_batch`, as the lease-based `claim` keeps it:
+/// a late head waits while a higher row of its partition is leased.
 async fn lease_claim_late_head_waits_for_its_partitions_leased_row(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = OutboxStore::new(t.db.clone());
@@ -2170,15 +2137,15 @@ async fn lease_claim_late_head_waits_for_its_partitions_leased_row(t: TestDb) {
     assert!(b.is_empty(), "{:?}", b.rows());
 }
 
-/// FAILS, deterministically (the relay republishes the batch thousands of times).
 /// A writer enqueues an event whose original is being published right now (a retried
 /// business transaction, say). Its INSERT waits on the unique index for the relay's
 /// transaction; when that commits, the `NOT EXISTS (… oncely_outbox_published …)` guard
 /// was already evaluated on the older snapshot, so the copy goes in — which the
 /// documentation allows ("such a copy goes out with the same message id"). But with
-/// retention on, settling the copy must then insert its message id into
-/// `oncely_outbox_published` a second time: UNIQUE(message_id) fails the whole settle, the
-/// batch rolls back, and the relay republishes the copy *and every batch mate* forever.
+/// retention on, settling the copy then inserts its message id into
+/// `oncely_outbox_published` a second time: before `ON CONFLICT DO NOTHING`,
+/// UNIQUE(message_id) failed the whole settle, the batch rolled back, and the relay
+/// republished the copy *and every batch mate* forever (thousands of times a second).
 async fn claim_copy_enqueued_while_original_is_published_does_not_wedge_the_relay(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = OutboxStore::new(t.db.clone());
@@ -2248,13 +2215,12 @@ async fn claim_copy_enqueued_while_original_is_published_does_not_wedge_the_rela
     );
 }
 
-/// FAILS (flaky by nature, a race; 200 rounds make it fail reliably here).
-/// `Relay::drain` "publishes until nothing is claimable" (`oncely bench relay` relies on it,
+/// A race, hence 200 rounds (which made it fail reliably before the fix). `Relay::drain` "publishes until nothing is claimable" (`oncely bench relay` relies on it,
 /// checking `published == n` after one drain, though its events all have partitions of
 /// their own and so do not meet this). With several events per partition, the relay's next
 /// claim runs while the previous batch settles; when that claim comes back empty (its
 /// snapshot still had the partition heads in flight) after the settle was reported, the
-/// drain sees nothing in flight and returns with the partitions' next events unpublished.
+/// drain saw nothing in flight and returned with the partitions' next events unpublished.
 async fn claim_one_drain_publishes_every_claimable_row(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = OutboxStore::new(t.db.clone());
@@ -2282,7 +2248,7 @@ async fn claim_one_drain_publishes_every_claimable_row(t: TestDb) {
     }
 }
 
-/// PASSES (regression). Migration 0005 on a database migrated up to 0004 that already
+/// Migration 0005 on a database migrated up to 0004 that already
 /// holds rows published under the old schema (state `published` in `oncely_outbox`): they
 /// move to `oncely_outbox_published` (a missing `published_at` becomes `created_at`), stay
 /// readable through `get`, their ids cannot be enqueued again, and the pending and dead
@@ -2395,7 +2361,7 @@ async fn migration_0005_moves_rows_published_under_the_old_schema(t: TestDb) {
     assert_eq!((s.pending, s.dead), (0, 1));
 }
 
-/// PASSES (regression). `claim_batch`'s `skip` leaves the given id ranges alone (rows
+/// `claim_batch`'s `skip` leaves the given id ranges alone (rows
 /// there stay for a later claim), empty or reversed ranges skip nothing, and a failed row
 /// re-inserted by `settle` keeps its id and message id, goes dead at the attempt limit
 /// (dead rows no longer block their partition) and is claimed by the next relay once
@@ -2444,13 +2410,12 @@ async fn claim_batch_skip_ranges_and_reinserted_failures(t: TestDb) {
     );
 }
 
-/// FAILS, deterministically.
 /// A relay task that panics mid-batch (here: the publisher panics once) drops its batch,
-/// which rolls back, and `drain_woken` counts the task as lost — but never removes the
-/// batch's id range from the relay's `held` list, so every later claim of that drain keeps
-/// skipping those rows. With a backlog the drain never runs dry, so the relay (alone on
-/// the outbox) leaves the partitions of the lost batch — their heads are in the range —
-/// unpublished until the whole backlog is gone: 8 partitions starve behind 12,000 events.
+/// which rolls back, and `drain_woken` counts the task as lost; the batch's id range must
+/// leave the relay's `held` list too, or every later claim of that drain keeps skipping
+/// those rows. With a backlog the drain never runs dry, so the relay (alone on the outbox)
+/// would leave the partitions of the lost batch unpublished until the whole backlog is
+/// gone (before the fix: 8 partitions starved behind 12,000 events).
 async fn claim_one_relay_republishes_a_panicked_batch_while_busy(t: TestDb) {
     const PARTITIONS: usize = 1200;
     const PER: usize = 10;

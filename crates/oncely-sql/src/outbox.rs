@@ -130,23 +130,37 @@ pub(crate) struct Row {
 const COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
 
-/// PostgreSQL: takes the transaction-scoped advisory lock of the row's partition
-/// (`pg_try_advisory_xact_lock(1869505381, hashtext(partition_key))`; 1869505381 is
-/// `"once"` in ASCII, keeping oncely's keys apart from the application's), false when
-/// another transaction holds it. A `claim_batch` relay holds the partitions of its batch
-/// until the batch is settled, so no other relay takes a row of theirs — in particular not
-/// a row that committed late, after a newer row of its partition was claimed: the anti-join
-/// on lower ids cannot see that newer row (it looks pending), only its partition lock can.
-/// Two partition keys with the same hash only wait for each other. Each row a relay holds
-/// takes one entry of PostgreSQL's lock table: size `max_locks_per_transaction` for the
-/// batch size (`max_locks_per_transaction × max_connections` slots in all; the defaults,
-/// 64 × 100, hold 25 batches of 256).
-const PARTITION_LOCK: &str = "pg_try_advisory_xact_lock(1869505381, hashtext(t.partition_key))";
+/// The columns a row keeps when it moves between `oncely_outbox` and
+/// `oncely_outbox_published` (PostgreSQL): all but `state`, `published_at` and the lease.
+macro_rules! moved_columns {
+    () => {
+        "id, message_id, topic, partition_key, event_type, payload, headers, created_at, \
+         available_at, attempts, last_error"
+    };
+}
 
 /// [`COLUMNS`] read from `oncely_outbox_published` (PostgreSQL).
-const PUBLISHED_COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, \
-     headers, created_at, available_at, attempts, last_error, 'published' AS state, \
-     published_at";
+const PUBLISHED_COLUMNS: &str = concat!(moved_columns!(), ", 'published' AS state, published_at");
+
+/// PostgreSQL: takes the transaction-scoped advisory lock of the partition of the row
+/// aliased `alias` (`pg_try_advisory_xact_lock(1869505381, hashtext(partition_key))`;
+/// 1869505381 is `"once"` in ASCII, keeping oncely's keys apart from the application's),
+/// false when another transaction holds it. A `claim_batch` relay holds the partitions of
+/// its batch until the batch is settled, so no other relay takes a row of theirs — in
+/// particular not a row that committed late, after a newer row of its partition was
+/// claimed: the anti-join on lower ids cannot see that newer row (it looks pending), only
+/// its partition lock can. Two partition keys with the same hash only wait for each other.
+/// Each row a relay holds takes one entry of PostgreSQL's lock table: size
+/// `max_locks_per_transaction` for the batch size (`max_locks_per_transaction ×
+/// max_connections` slots in all; the defaults, 64 × 100, hold 25 batches of 256).
+fn partition_lock(alias: &str) -> String {
+    format!("pg_try_advisory_xact_lock(1869505381, hashtext({alias}.partition_key))")
+}
+
+/// `headers` as stored in the `headers` column (a JSON object).
+fn headers_json(headers: &BTreeMap<String, String>) -> Result<String, StoreError> {
+    serde_json::to_string(headers).map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))
+}
 
 /// [`COLUMNS`] prefixed with a table alias.
 fn qualified(alias: &str) -> String {
@@ -367,45 +381,36 @@ impl ClaimedBatch {
                 // The claim deleted the rows in this still-open transaction: a published row
                 // is recorded in the published table (or, without retention, nothing more);
                 // a failed one goes back with its attempt recorded, the rest go back as they
-                // were (same id, so the partition's order holds).
+                // were (same ids, so the partitions' order holds).
                 let published: std::collections::HashSet<i64> = published.iter().copied().collect();
-                let failed: std::collections::HashMap<i64, &PublishFailure> =
-                    failures.iter().map(|f| (f.id, f)).collect();
+                let (done, rest): (Vec<&OutboxRow>, Vec<&OutboxRow>) =
+                    self.rows.iter().partition(|r| published.contains(&r.id));
+                let mut back: BTreeMap<i64, OutboxRow> =
+                    rest.into_iter().map(|r| (r.id, r.clone())).collect();
                 let max = max_attempts.max(1);
-                for row in &self.rows {
-                    if published.contains(&row.id) {
-                        settled.published += 1;
+                for f in failures {
+                    let Some(row) = back.get_mut(&f.id) else {
+                        settled.failures.push((f.id, Rescheduled::NotHeld));
                         continue;
-                    }
-                    let mut back = row.clone();
-                    if let Some(f) = failed.get(&row.id) {
-                        back.attempts = back.attempts.saturating_add(1);
-                        back.last_error = Some(f.error.chars().take(2000).collect());
-                        back.available_at = f.retry_at_ms;
-                        back.state = if back.attempts >= max {
-                            OutboxState::Dead
-                        } else {
-                            OutboxState::Pending
-                        };
-                    }
-                    put_back(&mut tx, &back).await?;
-                    if failed.contains_key(&row.id) {
-                        settled.failures.push((
-                            row.id,
-                            match back.state {
-                                OutboxState::Dead => Rescheduled::Dead,
-                                _ => Rescheduled::Retry,
-                            },
-                        ));
-                    }
+                    };
+                    row.attempts = row.attempts.saturating_add(1);
+                    row.last_error = Some(f.error.chars().take(2000).collect());
+                    row.available_at = f.retry_at_ms;
+                    let outcome = if row.attempts >= max {
+                        row.state = OutboxState::Dead;
+                        Rescheduled::Dead
+                    } else {
+                        Rescheduled::Retry
+                    };
+                    settled.failures.push((f.id, outcome));
                 }
-                if keep && settled.published > 0 {
-                    let rows: Vec<&OutboxRow> = self
-                        .rows
-                        .iter()
-                        .filter(|r| published.contains(&r.id))
-                        .collect();
-                    record_published(&mut tx, &rows, published_at_ms).await?;
+                settled.published = done.len() as u64;
+                insert_rows(&mut tx, back.values(), Destination::Outbox).await?;
+                if keep {
+                    let to = Destination::Published {
+                        at_ms: published_at_ms,
+                    };
+                    insert_rows(&mut tx, done, to).await?;
                 }
                 tx.commit().await?;
             }
@@ -414,101 +419,70 @@ impl ClaimedBatch {
     }
 }
 
-/// Re-inserts a row the claim deleted (PostgreSQL), with its id and message id.
-async fn put_back(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-    row: &OutboxRow,
-) -> Result<(), StoreError> {
-    let headers = serde_json::to_string(&row.event.headers)
-        .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
-    sqlx::query(
-        "INSERT INTO oncely_outbox (id, message_id, topic, partition_key, event_type, \
-         payload, headers, created_at, available_at, attempts, last_error, state) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-    )
-    .bind(row.id)
-    .bind(row.event.message_id.to_string())
-    .bind(&row.event.topic)
-    .bind(&row.event.partition_key)
-    .bind(&row.event.event_type)
-    .bind(&row.event.payload)
-    .bind(headers)
-    .bind(row.created_at)
-    .bind(row.available_at)
-    .bind(i32::try_from(row.attempts).unwrap_or(i32::MAX))
-    .bind(&row.last_error)
-    .bind(row.state.as_str())
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+/// One column of `rows`, as an array parameter for `UNNEST`.
+fn column<'a, T>(rows: &[&'a OutboxRow], f: impl Fn(&'a OutboxRow) -> T) -> Vec<T> {
+    rows.iter().map(|r| f(r)).collect()
 }
 
-/// Records confirmed rows (PostgreSQL) in `oncely_outbox_published`, in one statement. A
-/// message id recorded already (a copy enqueued while its original was being published,
-/// published again with the same id) keeps its first record.
-async fn record_published(
+/// The `UNNEST` arguments of [`insert_rows`]: `moved_columns!`' arrays, `$1`–`$11`.
+const MOVED_ARRAYS: &str = "$1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
+     $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], $10::int[], $11::text[]";
+
+/// Where [`insert_rows`] writes.
+enum Destination {
+    /// Back into `oncely_outbox`, each row with its state.
+    Outbox,
+    /// Into `oncely_outbox_published`, published at `at_ms` (Unix ms). A message id recorded
+    /// already (a copy enqueued while its original was being published, published again
+    /// with the same id) keeps its first record.
+    Published { at_ms: i64 },
+}
+
+/// Inserts rows (PostgreSQL) with their ids and message ids, in one statement; nothing
+/// when there are none.
+async fn insert_rows<'a>(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-    rows: &[&OutboxRow],
-    published_at_ms: i64,
+    rows: impl IntoIterator<Item = &'a OutboxRow>,
+    to: Destination,
 ) -> Result<(), StoreError> {
-    let mut headers = Vec::with_capacity(rows.len());
-    for r in rows {
-        headers.push(
-            serde_json::to_string(&r.event.headers)
-                .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?,
-        );
+    let rows: Vec<&OutboxRow> = rows.into_iter().collect();
+    if rows.is_empty() {
+        return Ok(());
     }
-    sqlx::query(
-        "INSERT INTO oncely_outbox_published (id, message_id, topic, partition_key, \
-         event_type, payload, headers, created_at, available_at, attempts, last_error, \
-         published_at) \
-         SELECT u.*, $12 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
-         $5::text[], $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], $10::int[], \
-         $11::text[]) AS u \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
-    .bind(
-        rows.iter()
-            .map(|r| r.event.message_id.to_string())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|r| r.event.topic.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|r| r.event.partition_key.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|r| r.event.event_type.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|r| r.event.payload.as_slice())
-            .collect::<Vec<_>>(),
-    )
-    .bind(headers)
-    .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.available_at).collect::<Vec<_>>())
-    .bind(
-        rows.iter()
-            .map(|r| i32::try_from(r.attempts).unwrap_or(i32::MAX))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|r| r.last_error.as_deref())
-            .collect::<Vec<_>>(),
-    )
-    .bind(published_at_ms)
-    .execute(&mut **tx)
-    .await?;
+    let headers = rows
+        .iter()
+        .map(|r| headers_json(&r.event.headers))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sql = match to {
+        Destination::Outbox => format!(
+            "INSERT INTO oncely_outbox ({}, state) SELECT * FROM UNNEST({MOVED_ARRAYS}, $12::text[])",
+            moved_columns!()
+        ),
+        Destination::Published { .. } => format!(
+            "INSERT INTO oncely_outbox_published ({}, published_at) \
+             SELECT u.*, $12 FROM UNNEST({MOVED_ARRAYS}) AS u ON CONFLICT DO NOTHING",
+            moved_columns!()
+        ),
+    };
+    let query = sqlx::query(&sql)
+        .bind(column(&rows, |r| r.id))
+        .bind(column(&rows, |r| r.event.message_id.to_string()))
+        .bind(column(&rows, |r| r.event.topic.as_str()))
+        .bind(column(&rows, |r| r.event.partition_key.as_str()))
+        .bind(column(&rows, |r| r.event.event_type.as_str()))
+        .bind(column(&rows, |r| r.event.payload.as_slice()))
+        .bind(headers)
+        .bind(column(&rows, |r| r.created_at))
+        .bind(column(&rows, |r| r.available_at))
+        .bind(column(&rows, |r| {
+            i32::try_from(r.attempts).unwrap_or(i32::MAX)
+        }))
+        .bind(column(&rows, |r| r.last_error.as_deref()));
+    let query = match to {
+        Destination::Outbox => query.bind(column(&rows, |r| r.state.as_str())),
+        Destination::Published { at_ms } => query.bind(at_ms),
+    };
+    query.execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -589,8 +563,7 @@ impl OutboxStore {
     /// consumers' inboxes drop.
     pub async fn enqueue(tx: &mut Tx, event: &OutboxEvent) -> Result<i64, StoreError> {
         let now = oncely_core::now_ms();
-        let headers = serde_json::to_string(&event.headers)
-            .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
+        let headers = headers_json(&event.headers)?;
         if let Tx::MySql(t) = tx {
             // No `INSERT … RETURNING` on MySQL: the id is the connection's last insert id.
             let id = sqlx::query(
@@ -700,7 +673,7 @@ impl OutboxStore {
             // subquery the planner may rescan it, and with SKIP LOCKED a rescan returns
             // other rows (more than LIMIT in all). The outer WHERE re-checks the lease on
             // the row version the lock returned, and leaves out partitions a
-            // `claim_batch` relay holds ([`PARTITION_LOCK`]).
+            // `claim_batch` relay holds ([`partition_lock`]).
             Database::Postgres(p) => {
                 // The claim must walk the pending rows in id order and stop at the LIMIT.
                 // Without fresh statistics (a burst right after a quiet period) the planner
@@ -719,8 +692,9 @@ impl OutboxStore {
                      UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 FROM c \
                      WHERE t.id = c.id AND t.state = 'pending' \
                      AND (t.locked_until IS NULL OR t.locked_until < $3) \
-                     AND {PARTITION_LOCK} \
+                     AND {} \
                      RETURNING {}",
+                    partition_lock("t"),
                     qualified("t")
                 ))
                 .bind(owner)
@@ -818,12 +792,12 @@ impl OutboxStore {
         // The claim *is* the delete: the candidates are locked `FOR UPDATE OF o SKIP
         // LOCKED` (LIMIT applies after locking, so skipped rows do not count against it)
         // and deleted in the same statement — those whose partition this transaction can
-        // lock ([`PARTITION_LOCK`]); a candidate whose partition another relay holds stays
-        // locked by this transaction, untouched, until it ends. Until this transaction commits, other relays
-        // still see the rows (so a partition whose head is in flight stays blocked) and
-        // skip them (they are locked); a rollback — relay crash, lost connection, failed
-        // settle — puts them back untouched. A live lease (a relay using `claim`) is
-        // honoured as in `claim`.
+        // lock ([`partition_lock`]); a candidate whose partition another relay holds stays
+        // locked by this transaction, untouched, until it ends. Until this transaction
+        // commits, other relays still see the rows (so a partition whose head is in flight
+        // stays blocked) and skip them (they are locked); a rollback — relay crash, lost
+        // connection, failed settle — puts them back untouched. A live lease (a relay
+        // using `claim`) is honoured as in `claim`.
         let rows: Vec<Row> = sqlx::query_as(&format!(
             "WITH c AS (SELECT o.id FROM oncely_outbox o \
              WHERE o.state = 'pending' AND o.available_at <= $1 \
@@ -837,7 +811,7 @@ impl OutboxStore {
              ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
              DELETE FROM oncely_outbox x USING c \
              WHERE x.id = c.id AND {} RETURNING {}",
-            PARTITION_LOCK.replace("t.partition_key", "x.partition_key"),
+            partition_lock("x"),
             qualified("x")
         ))
         .bind(now_ms)
@@ -901,19 +875,18 @@ impl OutboxStore {
                 .rows_affected()
             }
             // The row moves to `oncely_outbox_published` (or goes, without retention).
-            // A message id recorded already keeps its first record (see `record_published`).
+            // A message id recorded already keeps its first record (see `Destination`).
             Database::Postgres(p) if self.keep_published => {
-                let n: i64 = sqlx::query_scalar(
+                let n: i64 = sqlx::query_scalar(concat!(
                     "WITH d AS (DELETE FROM oncely_outbox \
-                     WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending' RETURNING *), \
-                     i AS (INSERT INTO oncely_outbox_published (id, message_id, topic, \
-                     partition_key, event_type, payload, headers, created_at, available_at, \
-                     attempts, last_error, published_at) \
-                     SELECT id, message_id, topic, partition_key, event_type, payload, headers, \
-                     created_at, available_at, attempts, last_error, $1 FROM d \
-                     ON CONFLICT DO NOTHING) \
-                     SELECT count(*) FROM d",
-                )
+                         WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending' \
+                         RETURNING *), \
+                         i AS (INSERT INTO oncely_outbox_published (",
+                    moved_columns!(),
+                    ", published_at) SELECT ",
+                    moved_columns!(),
+                    ", $1 FROM d ON CONFLICT DO NOTHING) SELECT count(*) FROM d"
+                ))
                 .bind(now_ms)
                 .bind(ids)
                 .bind(owner)
