@@ -79,6 +79,10 @@ pub(crate) struct RelayBenchArgs {
     /// always keeps them, to read their publish times.
     #[arg(long)]
     retention_secs: Option<u64>,
+    /// The relay's `vacuum_after_rows` in the throughput run (default: the relay's default;
+    /// 0 leaves the outbox to autovacuum, so dead entries pile up from round to round).
+    #[arg(long)]
+    vacuum_after_rows: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -493,6 +497,9 @@ async fn relay_throughput(
             retention: args
                 .retention_secs
                 .map_or(RelayConfig::default().retention, Duration::from_secs),
+            vacuum_after_rows: args
+                .vacuum_after_rows
+                .unwrap_or(RelayConfig::default().vacuum_after_rows),
             ..RelayConfig::default()
         },
     );
@@ -594,7 +601,7 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     };
     println!(
         "relay benchmark: database {}, {} events per throughput run, window {} ({} batches \
-         in flight), {} rounds, published rows kept {} s",
+         in flight), {} rounds, published rows kept {} s, vacuum after {} rows",
         if args.database_url.starts_with("sqlite") {
             "SQLite"
         } else {
@@ -605,7 +612,9 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
         args.in_flight_batches,
         args.rounds,
         args.retention_secs
-            .unwrap_or(RelayConfig::default().retention.as_secs())
+            .unwrap_or(RelayConfig::default().retention.as_secs()),
+        args.vacuum_after_rows
+            .unwrap_or(RelayConfig::default().vacuum_after_rows)
     );
     for broker in [Broker::RabbitMq, Broker::Nats, Broker::Kafka] {
         if !args.brokers.iter().any(|b| b == broker.name()) {

@@ -137,6 +137,15 @@ pub(crate) struct RelayArgs {
     /// deletes it. Keeping them costs the relay a write per event.
     #[arg(long, env = "ONCELY_OUTBOX_RETENTION_SECS", default_value_t = 0)]
     outbox_retention_secs: u64,
+    /// PostgreSQL: rows the relay claims between two `VACUUM`s of `oncely_outbox` (each
+    /// claimed row leaves a dead entry that later claims step over). 0: leave it to
+    /// autovacuum.
+    #[arg(
+        long,
+        env = "ONCELY_OUTBOX_VACUUM_AFTER_ROWS",
+        default_value_t = 20_000
+    )]
+    outbox_vacuum_after_rows: u64,
 }
 
 impl RelayArgs {
@@ -152,6 +161,7 @@ impl RelayArgs {
                 max_attempts: self.relay_max_attempts.max(1),
             },
             retention: Duration::from_secs(self.outbox_retention_secs),
+            vacuum_after_rows: self.outbox_vacuum_after_rows,
             ..RelayConfig::default()
         }
     }

@@ -20,6 +20,9 @@ pub const PUBLISH_FAILURES_TOTAL: &str = "oncely_outbox_publish_failures_total";
 pub const DEAD_TOTAL: &str = "oncely_outbox_dead_total";
 /// Counter: published rows deleted after retention.
 pub const DELETED_TOTAL: &str = "oncely_outbox_deleted_total";
+/// Counter: vacuums of `oncely_outbox` a relay ran (PostgreSQL, see
+/// `RelayConfig::vacuum_after_rows`).
+pub const VACUUMS_TOTAL: &str = "oncely_outbox_vacuums_total";
 
 /// Histogram bucket bounds (seconds) suited to publish latency: 1 ms … 30 s.
 pub const LATENCY_BUCKETS: &[f64] = &[

@@ -51,6 +51,12 @@ pub struct RelayConfig {
     pub cleanup_batch: u32,
     /// Interval of the depth / oldest-pending-age / dead gauges update. Default 5 s.
     pub stats_interval: Duration,
+    /// PostgreSQL: rows this relay claims between two vacuums of `oncely_outbox`
+    /// ([`OutboxStore::vacuum`], run in the background, one at a time). Every claimed row
+    /// is deleted and leaves a dead index entry that each later claim steps over until a
+    /// vacuum removes it, and autovacuum comes at most once a minute. 0 leaves it to
+    /// autovacuum. Ignored on SQLite and MySQL. Default 20,000.
+    pub vacuum_after_rows: u64,
 }
 
 impl Default for RelayConfig {
@@ -67,6 +73,7 @@ impl Default for RelayConfig {
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 500,
             stats_interval: Duration::from_secs(5),
+            vacuum_after_rows: 20_000,
         }
     }
 }
@@ -121,6 +128,14 @@ pub struct Relay {
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
     fault_after_confirm: Option<FaultHook>,
+    vacuum: Arc<VacuumState>,
+}
+
+/// Rows claimed since the last vacuum, shared by a relay's clones (its batch tasks).
+#[derive(Debug, Default)]
+struct VacuumState {
+    rows: std::sync::atomic::AtomicU64,
+    running: std::sync::atomic::AtomicBool,
 }
 
 /// A fault-injection hook: called with the rows of a batch the broker confirmed, before
@@ -144,6 +159,7 @@ impl Relay {
             publisher,
             config,
             fault_after_confirm: None,
+            vacuum: Arc::default(),
         }
     }
 
@@ -450,13 +466,14 @@ impl Relay {
         let mut ok_ids = Vec::with_capacity(batch.rows().len());
         let mut failures = Vec::new();
         let mut attempts = std::collections::HashMap::new();
+        // One registry lookup per batch, not per row.
+        let latency = metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker);
         for row in batch.rows() {
             let error = match results.next() {
                 Some(Ok(())) => {
                     ok_ids.push(row.id);
                     let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
-                    metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker)
-                        .record(latency_ms as f64 / 1000.0);
+                    latency.record(latency_ms as f64 / 1000.0);
                     continue;
                 }
                 Some(Err(e)) => e.to_string(),
@@ -529,7 +546,41 @@ impl Relay {
             micros = started.elapsed().as_micros() as u64,
             "settle"
         );
+        self.count_claimed(report.claimed);
         report
+    }
+
+    /// Counts rows claimed (PostgreSQL: deleted) and, every
+    /// [`RelayConfig::vacuum_after_rows`], starts a background vacuum of the outbox unless
+    /// one of this relay's is still running.
+    fn count_claimed(&self, rows: usize) {
+        use std::sync::atomic::Ordering;
+        let every = self.config.vacuum_after_rows;
+        if every == 0 || rows == 0 || !matches!(self.store.database(), Database::Postgres(_)) {
+            return;
+        }
+        let v = &self.vacuum;
+        let since = v.rows.fetch_add(rows as u64, Ordering::Relaxed) + rows as u64;
+        if since < every || v.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        v.rows.fetch_sub(since, Ordering::Relaxed);
+        let (store, v) = (self.store.clone(), self.vacuum.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            match store.vacuum().await {
+                Ok(()) => {
+                    metrics::counter!(m::VACUUMS_TOTAL).increment(1);
+                    tracing::debug!(
+                        rows = since,
+                        ms = started.elapsed().as_millis() as u64,
+                        "outbox vacuumed"
+                    );
+                }
+                Err(e) => tracing::warn!(error = %e, "outbox vacuum failed"),
+            }
+            v.running.store(false, Ordering::Release);
+        });
     }
 
     /// Runs until `shutdown` is cancelled: rounds back to back while there is work, else

@@ -1852,6 +1852,8 @@ fn claim_test_config(i: usize, keep: bool) -> RelayConfig {
         } else {
             Duration::ZERO
         },
+        // Vacuums run while other relays claim and settle.
+        vacuum_after_rows: 300,
         ..RelayConfig::default()
     }
 }
@@ -2248,6 +2250,71 @@ async fn claim_one_drain_publishes_every_claimable_row(t: TestDb) {
     }
 }
 
+/// Manual vacuums of `oncely_outbox` (`pg_stat_user_tables.vacuum_count`; autovacuum
+/// counts apart) since the table was created.
+async fn outbox_vacuums(db: &oncely_sql::Database) -> i64 {
+    let oncely_sql::Database::Postgres(p) = db else {
+        panic!("PostgreSQL only");
+    };
+    sqlx::query_scalar(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'oncely_outbox'::regclass",
+    )
+    .fetch_one(p.pool())
+    .await
+    .unwrap()
+}
+
+/// A relay vacuums the outbox after every `vacuum_after_rows` rows it claimed, in the
+/// background while it goes on claiming, and never with 0. Dead entries then stop
+/// accumulating in front of the claims.
+async fn claim_relay_vacuums_the_outbox_every_vacuum_after_rows(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let store = OutboxStore::new(t.db.clone());
+    let publisher: Arc<dyn Publisher> = Arc::new(Recorder::new(0, 0, 0));
+    let relay = |vacuum_after_rows| {
+        Relay::new(
+            t.db.clone(),
+            publisher.clone(),
+            RelayConfig {
+                batch_size: 50,
+                vacuum_after_rows,
+                ..claim_test_config(0, false)
+            },
+        )
+    };
+    let events = |round: usize| -> Vec<OutboxEvent> {
+        (0..1000)
+            .map(|p| seq_event(&format!("r{round}p{p}"), 0))
+            .collect()
+    };
+    // Never with 0, however many rows it claims.
+    enqueue_all(&t.db, &events(0)).await;
+    let r = relay(0).drain(&CancellationToken::new()).await.unwrap();
+    assert_eq!(r.published, 1000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        outbox_vacuums(&t.db).await,
+        0,
+        "vacuum_after_rows 0 vacuumed"
+    );
+    // After 400 claimed rows: 1,000 rows make two vacuums (one at a time, so one may be
+    // skipped while the first still runs: at least one).
+    enqueue_all(&t.db, &events(1)).await;
+    let r = relay(400).drain(&CancellationToken::new()).await.unwrap();
+    assert_eq!(r.published, 1000);
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut vacuums = outbox_vacuums(&t.db).await;
+    while vacuums == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        vacuums = outbox_vacuums(&t.db).await;
+    }
+    assert!(
+        (1..=2).contains(&vacuums),
+        "{vacuums} vacuums after 1,000 claimed rows, one due every 400"
+    );
+}
+
 /// Migration 0005 on a database migrated up to 0004 that already
 /// holds rows published under the old schema (state `published` in `oncely_outbox`): they
 /// move to `oncely_outbox_published` (a missing `published_at` becomes `created_at`), stay
@@ -2498,4 +2565,5 @@ on_postgres!(
     migration_0005_moves_rows_published_under_the_old_schema,
     claim_batch_skip_ranges_and_reinserted_failures,
     claim_one_relay_republishes_a_panicked_batch_while_busy,
+    claim_relay_vacuums_the_outbox_every_vacuum_after_rows,
 );
