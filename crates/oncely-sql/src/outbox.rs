@@ -1143,10 +1143,14 @@ impl OutboxStore {
         Ok(n)
     }
 
-    /// PostgreSQL: `VACUUM (SKIP_LOCKED) oncely_outbox` — removes the index entries and row
-    /// versions left by claimed (deleted) rows; skipped when another session holds the
-    /// table's vacuum lock (another relay vacuuming it, autovacuum). Does nothing on SQLite
-    /// (freed pages are reused) and MySQL (InnoDB's purge runs by itself).
+    /// PostgreSQL: `VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) oncely_outbox` —
+    /// removes the index entries and row versions left by claimed (deleted) rows; skipped
+    /// when another session holds the table's vacuum lock (another relay vacuuming it,
+    /// autovacuum). `TRUNCATE false`: giving empty trailing pages back to the file system
+    /// takes an `ACCESS EXCLUSIVE` lock that would stall the business transactions
+    /// enqueueing events (and, replayed on a standby, cancel its queries); the pages are
+    /// reused by the next inserts anyway, and autovacuum still truncates. Does nothing on
+    /// SQLite (freed pages are reused) and MySQL (InnoDB's purge runs by itself).
     ///
     /// Why a relay calls it (see `RelayConfig::vacuum_after_rows` in `oncely-outbox`): the
     /// claim walks the pending rows in id order, and every row claimed since the last
@@ -1164,7 +1168,7 @@ impl OutboxStore {
     pub async fn vacuum(&self) -> Result<(), StoreError> {
         if let Database::Postgres(p) = &self.db {
             // Simple query protocol: VACUUM cannot run inside a transaction block.
-            sqlx::raw_sql("VACUUM (SKIP_LOCKED) oncely_outbox")
+            sqlx::raw_sql("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) oncely_outbox")
                 .execute(p.pool())
                 .await?;
         }
