@@ -113,7 +113,8 @@ impl RoundReport {
 /// The outbox relay: claims the heads of the outbox's partitions (see
 /// [`OutboxStore::claim_batch`]), publishes them as one confirmed window, marks the
 /// confirmed rows published and reschedules the others with exponential backoff and full
-/// jitter, until the attempt limit makes them `dead`. Any number of relays may run against
+/// jitter, until the attempt limit makes them `dead` (a message over the broker's size limit,
+/// [`PublishError::TooLarge`], at once: it can never fit). Any number of relays may run against
 /// one database; each partition key has at most one event in flight, so its events reach
 /// the broker in order.
 ///
@@ -469,15 +470,16 @@ impl Relay {
         // One registry lookup per batch, not per row.
         let latency = metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker);
         for row in batch.rows() {
-            let error = match results.next() {
+            // A message over the broker's size limit never fits: dead at once.
+            let (error, permanent) = match results.next() {
                 Some(Ok(())) => {
                     ok_ids.push(row.id);
                     let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
                     latency.record(latency_ms as f64 / 1000.0);
                     continue;
                 }
-                Some(Err(e)) => e.to_string(),
-                None => "publisher returned no result".to_owned(),
+                Some(Err(e)) => (e.to_string(), matches!(e, PublishError::TooLarge { .. })),
+                None => ("publisher returned no result".to_owned(), false),
             };
             let failures_so_far = row.attempts.saturating_add(1);
             let delay = self
@@ -491,7 +493,12 @@ impl Relay {
                 row.id,
                 (row.event.message_id, failures_so_far, delay, error.clone()),
             );
-            failures.push(PublishFailure::new(row.id, error, retry_at));
+            let failure = PublishFailure::new(row.id, error, retry_at);
+            failures.push(if permanent {
+                failure.permanent()
+            } else {
+                failure
+            });
         }
         match batch
             .settle(
@@ -523,7 +530,8 @@ impl Relay {
                             report.dead += 1;
                             metrics::counter!(m::DEAD_TOTAL).increment(1);
                             tracing::error!(id, %message_id, attempts, error,
-                                "outbox event is dead after its attempt limit");
+                                "outbox event is dead (attempt limit reached, or a \
+                                 message the broker can never take)");
                         }
                         Rescheduled::Retry => {
                             report.retried += 1;

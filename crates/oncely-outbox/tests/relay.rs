@@ -1087,8 +1087,16 @@ async fn poison_event_goes_dead_while_the_rest_flow(mut h: Harness) {
     let store = h.store();
     let row = store.get(ids[0]).await.unwrap().unwrap();
     assert_eq!(row.state, OutboxState::Dead);
-    assert_eq!(row.attempts, 3);
-    assert!(!row.last_error.unwrap_or_default().is_empty());
+    // Too large for the SQL transport's and Kafka's limits: dead at its first attempt (it
+    // can never fit). Unroutable on RabbitMQ and NATS (a stream or binding may come): dead
+    // at the limit.
+    let (attempts, error) = match h.broker {
+        Broker::Sql | Broker::Kafka => (1, "exceeds the limit"),
+        Broker::RabbitMq | Broker::Nats => (3, "no destination"),
+    };
+    assert_eq!(row.attempts, attempts);
+    let last_error = row.last_error.unwrap_or_default();
+    assert!(last_error.contains(error), "last error {last_error:?}");
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 1));
     let dead = store.dead(0, 10).await.unwrap();

@@ -295,6 +295,10 @@ pub struct PublishFailure {
     pub error: String,
     /// Earliest next attempt, Unix ms (the caller applies backoff with jitter).
     pub retry_at_ms: i64,
+    /// The publish cannot succeed as the message is (it exceeds the broker's size limit):
+    /// the row goes `dead` at once, this attempt counted, instead of holding its
+    /// partition back through every backoff up to the attempt limit.
+    pub permanent: bool,
 }
 
 impl PublishFailure {
@@ -304,7 +308,15 @@ impl PublishFailure {
             id,
             error: error.into(),
             retry_at_ms,
+            permanent: false,
         }
+    }
+
+    /// Marks the failure permanent ([`PublishFailure::permanent`]).
+    #[must_use]
+    pub fn permanent(mut self) -> Self {
+        self.permanent = true;
+        self
     }
 }
 
@@ -333,7 +345,8 @@ impl ClaimedBatch {
     /// Records the outcome of the batch: `published` rows become `published` at
     /// `published_at_ms` (Unix ms) — kept as such, or not kept at all when the store does
     /// not keep published rows ([`OutboxStore::keep_published`]; SQLite and MySQL mark them
-    /// either way) — each failure is rescheduled or goes `dead` at `max_attempts` (as
+    /// either way) — each failure is rescheduled or goes `dead` at `max_attempts` (at once when
+    /// [`PublishFailure::permanent`]; as
     /// [`OutboxStore::reschedule`]); rows in neither list are released without counting an
     /// attempt. On PostgreSQL all of it commits as one transaction (the claim's, which
     /// deleted the rows: failed and released rows are re-inserted with their ids).
@@ -357,8 +370,10 @@ impl ClaimedBatch {
                     .mark_published(&owner, published, published_at_ms)
                     .await?;
                 for f in failures {
+                    // A permanent failure reaches any limit with this attempt.
+                    let max = if f.permanent { 1 } else { max_attempts };
                     let r = store
-                        .reschedule(&owner, f.id, &f.error, f.retry_at_ms, max_attempts)
+                        .reschedule(&owner, f.id, &f.error, f.retry_at_ms, max)
                         .await?;
                     settled.failures.push((f.id, r));
                 }
@@ -396,7 +411,7 @@ impl ClaimedBatch {
                     row.attempts = row.attempts.saturating_add(1);
                     row.last_error = Some(f.error.chars().take(2000).collect());
                     row.available_at = f.retry_at_ms;
-                    let outcome = if row.attempts >= max {
+                    let outcome = if row.attempts >= max || f.permanent {
                         row.state = OutboxState::Dead;
                         Rescheduled::Dead
                     } else {
