@@ -230,10 +230,10 @@ pub(crate) async fn inbox(db: Database, cmd: InboxCommand) -> anyhow::Result<()>
             let n = transport
                 .requeue_dead(consumer_name(consumer), id.as_ref())
                 .await?;
-            println!("requeued {n}");
             if let (Some(id), 0) = (id, n) {
                 anyhow::bail!("no dead delivery of message {id}");
             }
+            println!("requeued {n}");
         }
     }
     Ok(())

@@ -111,17 +111,25 @@ struct OutboxArgs {
     command: relay_cmd::OutboxCommand,
 }
 
+/// `global`: also accepted after a subcommand's own subcommand (`oncely outbox stats
+/// --database-url …` as well as `oncely outbox --database-url … stats`).
 #[derive(Debug, Args)]
 struct DbArgs {
     /// Database URL: sqlite://FILE, postgres://… or mysql://… (MySQL 8.0+ / MariaDB 10.6+)
     #[arg(
         long,
         env = "ONCELY_DATABASE_URL",
-        default_value = "sqlite://oncely.db"
+        default_value = "sqlite://oncely.db",
+        global = true
     )]
     database_url: String,
     /// Largest number of pooled database connections.
-    #[arg(long, env = "ONCELY_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    #[arg(
+        long,
+        env = "ONCELY_DB_MAX_CONNECTIONS",
+        default_value_t = 16,
+        global = true
+    )]
     db_max_connections: u32,
 }
 
@@ -184,6 +192,28 @@ impl DbArgs {
         orders::migrate(&db).await.context("applying migrations")?;
         Ok(db)
     }
+
+    /// [`DbArgs::connect`] for operator commands, which read what a service wrote: a SQLite
+    /// file that does not exist is an error (a wrong path or working directory), not a new
+    /// empty database reporting that all is well.
+    async fn connect_existing(&self) -> anyhow::Result<Database> {
+        if let Some(path) = sqlite_path(&self.database_url) {
+            anyhow::ensure!(
+                path == ":memory:" || std::path::Path::new(path).exists(),
+                "no SQLite database at {path:?} (the service's --database-url, relative to \
+                 its working directory; `oncely migrate` creates one)"
+            );
+        }
+        self.connect().await
+    }
+}
+
+/// The file of a `sqlite:` URL (`sqlite://FILE`, `sqlite:FILE`, query string dropped);
+/// `None` for other databases.
+fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    Some(rest.split('?').next().unwrap_or(rest))
 }
 
 /// Drops a password from a URL before logging it.
@@ -259,8 +289,12 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Outbox(args) => relay_cmd::outbox(args.db.connect().await?, args.command).await,
-        Command::Inbox(args) => consume_cmd::inbox(args.db.connect().await?, args.command).await,
+        Command::Outbox(args) => {
+            relay_cmd::outbox(args.db.connect_existing().await?, args.command).await
+        }
+        Command::Inbox(args) => {
+            consume_cmd::inbox(args.db.connect_existing().await?, args.command).await
+        }
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Consume(args) => {
             let db = args.db.connect().await?;

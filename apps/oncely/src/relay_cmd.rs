@@ -346,10 +346,10 @@ pub(crate) async fn outbox(db: Database, cmd: OutboxCommand) -> anyhow::Result<(
                 (None, false) => anyhow::bail!("give an id or --all"),
             };
             let n = store.requeue_dead(target, oncely_core::now_ms()).await?;
-            println!("requeued {n}");
             if let (RequeueTarget::Id(id), 0) = (target, n) {
                 anyhow::bail!("no dead event with id {id}");
             }
+            println!("requeued {n}");
         }
     }
     Ok(())

@@ -185,7 +185,69 @@ async fn migrate_command_applies_migrations_and_sigterm_drains(t: TestDb) {
 }
 
 async fn serve_bills_each_order_once_in_process_and_get_shows_the_invoice(t: TestDb) {
-    bills_each_order_once(&t, &[]).await;
+    let p = bills_each_order_once(&t, &[]).await;
+    // `/metrics`: counters of events that did not happen are there at 0 (so `rate()` and
+    // alerts see them), handler run times are a histogram.
+    let expected = [
+        "oncely_outbox_dead_total 0",
+        "oncely_outbox_publish_failures_total{broker=\"sql\"} 0",
+        "oncely_outbox_published_total{broker=\"sql\"} 5",
+        "oncely_idempotency_store_unavailable_total 0",
+        "oncely_inbox_dead_lettered_total{consumer=\"billing\",broker=\"sql\"} 0",
+        "oncely_inbox_consumed_total{consumer=\"billing\",broker=\"sql\"} 5",
+        "# TYPE oncely_inbox_handler_seconds histogram",
+        "# TYPE oncely_outbox_publish_latency_seconds histogram",
+    ];
+    // The relay counts a batch after its commit, which the consumer may beat.
+    let mut missing = Vec::new();
+    for _ in 0..50 {
+        let m = reqwest::get(format!("{}/metrics", p.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        missing = expected
+            .iter()
+            .filter(|line| !m.lines().any(|l| l == **line))
+            .map(|line| (*line).to_owned())
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("lines missing from /metrics after 5 s: {missing:?}");
+}
+
+/// Operator commands read what a service wrote: a SQLite file that is not there (wrong path
+/// or working directory) is an error, and no empty database is left behind.
+#[tokio::test]
+async fn operator_commands_refuse_a_missing_sqlite_file() {
+    let dir = std::env::temp_dir().join(format!("oncely-missing-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("nowhere.db");
+    let url = format!("sqlite://{}", file.display());
+    for args in [
+        &["outbox", "stats"][..],
+        &["outbox", "dead", "list"],
+        &["inbox", "dead", "list"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(args)
+            .args(["--database-url", &url])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            stderr.contains("no SQLite database at"),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} printed a result");
+        assert!(!file.exists(), "{args:?} created {}", file.display());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The whole chain through a real broker, as `oncely serve --broker nats` runs it: order and
@@ -355,7 +417,8 @@ async fn serve_bills_each_order_once_through_kafka(t: TestDb) {
 
 /// Creates 5 orders through `oncely serve` (with `extra` arguments), each retried with its
 /// key and repeated under a new key, and checks that each is billed exactly once.
-async fn bills_each_order_once(t: &TestDb, extra: &[&str]) {
+/// Returns the still-running service.
+async fn bills_each_order_once(t: &TestDb, extra: &[&str]) -> Proc {
     let p = serve_with(&t.url, extra);
     let client = reqwest::Client::new();
     let mut ids = Vec::new();
@@ -406,6 +469,7 @@ async fn bills_each_order_once(t: &TestDb, extra: &[&str]) {
     .await)
     .unwrap();
     assert_eq!(invoices, 5);
+    p
 }
 
 async fn serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each(t: TestDb) {
@@ -601,10 +665,12 @@ async fn outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_even
         .unwrap();
     assert_eq!(outcome, oncely_sql::Rescheduled::Dead);
     store.release("op-test", &ids[1..]).await.unwrap();
+    // `--database-url` after the leaf subcommand, where an operator types it.
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_oncely"))
-            .args(["outbox", "--database-url", &t.url])
+            .arg("outbox")
             .args(args)
+            .args(["--database-url", &t.url])
             .stderr(Stdio::null())
             .output()
             .unwrap()
@@ -640,11 +706,12 @@ async fn outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_even
     assert!(String::from_utf8(requeue.stdout)
         .unwrap()
         .contains("requeued 1"));
+    let again = run(&["dead", "requeue", &ids[0].to_string()]);
+    assert!(!again.status.success(), "nothing dead any more");
     assert!(
-        !run(&["dead", "requeue", &ids[0].to_string()])
-            .status
-            .success(),
-        "nothing dead any more"
+        again.stdout.is_empty(),
+        "a failed requeue prints no count: {:?}",
+        String::from_utf8_lossy(&again.stdout)
     );
     let all = run(&["dead", "requeue", "--all"]);
     assert!(all.status.success());

@@ -52,6 +52,20 @@ pub struct IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer storing records in `store`.
     pub fn new(store: IdempotencyStore, config: IdempotencyConfig) -> Self {
+        // Counters show 0 from the start, so `rate()` and alerts see them before the first
+        // event.
+        for name in [
+            "oncely_idempotency_replays_total",
+            "oncely_idempotency_replay_cache_hits_total",
+            "oncely_idempotency_executions_total",
+            "oncely_idempotency_fingerprint_mismatches_total",
+            "oncely_idempotency_unknown_total",
+            "oncely_idempotency_in_flight_total",
+            "oncely_idempotency_outcome_unknown_total",
+            "oncely_idempotency_store_unavailable_total",
+        ] {
+            metrics::counter!(name).increment(0);
+        }
         Self {
             store,
             cache: Arc::new(ReplayCache::new(config.replay_cache_bytes)),

@@ -379,6 +379,18 @@ impl<S: Subscriber> Consumer<S> {
     /// past [`ConsumerConfig::queue_retention`]). On shutdown it stops receiving, waits for
     /// the messages in hand, and closes the subscriber.
     pub async fn run(self, shutdown: CancellationToken) {
+        // Counters show 0 from the start, so `rate()` and alerts see them before the first
+        // message.
+        for name in [
+            m::CONSUMED_TOTAL,
+            m::DUPLICATES_TOTAL,
+            m::RETRIES_TOTAL,
+            m::DEAD_LETTERED_TOTAL,
+        ] {
+            metrics::counter!(name, "consumer" => self.name().to_owned(), "broker" => self.subscriber.broker())
+                .increment(0);
+        }
+        metrics::counter!(m::COLLECTED_TOTAL, "consumer" => self.name().to_owned()).increment(0);
         let this = Arc::new(self);
         let slots = Arc::new(Semaphore::new(this.config.concurrency.max(1)));
         let tracker = TaskTracker::new();

@@ -596,6 +596,15 @@ impl Relay {
     /// outbox gauges every `stats_interval` and deletes published rows past `retention`.
     /// Returns after the current round finishes.
     pub async fn run(self, shutdown: CancellationToken) {
+        // Counters show 0 from the start, so `rate()` and alerts see them before the first
+        // event (Prometheus' advice for counters).
+        let broker = self.publisher.name();
+        for name in [m::PUBLISHED_TOTAL, m::PUBLISH_FAILURES_TOTAL] {
+            metrics::counter!(name, "broker" => broker).increment(0);
+        }
+        for name in [m::DEAD_TOTAL, m::DELETED_TOTAL, m::VACUUMS_TOTAL] {
+            metrics::counter!(name).increment(0);
+        }
         let tracker = TaskTracker::new();
         let wake = Arc::new(Notify::new());
         if self.config.listen {
