@@ -182,7 +182,7 @@ where
 /// reservation and commit. A panic in the task becomes a 500 problem.
 fn spawned(handling: impl Future<Output = Response> + Send + 'static) -> BoxFuture {
     let task = tokio::spawn(handling);
-    Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e))) })
+    Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e.to_string()))) })
 }
 
 async fn handle<S>(
@@ -556,7 +556,24 @@ where
 {
     let slot = TxSlot(Arc::new(Mutex::new(Some(tx))));
     req.extensions_mut().insert(slot.clone());
-    let res = inner.oneshot(req).await.unwrap_or_else(|e| match e {});
+    let run = std::panic::AssertUnwindSafe(inner.oneshot(req));
+    let res = match futures_util::FutureExt::catch_unwind(run).await {
+        Ok(res) => res.unwrap_or_else(|e| match e {}),
+        Err(panic) => {
+            // Roll back before answering: a transaction merely dropped is rolled back when
+            // its connection is next used, and a retry arriving first would find the key
+            // still reserved (MySQL: 409 in flight) although the answer said "retry".
+            if let Some(tx) = slot.0.lock().await.take() {
+                drop(tx.rollback().await);
+            }
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            return panicked(&message);
+        }
+    };
     let Some(mut tx) = slot.0.lock().await.take() else {
         return Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -658,10 +675,10 @@ where
     Response::from_parts(parts, Body::from(bytes))
 }
 
-/// A panicking handler unwound and dropped its transaction: rolled back, nothing stored.
-fn panicked(e: &tokio::task::JoinError) -> Response {
+/// A panicking handler: its transaction rolled back, nothing stored.
+fn panicked(error: &str) -> Response {
     metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "panic").increment(1);
-    tracing::error!(error = %e, "handler panicked; transaction rolled back");
+    tracing::error!(error, "handler panicked; transaction rolled back");
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "handler-failed",
