@@ -2258,6 +2258,41 @@ async fn claim_one_drain_publishes_every_claimable_row(t: TestDb) {
     }
 }
 
+/// Advisory locks are one namespace per database: a relay holding partition `p` of the
+/// outbox in one schema must not hold up partition `p` of an outbox in another schema
+/// (another service, another test). It did while the lock key was the partition key alone.
+async fn claim_partition_locks_of_another_schemas_outbox_do_not_block(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let other = TestDb::new(TestBackend::Postgres).await.unwrap();
+    other.db.migrate().await.unwrap();
+    let lease = Duration::from_secs(60);
+    enqueue_all(&other.db, &[plain_event("p")]).await;
+    let held = OutboxStore::new(other.db.clone())
+        .claim_batch("other", 10, lease, oncely_core::now_ms(), &[])
+        .await
+        .unwrap();
+    assert_eq!(held.rows().len(), 1);
+    let id = enqueue_all(&t.db, &[plain_event("p")]).await[0];
+    let store = OutboxStore::new(t.db.clone());
+    let mine = store
+        .claim_batch("mine", 10, lease, oncely_core::now_ms(), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        mine.rows().iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![id],
+        "partition p of this outbox waited for partition p of another schema's outbox"
+    );
+    // The lease-based claim honours the partition locks too.
+    mine.settle(&[], 0, &[], 10).await.unwrap();
+    let leased = store
+        .claim("mine", 10, lease, oncely_core::now_ms())
+        .await
+        .unwrap();
+    assert_eq!(leased.iter().map(|r| r.id).collect::<Vec<_>>(), vec![id]);
+    drop(held);
+}
+
 /// Manual vacuums of `oncely_outbox` (`pg_stat_user_tables.vacuum_count`; autovacuum
 /// counts apart) since the table was created.
 async fn outbox_vacuums(db: &oncely_sql::Database) -> i64 {
@@ -2574,4 +2609,5 @@ on_postgres!(
     claim_batch_skip_ranges_and_reinserted_failures,
     claim_one_relay_republishes_a_panicked_batch_while_busy,
     claim_relay_vacuums_the_outbox_every_vacuum_after_rows,
+    claim_partition_locks_of_another_schemas_outbox_do_not_block,
 );

@@ -143,9 +143,12 @@ macro_rules! moved_columns {
 const PUBLISHED_COLUMNS: &str = concat!(moved_columns!(), ", 'published' AS state, published_at");
 
 /// PostgreSQL: takes the transaction-scoped advisory lock of the partition of the row
-/// aliased `alias` (`pg_try_advisory_xact_lock(1869505381, hashtext(partition_key))`;
-/// 1869505381 is `"once"` in ASCII, keeping oncely's keys apart from the application's),
-/// false when another transaction holds it. A `claim_batch` relay holds the partitions of
+/// aliased `alias`, false when another transaction holds it. The key is a 64-bit hash of
+/// the partition key seeded with the outbox table's OID and 1869505381 (`"once"` in ASCII):
+/// advisory locks are one namespace per database, and with a key of the partition alone
+/// the relays of an outbox in another schema (another service, another test) held up this
+/// one's partitions of the same name — a claim skipped them while the other relay
+/// published. A `claim_batch` relay holds the partitions of
 /// its batch until the batch is settled, so no other relay takes a row of theirs — in
 /// particular not a row that committed late, after a newer row of its partition was
 /// claimed: the anti-join on lower ids cannot see that newer row (it looks pending), only
@@ -154,7 +157,10 @@ const PUBLISHED_COLUMNS: &str = concat!(moved_columns!(), ", 'published' AS stat
 /// `max_locks_per_transaction` for the batch size (`max_locks_per_transaction ×
 /// max_connections` slots in all; the defaults, 64 × 100, hold 25 batches of 256).
 fn partition_lock(alias: &str) -> String {
-    format!("pg_try_advisory_xact_lock(1869505381, hashtext({alias}.partition_key))")
+    format!(
+        "pg_try_advisory_xact_lock(hashtextextended({alias}.partition_key, \
+         {alias}.tableoid::bigint # 1869505381))"
+    )
 }
 
 /// `headers` as stored in the `headers` column (a JSON object).
