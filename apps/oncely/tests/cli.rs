@@ -1111,6 +1111,22 @@ mod kill {
         started: u64,
     }
 
+    impl Slot {
+        /// SIGKILLs the slot's relay, if one runs; true when it did. A relay that exited by
+        /// itself fails the test.
+        fn kill(&mut self) -> bool {
+            let Some(mut c) = self.child.take() else {
+                return false;
+            };
+            if let Some(status) = c.try_wait().unwrap() {
+                panic!("relay {} exited by itself: {status:?}", self.started);
+            }
+            c.kill().unwrap();
+            c.wait().unwrap();
+            true
+        }
+    }
+
     fn spawn_relay(
         url: &str,
         nats: &str,
@@ -1276,14 +1292,7 @@ mod kill {
                 // All at once, down for longer than a 100 ms duplicate window: whatever they had
                 // confirmed and not recorded is republished by the next ones.
                 for slot in &mut slots {
-                    if let Some(mut c) = slot.child.take() {
-                        if let Some(status) = c.try_wait().unwrap() {
-                            panic!("relay {} exited by itself: {status:?}", slot.started);
-                        }
-                        c.kill().unwrap();
-                        c.wait().unwrap();
-                        kills += 1;
-                    }
+                    kills += u64::from(slot.kill());
                 }
                 tokio::time::sleep(Duration::from_millis(150 + rng.below(350))).await;
                 for slot in &mut slots {
@@ -1293,14 +1302,7 @@ mod kill {
                 continue;
             }
             let slot = &mut slots[rng.below(3) as usize];
-            if let Some(mut c) = slot.child.take() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    panic!("relay {} exited by itself: {status:?}", slot.started);
-                }
-                c.kill().unwrap();
-                c.wait().unwrap();
-                kills += 1;
-            }
+            kills += u64::from(slot.kill());
             tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
             slot.child = Some(start(&mut started));
             slot.started = started;
@@ -1328,13 +1330,7 @@ mod kill {
         // Settles in flight finish their commits.
         tokio::time::sleep(Duration::from_millis(500)).await;
         for slot in &mut slots {
-            if let Some(mut c) = slot.child.take() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    panic!("relay {} exited by itself: {status:?}", slot.started);
-                }
-                c.kill().unwrap();
-                c.wait().unwrap();
-            }
+            slot.kill();
         }
         let stats = outbox_stats(&t.url);
         let sent = producer.sent.lock().unwrap().clone();

@@ -493,12 +493,9 @@ impl Relay {
                 row.id,
                 (row.event.message_id, failures_so_far, delay, error.clone()),
             );
-            let failure = PublishFailure::new(row.id, error, retry_at);
-            failures.push(if permanent {
-                failure.permanent()
-            } else {
-                failure
-            });
+            let mut failure = PublishFailure::new(row.id, error, retry_at);
+            failure.permanent = permanent;
+            failures.push(failure);
         }
         match batch
             .settle(

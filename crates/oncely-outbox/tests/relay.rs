@@ -1891,8 +1891,8 @@ struct StressOutcome {
 
 /// Runs `s.relays` relays (`Relay::run`, each with its own pool, as separate processes
 /// would) against one PostgreSQL outbox while four writers add `s.partitions × s.per`
-/// events, until every event was confirmed once or 60 s passed.
-async fn stress(t: &TestDb, s: Stress) -> StressOutcome {
+/// events, until every event was confirmed once or 60 s passed; then [`check_stress`].
+async fn stress(t: &TestDb, s: Stress) {
     t.db.migrate().await.unwrap();
     let recorder = Arc::new(Recorder::new(s.fail_pct, s.panic_pct, 3_000));
     let mut relays = Vec::new();
@@ -1965,11 +1965,14 @@ async fn stress(t: &TestDb, s: Stress) -> StressOutcome {
         .unwrap()
         .pending;
     let late = late.lock().unwrap().clone();
-    StressOutcome {
-        recorder,
-        late,
-        pending_left,
-    }
+    check_stress(
+        s,
+        &StressOutcome {
+            recorder,
+            late,
+            pending_left,
+        },
+    );
 }
 
 /// Checks a stress run: every event confirmed exactly once, each partition in sequence
@@ -2047,8 +2050,7 @@ async fn claim_relays_with_flaky_publishes_lose_nothing_and_keep_order(t: TestDb
         late: false,
         keep: true,
     };
-    let o = stress(&t, s).await;
-    check_stress(s, &o);
+    stress(&t, s).await;
 }
 
 /// As above without retention (published rows are forgotten at
@@ -2064,8 +2066,7 @@ async fn claim_relays_whose_publishes_panic_lose_nothing(t: TestDb) {
         late: false,
         keep: false,
     };
-    let o = stress(&t, s).await;
-    check_stress(s, &o);
+    stress(&t, s).await;
 }
 
 /// `claim_batch_late_head_waits_for_its_partitions_row_in_flight` at scale (it used to
@@ -2083,8 +2084,7 @@ async fn claim_relays_with_late_commits_keep_one_event_per_partition_in_flight(t
         late: true,
         keep: true,
     };
-    let o = stress(&t, s).await;
-    check_stress(s, &o);
+    stress(&t, s).await;
 }
 
 /// A row whose transaction commits late — after a higher-numbered row of its partition
