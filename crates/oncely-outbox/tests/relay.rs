@@ -2358,6 +2358,194 @@ async fn claim_relay_vacuums_the_outbox_every_vacuum_after_rows(t: TestDb) {
     );
 }
 
+/// Advisory locks held right now, by any session, on the partition locks of this schema's
+/// outbox for partition keys `{prefix}0` … `{prefix}{n - 1}` (the key
+/// `oncely_sql`'s claim takes: a 64-bit hash of the partition key seeded with the table's
+/// OID, shown by `pg_locks` as two 32-bit halves).
+async fn partition_locks_held(pool: &sqlx::PgPool, prefix: &str, n: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l JOIN (SELECT hashtextextended($1 || g, \
+         'oncely_outbox'::regclass::oid::bigint # 1869505381) AS k \
+         FROM generate_series(0, $2 - 1) g) x \
+         ON l.classid = ((x.k >> 32) & 4294967295)::oid \
+         AND l.objid = (x.k & 4294967295)::oid AND l.objsubid = 1 \
+         WHERE l.locktype = 'advisory'",
+    )
+    .bind(prefix)
+    .bind(n)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Samples [`partition_locks_held`] every 2 ms until `stop` is cancelled; returns the most
+/// seen at once.
+fn sample_partition_locks(
+    pool: sqlx::PgPool,
+    prefix: &'static str,
+    n: i64,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<i64> {
+    tokio::spawn(async move {
+        let mut most = 0;
+        while !stop.is_cancelled() {
+            most = most.max(partition_locks_held(&pool, prefix, n).await);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        most
+    })
+}
+
+/// Bulk-inserts `rows` pending events over `partitions` partition keys `{prefix}0…` in one
+/// statement, as a burst of writers would: payload `partition:seq` (the form of
+/// [`seq_event`]), seq counting up within each partition in id order.
+async fn bulk_enqueue(pool: &sqlx::PgPool, prefix: &str, rows: i64, partitions: i64) {
+    sqlx::query(
+        "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, payload, \
+         headers, created_at, available_at) \
+         SELECT gen_random_uuid()::text, 'claim-test', $1 || (g % $3), 'test.event', \
+         convert_to($1 || (g % $3) || ':' || (g / $3), 'UTF8'), '{}', $4, $4 \
+         FROM generate_series(0, $2 - 1) g ORDER BY g",
+    )
+    .bind(prefix)
+    .bind(rows)
+    .bind(partitions)
+    .bind(oncely_core::now_ms())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// An outbox that PostgreSQL believes is empty (`VACUUM ANALYZE` ran while it was, as the
+/// relay's own vacuum or autovacuum does after a quiet period) and whose relays already
+/// claimed against it, so their cached plans were made for an empty table; then a burst of
+/// 30,000 rows over 6,000 partitions. The relay drains it in order, and no session ever
+/// holds more partition locks than the relay's batches in flight (`batch_size ×
+/// max_in_flight_batches`), read from `pg_locks` throughout. With the lock tried in the
+/// claim's `WHERE` over the table, a plan made for the empty table seq-scanned the outbox
+/// and locked every pending row's partition (6,000 here; 20,000 exhausted the server's lock
+/// table): issue 14, item 1.
+async fn claim_backlog_in_an_outbox_believed_empty_locks_only_the_batches_in_flight(t: TestDb) {
+    claim_backlog_believed_empty(t, false).await;
+}
+
+/// As [`claim_backlog_in_an_outbox_believed_empty_locks_only_the_batches_in_flight`], with
+/// relays that claim by lease ([`OutboxStore::claim`], the statement SQLite and MySQL relays
+/// share in shape): each claim locks at most its own batch's partitions.
+async fn lease_claim_backlog_in_an_outbox_believed_empty_locks_only_its_batch(t: TestDb) {
+    claim_backlog_believed_empty(t, true).await;
+}
+
+async fn claim_backlog_believed_empty(t: TestDb, lease: bool) {
+    const ROWS: i64 = 30_000;
+    const PARTITIONS: i64 = 6_000;
+    const PREFIX: &str = "bp";
+    t.db.migrate().await.unwrap();
+    let pool = t.db.as_postgres().expect("postgres").clone();
+    let store = OutboxStore::new(t.db.clone());
+    let recorder = Arc::new(Recorder::new(0, 0, 0));
+    let config = RelayConfig {
+        batch_size: 64,
+        max_in_flight_batches: 4,
+        vacuum_after_rows: 0,
+        ..claim_test_config(0, false)
+    };
+    let bound = i64::from(config.batch_size) * config.max_in_flight_batches as i64;
+    let stop = CancellationToken::new();
+    // Relays at work on the empty outbox: their claims plan (and cache) against it.
+    let mut relays = Vec::new();
+    if lease {
+        for i in 0..4 {
+            let (store, recorder, stop) = (store.clone(), recorder.clone(), stop.clone());
+            let batch = config.batch_size;
+            relays.push(tokio::spawn(async move {
+                lease_relay(store, recorder, &format!("lease-{i}"), batch, stop).await;
+            }));
+        }
+    } else {
+        let relay = Relay::new(t.db.clone(), recorder.clone(), config.clone());
+        relays.push(tokio::spawn(relay.run(stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("VACUUM ANALYZE oncely_outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Claims on the freshly analysed empty table, re-planned for it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reltuples: f32 =
+        sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = 'oncely_outbox'::regclass")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        reltuples.abs() < f32::EPSILON,
+        "believed empty: reltuples {reltuples}"
+    );
+    let sampling = CancellationToken::new();
+    let sampler = sample_partition_locks(pool.clone(), PREFIX, PARTITIONS, sampling.clone());
+    bulk_enqueue(&pool, PREFIX, ROWS, PARTITIONS).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while recorder.confirmed_distinct() < ROWS as usize {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "drained {} of {ROWS} in 120 s",
+            recorder.confirmed_distinct()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sampling.cancel();
+    let most = sampler.await.unwrap();
+    stop.cancel();
+    for r in relays {
+        r.await.unwrap();
+    }
+    assert!(
+        most <= bound,
+        "a session held {most} partition locks at once; the relay's batches in flight hold at \
+         most {bound}"
+    );
+    assert_eq!(store.stats().await.unwrap().pending, 0);
+    let confirmed = recorder.confirmed();
+    assert_eq!(confirmed.len(), PARTITIONS as usize);
+    for (partition, payloads) in confirmed {
+        let expected: Vec<String> = (0..ROWS / PARTITIONS)
+            .map(|seq| format!("{partition}:{seq}"))
+            .collect();
+        assert_eq!(payloads, expected, "partition {partition} out of order");
+    }
+}
+
+/// A relay by lease: claim, publish to `recorder`, mark published, until `stop`.
+async fn lease_relay(
+    store: OutboxStore,
+    recorder: Arc<Recorder>,
+    owner: &str,
+    batch: u32,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let rows = store
+            .claim(owner, batch, Duration::from_secs(30), oncely_core::now_ms())
+            .await
+            .unwrap();
+        if rows.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let messages: Vec<Message> = rows
+            .into_iter()
+            .map(|r| oncely_outbox::to_message(r.event))
+            .collect();
+        assert!(recorder.publish(&messages).await.iter().all(Result::is_ok));
+        store
+            .mark_published(owner, &ids, oncely_core::now_ms())
+            .await
+            .unwrap();
+    }
+}
+
 /// Migration 0005 on a database migrated up to 0004 that already
 /// holds rows published under the old schema (state `published` in `oncely_outbox`): they
 /// move to `oncely_outbox_published` (a missing `published_at` becomes `created_at`), stay
@@ -2610,4 +2798,6 @@ on_postgres!(
     claim_one_relay_republishes_a_panicked_batch_while_busy,
     claim_relay_vacuums_the_outbox_every_vacuum_after_rows,
     claim_partition_locks_of_another_schemas_outbox_do_not_block,
+    claim_backlog_in_an_outbox_believed_empty_locks_only_the_batches_in_flight,
+    lease_claim_backlog_in_an_outbox_believed_empty_locks_only_its_batch,
 );

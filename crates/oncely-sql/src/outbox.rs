@@ -156,11 +156,64 @@ const PUBLISHED_COLUMNS: &str = concat!(moved_columns!(), ", 'published' AS stat
 /// Each row a relay holds takes one entry of PostgreSQL's lock table: size
 /// `max_locks_per_transaction` for the batch size (`max_locks_per_transaction ×
 /// max_connections` slots in all; the defaults, 64 × 100, hold 25 batches of 256).
+///
+/// `alias` names the claim's materialised candidate CTE (columns `id`, `partition_key`,
+/// `table_oid`), never the outbox table itself: a lock-taking function in a `WHERE` clause
+/// over the table is evaluated on whatever rows the planner's scan visits, and a plan made
+/// while the table was believed empty (a seq scan of the outbox as the join's outer side)
+/// took a lock for every pending row's partition — 20,000 partitions exhausted the
+/// server-wide lock table (`out of shared memory`). A CTE with a volatile function is never
+/// inlined (PostgreSQL 12+ inlines only side-effect-free CTEs), so the lock is tried on the
+/// candidate rows alone, at most `LIMIT` of them, and no statement takes a lock for a row it
+/// does not return (a candidate whose partition lock fails is returned by neither).
 fn partition_lock(alias: &str) -> String {
     format!(
         "pg_try_advisory_xact_lock(hashtextextended({alias}.partition_key, \
-         {alias}.tableoid::bigint # 1869505381))"
+         {alias}.table_oid::bigint # 1869505381))"
     )
+}
+
+/// Planner settings for the PostgreSQL claims, local to their transaction. A claim must walk
+/// the pending rows in id order through `oncely_outbox_pending_id`, look each candidate's
+/// partition up through `oncely_outbox_pending` and stop at the `LIMIT`, whatever the
+/// statistics say. Right after a quiet period they say the table is empty (`reltuples = 0`
+/// after the relay's own VACUUM or autovacuum ran while it was), and a plan made then — a
+/// generic plan is kept until the next ANALYZE — seq-scans the outbox for every candidate
+/// (7 s instead of 6 ms for 256 of 30,000 rows, measured); with fresh statistics a burst
+/// made the planner bitmap-scan and sort every pending row (120 ms instead of 8 ms). So seq
+/// scans, bitmap scans and sorts are off: with them off the only plans left are the
+/// index-ordered walk, and the rest of the statement is written so that no join remains
+/// for the planner to get wrong (the head check is an `OFFSET 0` subquery on a row
+/// comparison only `oncely_outbox_pending` can serve; the outer statement takes the ids as
+/// `= ANY (ARRAY(…))`, a primary-key lookup).
+const CLAIM_PLANNER_SETTINGS: &str = "SET LOCAL enable_sort = off; \
+     SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off";
+
+/// The candidate partition heads of a PostgreSQL claim, as the body of a CTE with columns
+/// `id`, `partition_key`, `table_oid`: pending, available, not leased by a live lease, the
+/// oldest pending row of its partition, outside the `$skip` id multirange (`'{}'`: none),
+/// and of no partition with a live lease; `LIMIT $limit` of them in id order, locked
+/// `FOR UPDATE OF o SKIP LOCKED` (`LIMIT` applies after locking, so skipped rows do not
+/// count against it). `$now`, `$limit`, `$skip` are placeholders to substitute.
+const CLAIM_CANDIDATES: &str = "SELECT o.id, o.partition_key, o.tableoid AS table_oid \
+     FROM oncely_outbox o \
+     WHERE o.state = 'pending' AND o.available_at <= $now \
+     AND (o.locked_until IS NULL OR o.locked_until < $now) \
+     AND NOT (CAST($skip::text AS int8multirange) @> o.id) \
+     AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
+       WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
+       AND (p.partition_key, p.id) < (o.partition_key, o.id) OFFSET 0) \
+     AND o.partition_key NOT IN (SELECT l.partition_key FROM oncely_outbox l \
+       WHERE l.state = 'pending' AND l.locked_until >= $now) \
+     ORDER BY o.id LIMIT $limit FOR UPDATE OF o SKIP LOCKED";
+
+/// [`CLAIM_CANDIDATES`] with its placeholders bound to `now`, `limit` and `skip` (each a
+/// `$n` parameter of the statement).
+fn claim_candidates(now: &str, limit: &str, skip: &str) -> String {
+    CLAIM_CANDIDATES
+        .replace("$now", now)
+        .replace("$limit", limit)
+        .replace("$skip", skip)
 }
 
 /// `headers` as stored in the `headers` column (a JSON object).
@@ -692,30 +745,22 @@ impl OutboxStore {
             }
             // The locking subquery sits in a CTE so it runs exactly once: as an `IN (…)`
             // subquery the planner may rescan it, and with SKIP LOCKED a rescan returns
-            // other rows (more than LIMIT in all). The outer WHERE re-checks the lease on
-            // the row version the lock returned, and leaves out partitions a
-            // `claim_batch` relay holds ([`partition_lock`]).
+            // other rows (more than LIMIT in all). The partition locks are tried on its rows
+            // only ([`partition_lock`]), leaving out partitions a `claim_batch` relay
+            // holds; the UPDATE re-checks the lease on the row version the lock returned.
             Database::Postgres(p) => {
-                // The claim must walk the pending rows in id order and stop at the LIMIT.
-                // Without fresh statistics (a burst right after a quiet period) the planner
-                // would rather bitmap-scan and sort every pending row (120 ms instead of
-                // 8 ms for 256 of 20,000 rows), so those two plans are off for this
-                // transaction only.
-                let mut tx = p.pool().begin().await?;
-                sqlx::query(
-                    "SELECT set_config('enable_sort', 'off', true), \
-                     set_config('enable_bitmapscan', 'off', true)",
-                )
-                .execute(&mut *tx)
-                .await?;
+                let mut tx = p
+                    .pool()
+                    .begin_with(format!("BEGIN; {CLAIM_PLANNER_SETTINGS}"))
+                    .await?;
                 let rows = sqlx::query_as(&format!(
-                    "WITH c AS ({candidates} FOR UPDATE SKIP LOCKED) \
-                     UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 FROM c \
-                     WHERE t.id = c.id AND t.state = 'pending' \
+                    "WITH c AS ({}), h AS (SELECT c.id FROM c WHERE {}) \
+                     UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 \
+                     WHERE t.id = ANY (ARRAY(SELECT h.id FROM h)) AND t.state = 'pending' \
                      AND (t.locked_until IS NULL OR t.locked_until < $3) \
-                     AND {} \
                      RETURNING {}",
-                    partition_lock("t"),
+                    claim_candidates("$3", "$4", "'{}'"),
+                    partition_lock("c"),
                     qualified("t")
                 ))
                 .bind(owner)
@@ -788,8 +833,8 @@ impl OutboxStore {
             });
         };
         let batch = i64::from(batch.max(1));
-        // See `claim`: walk the pending rows in id order and stop at the LIMIT. The planner
-        // settings and `synchronous_commit` are set in the same round trip as `BEGIN`.
+        // Planner settings as for `claim` ([`CLAIM_PLANNER_SETTINGS`]), set in the same round
+        // trip as `BEGIN`.
         //
         // `plan_cache_mode = force_generic_plan`: the claim's plan does not depend on its
         // parameters, but PostgreSQL 15 kept choosing a custom plan for it on every
@@ -804,35 +849,26 @@ impl OutboxStore {
         // relay's critical path.
         let mut tx = p
             .pool()
-            .begin_with(
-                "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
+            .begin_with(format!(
+                "BEGIN; {CLAIM_PLANNER_SETTINGS}; \
                  SET LOCAL plan_cache_mode = force_generic_plan; \
-                 SET LOCAL synchronous_commit = off",
-            )
+                 SET LOCAL synchronous_commit = off"
+            ))
             .await?;
         // The claim *is* the delete: the candidates are locked `FOR UPDATE OF o SKIP
-        // LOCKED` (LIMIT applies after locking, so skipped rows do not count against it)
-        // and deleted in the same statement — those whose partition this transaction can
-        // lock ([`partition_lock`]); a candidate whose partition another relay holds stays
-        // locked by this transaction, untouched, until it ends. Until this transaction
-        // commits, other relays still see the rows (so a partition whose head is in flight
-        // stays blocked) and skip them (they are locked); a rollback — relay crash, lost
-        // connection, failed settle — puts them back untouched. A live lease (a relay
-        // using `claim`) is honoured as in `claim`.
+        // LOCKED` and deleted in the same statement — those whose partition this
+        // transaction can lock ([`partition_lock`]); a candidate whose partition another
+        // relay holds stays locked by this transaction, untouched, until it ends. Until
+        // this transaction commits, other relays still see the rows (so a partition whose
+        // head is in flight stays blocked) and skip them (they are locked); a rollback —
+        // relay crash, lost connection, failed settle — puts them back untouched. A live
+        // lease (a relay using `claim`) is honoured as in `claim`.
         let rows: Vec<Row> = sqlx::query_as(&format!(
-            "WITH c AS (SELECT o.id FROM oncely_outbox o \
-             WHERE o.state = 'pending' AND o.available_at <= $1 \
-             AND (o.locked_until IS NULL OR o.locked_until < $1) \
-             AND NOT (CAST($3::text AS int8multirange) @> o.id) \
-             AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
-               WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
-               AND p.id < o.id) \
-             AND o.partition_key NOT IN (SELECT l.partition_key FROM oncely_outbox l \
-               WHERE l.state = 'pending' AND l.locked_until >= $1) \
-             ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED) \
-             DELETE FROM oncely_outbox x USING c \
-             WHERE x.id = c.id AND {} RETURNING {}",
-            partition_lock("x"),
+            "WITH c AS ({}), h AS (SELECT c.id FROM c WHERE {}) \
+             DELETE FROM oncely_outbox x WHERE x.id = ANY (ARRAY(SELECT h.id FROM h)) \
+             RETURNING {}",
+            claim_candidates("$1", "$2", "$3"),
+            partition_lock("c"),
             qualified("x")
         ))
         .bind(now_ms)
