@@ -250,6 +250,40 @@ async fn operator_commands_refuse_a_missing_sqlite_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A key given twice in `--api-keys` would authenticate whichever tenant came last: start-up
+/// stops with a message naming the entries, never the key.
+#[tokio::test]
+async fn serve_refuses_a_duplicate_api_key_without_printing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("dup.db").display());
+    let key = "dup-key-0123456789abcdef";
+    let child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ONCELY_DATABASE_URL", &url)
+        .env(
+            "ONCELY_API_KEYS",
+            format!("{API_KEY}=a,{key}=tenant-a, {key}=tenant-b"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A Proc, so a binary that starts serving anyway is killed when the test fails.
+    let mut p = Proc {
+        child,
+        base: String::new(),
+    };
+    let status = wait_exit(&mut p.child).await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(p.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("API key entry 3 repeats the API key of entry 2"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(key), "the key itself is printed: {stderr}");
+}
+
 /// The whole chain through a real broker, as `oncely serve --broker nats` runs it: order and
 /// `order.created` in one transaction, the relay publishing to JetStream, the in-process
 /// billing consumer reading its durable consumer and billing through the inbox — each order

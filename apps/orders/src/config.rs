@@ -51,6 +51,10 @@ pub enum ConfigError {
     /// An API key shorter than 16 characters.
     #[error("API key entry {0} is shorter than 16 characters")]
     ApiKeyTooShort(usize),
+    /// Two entries with the same API key: which tenant it authenticates would be whichever
+    /// came last. The key itself is not shown.
+    #[error("API key entry {1} repeats the API key of entry {0}; each key must name one tenant")]
+    DuplicateApiKey(usize, usize),
     /// A tenant id that does not validate.
     #[error("API key entry {0}: {1}")]
     Tenant(usize, #[source] oncely_core::TenantError),
@@ -60,10 +64,11 @@ pub enum ConfigError {
 /// trimmed). Entries are numbered from 1 in errors; key values never appear in errors.
 ///
 /// # Errors
-/// [`ConfigError`] for an entry without `=`, a key shorter than 16 characters or an invalid
-/// tenant id.
+/// [`ConfigError`] for an entry without `=`, a key shorter than 16 characters, a key that
+/// appears twice or an invalid tenant id.
 pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError> {
-    let mut map = HashMap::new();
+    // key → (tenant, entry number), so a repeat can name the entry it repeats.
+    let mut map: HashMap<String, (TenantId, usize)> = HashMap::new();
     for (i, entry) in s
         .split(',')
         .map(str::trim)
@@ -77,7 +82,10 @@ pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError>
             return Err(ConfigError::ApiKeyTooShort(n));
         }
         let tenant = TenantId::parse(tenant.trim()).map_err(|e| ConfigError::Tenant(n, e))?;
-        map.insert(key.to_owned(), tenant);
+        if let Some((_, first)) = map.get(key) {
+            return Err(ConfigError::DuplicateApiKey(*first, n));
+        }
+        map.insert(key.to_owned(), (tenant, n));
     }
-    Ok(map)
+    Ok(map.into_iter().map(|(k, (t, _))| (k, t)).collect())
 }
