@@ -182,21 +182,28 @@ struct ServeArgs {
 
 impl DbArgs {
     async fn connect(&self) -> anyhow::Result<Database> {
-        let opts = DbOptions {
-            max_connections: self.db_max_connections,
-            ..DbOptions::default()
-        };
-        let db = Database::connect(&self.database_url, &opts)
-            .await
-            .with_context(|| format!("connecting to {}", redact(&self.database_url)))?;
+        let db = self.connect_only().await?;
         orders::migrate(&db).await.context("applying migrations")?;
         Ok(db)
     }
 
-    /// [`DbArgs::connect`] for operator commands, which read what a service wrote: a SQLite
-    /// file that does not exist is an error (a wrong path or working directory), not a new
-    /// empty database reporting that all is well.
+    /// Connects and migrates nothing.
+    async fn connect_only(&self) -> anyhow::Result<Database> {
+        let opts = DbOptions {
+            max_connections: self.db_max_connections,
+            ..DbOptions::default()
+        };
+        Database::connect(&self.database_url, &opts)
+            .await
+            .with_context(|| format!("connecting to {}", redact(&self.database_url)))
+    }
+
+    /// The connection for operator commands, which read what a service wrote and migrate
+    /// nothing: a SQLite file that does not exist is an error (a wrong path or working
+    /// directory), and so is a database without oncely's schema — not a new empty schema
+    /// reporting that all is well, made with DDL rights an operator may not have.
     async fn connect_existing(&self) -> anyhow::Result<Database> {
+        let url = redact(&self.database_url);
         if let Some(path) = sqlite_path(&self.database_url) {
             anyhow::ensure!(
                 path == ":memory:" || std::path::Path::new(path).exists(),
@@ -204,7 +211,11 @@ impl DbArgs {
                  its working directory; `oncely migrate` creates one)"
             );
         }
-        self.connect().await
+        let db = self.connect_only().await?;
+        db.check_schema().await.with_context(|| {
+            format!("no oncely schema in {url} — run `oncely migrate --database-url …` first")
+        })?;
+        Ok(db)
     }
 }
 

@@ -111,6 +111,7 @@ on_every_backend!(
     relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
     serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
     verify_command_against_serve_finds_every_check_holding,
+    operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -248,6 +249,76 @@ async fn operator_commands_refuse_a_missing_sqlite_file() {
         assert!(!file.exists(), "{args:?} created {}", file.display());
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The names of the tables in `t`'s database (PostgreSQL: its schema).
+async fn table_names(t: &TestDb) -> Vec<String> {
+    let sql = match &t.db {
+        oncely_sql::Database::Sqlite(_) => "SELECT name FROM sqlite_master WHERE type = 'table'",
+        oncely_sql::Database::Postgres(_) => {
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = current_schema()"
+        }
+        oncely_sql::Database::MySql(_) => {
+            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+             WHERE table_schema = DATABASE()"
+        }
+    };
+    oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar::<_, String>(sql)
+        .fetch_all(p)
+        .await)
+    .unwrap()
+}
+
+/// Operator commands migrate nothing (issue 14 §9): on a database without oncely's schema
+/// each fails, saying so, creates no table and prints no sqlx notice; once `oncely
+/// migrate` has run, each answers and prints only its answer.
+async fn operator_commands_on_a_database_without_the_schema_fail_and_create_nothing(t: TestDb) {
+    let commands: [&[&str]; 5] = [
+        &["outbox", "stats"],
+        &["outbox", "dead", "list"],
+        &["outbox", "dead", "requeue", "--all"],
+        &["inbox", "dead", "list"],
+        &["inbox", "dead", "requeue", "--all"],
+    ];
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(args)
+            .args(["--database-url", &t.url])
+            .env_remove("ONCELY_LOG")
+            .output()
+            .unwrap()
+    };
+    for args in commands {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+        assert!(
+            stderr.contains("no oncely schema in") && stderr.contains("oncely migrate"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("sqlx") && !stderr.contains("NOTICE"),
+            "{args:?} printed sqlx output: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} printed a result");
+        assert_eq!(table_names(&t).await, Vec::<String>::new(), "{args:?}");
+    }
+    let migrate = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["migrate", "--database-url", &t.url])
+        .output()
+        .unwrap();
+    assert!(migrate.status.success());
+    for args in commands {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.is_empty(),
+            "{args:?} printed more than its answer: {stderr}"
+        );
+        assert!(!out.stdout.is_empty(), "{args:?} printed no answer");
+    }
 }
 
 /// A key given twice in `--api-keys` would authenticate whichever tenant came last: start-up
