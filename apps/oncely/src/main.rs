@@ -178,6 +178,17 @@ struct ServeArgs {
     /// (slowloris guard).
     #[arg(long, env = "ONCELY_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
     header_read_timeout_secs: u64,
+    /// Seconds a client may take to send a request's whole body after its head (a total
+    /// deadline; 408 past it).
+    #[arg(long, env = "ONCELY_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    body_read_timeout_secs: u64,
+    /// Most connections served at once; more wait in the listen backlog.
+    #[arg(long, env = "ONCELY_MAX_CONNECTIONS", default_value_t = 512)]
+    max_connections: usize,
+    /// Most request-body bytes buffered at once over all requests; a request beyond it gets
+    /// 503 with Retry-After.
+    #[arg(long, env = "ONCELY_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    max_body_bytes_in_flight: usize,
 }
 
 impl DbArgs {
@@ -348,6 +359,9 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         },
         events_topic: args.events_topic.clone(),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout_secs.max(1)),
+        max_connections: args.max_connections.max(1),
+        max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
         ..AppConfig::default()
     };
     let db = args.db.connect().await?;

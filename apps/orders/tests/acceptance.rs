@@ -140,6 +140,7 @@ fn unique(prefix: &str) -> String {
 
 on_every_backend!(
     slow_request_head_is_cut_off_after_the_header_read_timeout,
+    connections_over_the_cap_wait_until_one_closes,
     s1_sequential_retries_create_one_order,
     s2_concurrent_requests_with_one_key_create_one_order,
     s3_same_key_other_amount_is_422_and_reordered_json_replays,
@@ -831,4 +832,42 @@ async fn slow_request_head_is_cut_off_after_the_header_read_timeout(t: TestDb) {
         .await
         .unwrap();
     assert!(res.status().is_success());
+}
+
+/// At `max_connections` the server accepts no more: a further connection waits (in the
+/// listen backlog, unanswered) until one of the open ones closes, then it is served.
+async fn connections_over_the_cap_wait_until_one_closes(t: TestDb) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let server = start(
+        &t.db,
+        AppConfig {
+            max_connections: 2,
+            ..config()
+        },
+    )
+    .await;
+    let first = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let _second = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let early = tokio::time::timeout(Duration::from_secs(1), third.read_to_end(&mut answer)).await;
+    assert!(
+        early.is_err(),
+        "a third connection was served at a cap of 2: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut answer))
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
 }
