@@ -1732,12 +1732,11 @@ mod slow_clients {
             peak_kib < PEAK_RSS_BOUND_KIB,
             "peak RSS {peak_kib} KiB over the bound"
         );
-        // The default budget (64 MiB) holds 64 reservations of 1 MiB: the rest wait nowhere.
-        assert!(
-            timed_out <= 64,
-            "{timed_out} bodies were being read at once"
-        );
+        // The default budget (64 MiB) holds 64 reservations of 1 MiB at once: those run into
+        // the deadline, the others are turned away without being read. (More than 64 × 408
+        // in all only if some heads arrived after the first 64 were cut — a slow machine.)
         assert!(timed_out > 0, "no body ran into the deadline");
+        assert!(busy > 0, "the body budget turned nobody away");
         // And the service still serves.
         let created = post(
             &reqwest::Client::new(),
