@@ -178,25 +178,43 @@ struct ServeArgs {
     /// (slowloris guard).
     #[arg(long, env = "ONCELY_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
     header_read_timeout_secs: u64,
+    /// Seconds a client may take to send a request's whole body after its head (a total
+    /// deadline; 408 past it).
+    #[arg(long, env = "ONCELY_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    body_read_timeout_secs: u64,
+    /// Most connections served at once; more wait in the listen backlog.
+    #[arg(long, env = "ONCELY_MAX_CONNECTIONS", default_value_t = 512)]
+    max_connections: usize,
+    /// Most request-body bytes buffered at once over all requests; a request beyond it gets
+    /// 503 with Retry-After.
+    #[arg(long, env = "ONCELY_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    max_body_bytes_in_flight: usize,
 }
 
 impl DbArgs {
     async fn connect(&self) -> anyhow::Result<Database> {
-        let opts = DbOptions {
-            max_connections: self.db_max_connections,
-            ..DbOptions::default()
-        };
-        let db = Database::connect(&self.database_url, &opts)
-            .await
-            .with_context(|| format!("connecting to {}", redact(&self.database_url)))?;
+        let db = self.connect_only().await?;
         orders::migrate(&db).await.context("applying migrations")?;
         Ok(db)
     }
 
-    /// [`DbArgs::connect`] for operator commands, which read what a service wrote: a SQLite
-    /// file that does not exist is an error (a wrong path or working directory), not a new
-    /// empty database reporting that all is well.
+    /// Connects and migrates nothing.
+    async fn connect_only(&self) -> anyhow::Result<Database> {
+        let opts = DbOptions {
+            max_connections: self.db_max_connections,
+            ..DbOptions::default()
+        };
+        Database::connect(&self.database_url, &opts)
+            .await
+            .with_context(|| format!("connecting to {}", redact(&self.database_url)))
+    }
+
+    /// The connection for operator commands, which read what a service wrote and migrate
+    /// nothing: a SQLite file that does not exist is an error (a wrong path or working
+    /// directory), and so is a database without oncely's schema — not a new empty schema
+    /// reporting that all is well, made with DDL rights an operator may not have.
     async fn connect_existing(&self) -> anyhow::Result<Database> {
+        let url = redact(&self.database_url);
         if let Some(path) = sqlite_path(&self.database_url) {
             anyhow::ensure!(
                 path == ":memory:" || std::path::Path::new(path).exists(),
@@ -204,7 +222,11 @@ impl DbArgs {
                  its working directory; `oncely migrate` creates one)"
             );
         }
-        self.connect().await
+        let db = self.connect_only().await?;
+        db.check_schema().await.with_context(|| {
+            format!("no oncely schema in {url} — run `oncely migrate --database-url …` first")
+        })?;
+        Ok(db)
     }
 }
 
@@ -337,6 +359,9 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         },
         events_topic: args.events_topic.clone(),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout_secs.max(1)),
+        max_connections: args.max_connections.max(1),
+        max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
         ..AppConfig::default()
     };
     let db = args.db.connect().await?;

@@ -33,9 +33,16 @@ fn serve(url: &str) -> Proc {
 
 /// [`serve`] with extra arguments.
 fn serve_with(url: &str, extra: &[&str]) -> Proc {
+    serve_with_env(url, extra, &[])
+}
+
+/// [`serve_with`] with extra environment variables (settings given the way a deployment
+/// gives them; a binary without the setting ignores it rather than refusing to start).
+fn serve_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
+        .envs(env.iter().copied())
         .env("ONCELY_DATABASE_URL", url)
         .env(
             "ONCELY_API_KEYS",
@@ -111,6 +118,7 @@ on_every_backend!(
     relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
     serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
     verify_command_against_serve_finds_every_check_holding,
+    operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
 );
 
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
@@ -248,6 +256,110 @@ async fn operator_commands_refuse_a_missing_sqlite_file() {
         assert!(!file.exists(), "{args:?} created {}", file.display());
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The names of the tables in `t`'s database (PostgreSQL: its schema).
+async fn table_names(t: &TestDb) -> Vec<String> {
+    let sql = match &t.db {
+        oncely_sql::Database::Sqlite(_) => "SELECT name FROM sqlite_master WHERE type = 'table'",
+        oncely_sql::Database::Postgres(_) => {
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = current_schema()"
+        }
+        oncely_sql::Database::MySql(_) => {
+            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+             WHERE table_schema = DATABASE()"
+        }
+    };
+    oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar::<_, String>(sql)
+        .fetch_all(p)
+        .await)
+    .unwrap()
+}
+
+/// Operator commands migrate nothing (issue 14 §9): on a database without oncely's schema
+/// each fails, saying so, creates no table and prints no sqlx notice; once `oncely
+/// migrate` has run, each answers and prints only its answer.
+async fn operator_commands_on_a_database_without_the_schema_fail_and_create_nothing(t: TestDb) {
+    let commands: [&[&str]; 5] = [
+        &["outbox", "stats"],
+        &["outbox", "dead", "list"],
+        &["outbox", "dead", "requeue", "--all"],
+        &["inbox", "dead", "list"],
+        &["inbox", "dead", "requeue", "--all"],
+    ];
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(args)
+            .args(["--database-url", &t.url])
+            .env_remove("ONCELY_LOG")
+            .output()
+            .unwrap()
+    };
+    for args in commands {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+        assert!(
+            stderr.contains("no oncely schema in") && stderr.contains("oncely migrate"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("sqlx") && !stderr.contains("NOTICE"),
+            "{args:?} printed sqlx output: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} printed a result");
+        assert_eq!(table_names(&t).await, Vec::<String>::new(), "{args:?}");
+    }
+    let migrate = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["migrate", "--database-url", &t.url])
+        .output()
+        .unwrap();
+    assert!(migrate.status.success());
+    for args in commands {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.is_empty(),
+            "{args:?} printed more than its answer: {stderr}"
+        );
+        assert!(!out.stdout.is_empty(), "{args:?} printed no answer");
+    }
+}
+
+/// A key given twice in `--api-keys` would authenticate whichever tenant came last: start-up
+/// stops with a message naming the entries, never the key.
+#[tokio::test]
+async fn serve_refuses_a_duplicate_api_key_without_printing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("dup.db").display());
+    let key = "dup-key-0123456789abcdef";
+    let child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ONCELY_DATABASE_URL", &url)
+        .env(
+            "ONCELY_API_KEYS",
+            format!("{API_KEY}=a,{key}=tenant-a, {key}=tenant-b"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A Proc, so a binary that starts serving anyway is killed when the test fails.
+    let mut p = Proc {
+        child,
+        base: String::new(),
+    };
+    let status = wait_exit(&mut p.child).await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(p.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("API key entry 3 repeats the API key of entry 2"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(key), "the key itself is printed: {stderr}");
 }
 
 /// The whole chain through a real broker, as `oncely serve --broker nats` runs it: order and
@@ -1491,5 +1603,193 @@ mod kill {
             Some(Duration::from_millis(100)),
         )
         .await;
+    }
+}
+
+/// Slow clients (issue 14 §4), against the real `oncely serve` process: bodies that stall or
+/// trickle are cut by the body deadline, and the memory stalled uploads can pin is bounded
+/// by the body budget. Settings go in as environment variables, so an older binary runs the
+/// same test (and fails it) instead of refusing an unknown flag.
+mod slow_clients {
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    use oncely_testkit::{TestBackend, TestDb};
+    use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
+
+    use super::{order, post, serve_with_env, API_KEY};
+
+    const BODY_TIMEOUT_SECS: u64 = 5;
+    const BODY_TIMEOUT: &str = "5";
+    const MIB: usize = 1024 * 1024;
+    /// The stated bound on the server's peak RSS with the default limits (README).
+    const PEAK_RSS_BOUND_KIB: u64 = 400 * 1024;
+    /// Every connection's body bytes come from this one buffer: the test process must not
+    /// hold 800 MiB itself.
+    static CHUNK: [u8; 64 * 1024] = [b' '; 64 * 1024];
+
+    fn head(content_length: usize, key: &str) -> String {
+        format!(
+            "POST /v1/orders HTTP/1.1\r\nhost: oncely\r\nauthorization: Bearer {API_KEY}\r\n\
+             idempotency-key: {key}\r\ncontent-type: application/json\r\n\
+             content-length: {content_length}\r\n\r\n"
+        )
+    }
+
+    /// Everything the server sends until it closes the connection (a reset ends it too,
+    /// possibly before its answer was read).
+    async fn until_closed(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = r.read(&mut buf).await {
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    }
+
+    /// The status code of an HTTP/1.1 answer (`HTTP/1.1 408 …`).
+    fn status(answer: &[u8]) -> Option<u16> {
+        std::str::from_utf8(answer.get(9..12)?).ok()?.parse().ok()
+    }
+
+    /// A `proc(5)` status field in KiB (`VmHWM`, `VmRSS`).
+    fn proc_kib(pid: u32, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+    }
+
+    /// Sends the head and 1 MiB − 1 byte of a 1 MiB body, then goes silent; returns the
+    /// server's answer, once it closes the connection.
+    async fn stalled_upload(addr: SocketAddr, n: usize) -> Vec<u8> {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(head(MIB, &format!("stalled-{n}")).as_bytes())
+            .await
+            .unwrap();
+        let mut left = MIB - 1;
+        while left > 0 {
+            let len = left.min(CHUNK.len());
+            if s.write_all(&CHUNK[..len]).await.is_err() {
+                break; // the server answered early and closed
+            }
+            left -= len;
+        }
+        until_closed(s).await
+    }
+
+    fn addr(base: &str) -> SocketAddr {
+        base.strip_prefix("http://").unwrap().parse().unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn eight_hundred_stalled_uploads_are_cut_by_the_body_deadline_within_bounded_memory() {
+        let t = TestDb::new(TestBackend::Sqlite).await.unwrap();
+        let p = serve_with_env(
+            &t.url,
+            &["--no-relay", "--no-consumer"],
+            &[("ONCELY_BODY_READ_TIMEOUT_SECS", BODY_TIMEOUT)],
+        );
+        let pid = p.child.id();
+        let before_kib = proc_kib(pid, "VmRSS");
+        let slack = Duration::from_secs(15);
+        let started = Instant::now();
+        let uploads: Vec<_> = (0..800)
+            .map(|n| {
+                let addr = addr(&p.base);
+                tokio::spawn(tokio::time::timeout(
+                    Duration::from_secs(BODY_TIMEOUT_SECS) + slack,
+                    stalled_upload(addr, n),
+                ))
+            })
+            .collect();
+        let (mut timed_out, mut busy, mut reset) = (0, 0, 0);
+        for upload in uploads {
+            let answer = upload
+                .await
+                .unwrap()
+                .expect("every stalled upload is cut within the body deadline + 15 s");
+            match status(&answer) {
+                Some(408) => timed_out += 1,
+                Some(503) => busy += 1,
+                None => reset += 1,
+                Some(other) => panic!("unexpected {other}: {}", String::from_utf8_lossy(&answer)),
+            }
+        }
+        let elapsed = started.elapsed();
+        let peak_kib = proc_kib(pid, "VmHWM");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after_kib = proc_kib(pid, "VmRSS");
+        eprintln!(
+            "800 stalled uploads: {timed_out} × 408, {busy} × 503, {reset} reset, all closed \
+             after {elapsed:?}; server RSS before {before_kib} KiB, peak (VmHWM) {peak_kib} \
+             KiB, 2 s after the last close {after_kib} KiB"
+        );
+        assert!(
+            peak_kib < PEAK_RSS_BOUND_KIB,
+            "peak RSS {peak_kib} KiB over the bound"
+        );
+        // The default budget (64 MiB) holds 64 reservations of 1 MiB at once: those run into
+        // the deadline, the others are turned away without being read. (More than 64 × 408
+        // in all only if some heads arrived after the first 64 were cut — a slow machine.)
+        assert!(timed_out > 0, "no body ran into the deadline");
+        assert!(busy > 0, "the body budget turned nobody away");
+        // And the service still serves.
+        let created = post(
+            &reqwest::Client::new(),
+            &p.base,
+            "after-the-storm",
+            &order("after-the-storm"),
+        )
+        .await;
+        assert_eq!(created.0, 201);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_trickled_a_byte_per_quarter_second_is_cut_at_the_body_deadline() {
+        let t = TestDb::new(TestBackend::Sqlite).await.unwrap();
+        let p = serve_with_env(
+            &t.url,
+            &["--no-relay", "--no-consumer"],
+            &[("ONCELY_BODY_READ_TIMEOUT_SECS", BODY_TIMEOUT)],
+        );
+        let s = TcpStream::connect(addr(&p.base)).await.unwrap();
+        let (rd, mut wr) = s.into_split();
+        wr.write_all(head(1000, "trickled").as_bytes())
+            .await
+            .unwrap();
+        let started = Instant::now();
+        // 1000 bytes at 4 a second would take 250 s; every byte arrives well within any
+        // idle timeout.
+        let trickle = tokio::spawn(async move {
+            for _ in 0..1000 {
+                if wr.write_all(b" ").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        let answer = tokio::time::timeout(
+            Duration::from_secs(BODY_TIMEOUT_SECS + 10),
+            until_closed(rd),
+        )
+        .await
+        .expect("the trickled body is cut within the body deadline + 10 s");
+        let elapsed = started.elapsed();
+        trickle.abort();
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(status(&answer), Some(408), "{text}");
+        assert!(
+            text.contains("urn:oncely:problem:request-timeout"),
+            "{text}"
+        );
+        assert!(
+            elapsed >= Duration::from_secs(BODY_TIMEOUT_SECS - 1),
+            "cut after {elapsed:?}, before the deadline"
+        );
+        eprintln!("trickled body cut after {elapsed:?}");
     }
 }

@@ -12,7 +12,7 @@ use oncely_sql::{Database, IdempotencyStore, StoreError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::{auth, orders, spawn_collector, AppConfig};
+use crate::{auth, limits, orders, spawn_collector, AppConfig};
 
 /// Applies oncely's migrations and the order service's own (table `orders`).
 ///
@@ -107,6 +107,12 @@ where
         )
         .route_layer(tx_layer)
         .route("/v1/orders/{id}", get(orders::get_order))
+        // Inside authentication: an unauthenticated client gets 401 with its body unread
+        // and spends none of the body budget.
+        .route_layer(middleware::from_fn_with_state(
+            limits::BodyLimits::new(config),
+            limits::read_body,
+        ))
         .route_layer(middleware::from_fn_with_state(keys, auth::authenticate))
         .layer(axum::Extension(crate::events::EventSettings {
             topic: config.events_topic.clone(),
@@ -130,16 +136,25 @@ where
         })
 }
 
+/// `{"status":"ok","checks":{"database":"ok"}}`, or a 503 problem with
+/// `"checks":{"database":"unavailable"}`. Unauthenticated, so it names each dependency's
+/// state with a stable word and never the driver's error text (which can carry host names,
+/// users, paths); the error goes to the log instead.
 async fn healthz(State(db): State<Database>) -> Response {
     match db.ping().await {
-        Ok(()) => Json(serde_json::json!({"status": "ok"})).into_response(),
-        Err(e) => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store-unavailable",
-            "The database cannot be reached",
-        )
-        .detail(e.to_string())
-        .into_response(),
+        Ok(()) => {
+            Json(serde_json::json!({"status": "ok", "checks": {"database": "ok"}})).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "health check: the database cannot be reached");
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "The database cannot be reached",
+            )
+            .with("checks", serde_json::json!({"database": "unavailable"}))
+            .into_response()
+        }
     }
 }
 
@@ -149,6 +164,14 @@ async fn metrics() -> String {
 
 /// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight
 /// requests. Runs the retention collector alongside.
+///
+/// Slow or stalled clients are bounded three ways ([`AppConfig`]): a request head must
+/// arrive within `header_read_timeout`, its whole body within `body_read_timeout` (a total
+/// deadline, 408 past it); at most `max_connections` connections are served at once; and
+/// request bodies in flight buffer at most `max_body_bytes_in_flight` bytes together — a
+/// request that would exceed it gets 503 + `Retry-After` before its body is read (it has
+/// run nothing, so the retry is safe; making it wait would hold its connection and socket
+/// buffers while telling the client nothing).
 ///
 /// # Errors
 /// I/O errors from the listener.
@@ -167,7 +190,7 @@ pub async fn serve(
         token.clone(),
     );
     let app = router(db, &config);
-    let result = serve_http(listener, app, config.header_read_timeout, shutdown).await;
+    let result = serve_http(listener, app, &config, shutdown).await;
     token.cancel();
     drop(collector.await);
     result
@@ -176,21 +199,33 @@ pub async fn serve(
 /// The HTTP/1.1 accept loop. `axum::serve` would do, but it gives hyper no timer, so a
 /// client that sends its headers one byte at a time holds a connection forever (slowloris);
 /// this loop runs each connection with hyper-util's builder, a Tokio timer and
-/// `header_read_timeout`. On `shutdown` it stops accepting, lets every connection finish
-/// its request in flight (hyper's graceful shutdown) and returns when all are closed.
+/// `header_read_timeout`. It accepts only while it holds one of `max_connections` slots
+/// (a semaphore permit, as mini-redis does), so at the cap new connections wait in the
+/// listen backlog. On `shutdown` it stops accepting, lets every connection finish its
+/// request in flight (hyper's graceful shutdown) and returns when all are closed.
 async fn serve_http(
     listener: TcpListener,
     app: axum::Router,
-    header_read_timeout: std::time::Duration,
+    config: &AppConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower::ServiceExt as _;
 
+    let header_read_timeout = config.header_read_timeout;
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        config
+            .max_connections
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+    ));
     let connections = tokio_util::task::TaskTracker::new();
     let closing = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        let slot = tokio::select! {
+            () = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => slot.expect("the slot semaphore is never closed"),
+        };
         let stream = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -210,6 +245,7 @@ async fn serve_http(
             ));
         let closing = closing.clone();
         connections.spawn(async move {
+            let _slot = slot;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())

@@ -25,6 +25,21 @@ pub struct AppConfig {
     /// before [`crate::serve`] closes its connection — the slowloris guard (hyper's HTTP/1
     /// header read timeout). Default 30 s.
     pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's whole body, counted from the end of
+    /// its head: a total deadline, not an idle timeout, so a body trickled a byte at a time
+    /// is cut too. Past it the client gets 408 and the connection closes. Default 30 s.
+    pub body_read_timeout: Duration,
+    /// Most connections served at once. At the cap the server stops accepting (new
+    /// connections wait in the kernel's listen backlog) until one closes. Default 512,
+    /// below the usual 1024 file-descriptor soft limit with room for the database pools and
+    /// broker connections.
+    pub max_connections: usize,
+    /// Most request-body bytes buffered at once, over all requests in flight. A request
+    /// reserves its `Content-Length` (or the request-body bound when the length is not
+    /// known) before its body is read; when the budget is spent it gets 503 with
+    /// `Retry-After` at once. Default 64 MiB. See [`crate::serve`] for why 503 and not a
+    /// wait.
+    pub max_body_bytes_in_flight: usize,
 }
 
 impl Default for AppConfig {
@@ -37,6 +52,9 @@ impl Default for AppConfig {
             idempotency: IdempotencyConfig::default(),
             events_topic: crate::ORDERS_TOPIC.to_owned(),
             header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_body_bytes_in_flight: 64 * 1024 * 1024,
         }
     }
 }
@@ -51,6 +69,10 @@ pub enum ConfigError {
     /// An API key shorter than 16 characters.
     #[error("API key entry {0} is shorter than 16 characters")]
     ApiKeyTooShort(usize),
+    /// Two entries with the same API key: which tenant it authenticates would be whichever
+    /// came last. The key itself is not shown.
+    #[error("API key entry {1} repeats the API key of entry {0}; each key must name one tenant")]
+    DuplicateApiKey(usize, usize),
     /// A tenant id that does not validate.
     #[error("API key entry {0}: {1}")]
     Tenant(usize, #[source] oncely_core::TenantError),
@@ -60,10 +82,11 @@ pub enum ConfigError {
 /// trimmed). Entries are numbered from 1 in errors; key values never appear in errors.
 ///
 /// # Errors
-/// [`ConfigError`] for an entry without `=`, a key shorter than 16 characters or an invalid
-/// tenant id.
+/// [`ConfigError`] for an entry without `=`, a key shorter than 16 characters, a key that
+/// appears twice or an invalid tenant id.
 pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError> {
-    let mut map = HashMap::new();
+    // key → (tenant, entry number), so a repeat can name the entry it repeats.
+    let mut map: HashMap<String, (TenantId, usize)> = HashMap::new();
     for (i, entry) in s
         .split(',')
         .map(str::trim)
@@ -77,7 +100,10 @@ pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError>
             return Err(ConfigError::ApiKeyTooShort(n));
         }
         let tenant = TenantId::parse(tenant.trim()).map_err(|e| ConfigError::Tenant(n, e))?;
-        map.insert(key.to_owned(), tenant);
+        if let Some((_, first)) = map.get(key) {
+            return Err(ConfigError::DuplicateApiKey(*first, n));
+        }
+        map.insert(key.to_owned(), (tenant, n));
     }
-    Ok(map)
+    Ok(map.into_iter().map(|(k, (t, _))| (k, t)).collect())
 }

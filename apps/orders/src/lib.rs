@@ -14,6 +14,8 @@
 //! - `events` — the `order.created` outbox event: derived message id, headers.
 //! - `billing` — [`BillingHandler`], [`billing_consumer`]: the `billing` inbox consumer of
 //!   `order.created` (one invoice per order, table `invoices`).
+//! - `limits` — the request-body guard: body bound, total read deadline, budget of
+//!   buffered body bytes.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
 
 mod app;
@@ -22,6 +24,7 @@ mod billing;
 mod collector;
 mod config;
 mod events;
+mod limits;
 mod orders;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};

@@ -140,6 +140,7 @@ fn unique(prefix: &str) -> String {
 
 on_every_backend!(
     slow_request_head_is_cut_off_after_the_header_read_timeout,
+    connections_over_the_cap_wait_until_one_closes,
     s1_sequential_retries_create_one_order,
     s2_concurrent_requests_with_one_key_create_one_order,
     s3_same_key_other_amount_is_422_and_reordered_json_replays,
@@ -153,6 +154,7 @@ on_every_backend!(
     unauthenticated_requests_are_401_before_any_lookup,
     store_unreachable_answers_503_and_runs_nothing,
     healthz_and_metrics_answer,
+    healthz_with_the_database_unreachable_names_no_driver_error,
     ambiguous_or_unsupported_bodies_are_rejected_and_not_stored,
     bodies_over_two_mebibytes_within_the_bound_are_not_a_stored_413,
     a_held_lock_on_the_idempotency_table_is_503_not_500,
@@ -656,51 +658,45 @@ async fn unauthenticated_requests_are_401_before_any_lookup(t: TestDb) {
     assert_eq!(problem["type"], "urn:oncely:problem:unauthenticated");
 }
 
-async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
+/// A connection to `t`'s (migrated) database that the test can take away with [`cut_off`]:
+/// through a [`FaultProxy`] on PostgreSQL and MySQL; SQLite is embedded, so its own pools
+/// (closed instead).
+async fn cuttable(t: &TestDb) -> (Database, Option<FaultProxy>) {
     orders::migrate(&t.db).await.unwrap();
     let opts = DbOptions {
         acquire_timeout: Duration::from_secs(1),
         ..DbOptions::default()
     };
-    // The service talks to its database through a proxy that can cut it off (PostgreSQL);
-    // SQLite is embedded, so its pools are closed instead.
-    let (db, proxy) = match &t.db {
-        Database::Postgres(_) => {
-            let url = oncely_testkit::postgres_url();
-            let target: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
-            let proxy = FaultProxy::start(target).await;
-            let proxied = t.url.replace("127.0.0.1:5432", &proxy.addr().to_string());
-            assert!(
-                url.contains("127.0.0.1:5432"),
-                "test assumes the default PostgreSQL address"
-            );
-            (
-                Database::connect(&proxied, &opts).await.unwrap(),
-                Some(proxy),
-            )
-        }
-        Database::MySql(_) => {
-            let url = oncely_testkit::mysql_url();
-            let target: std::net::SocketAddr = "127.0.0.1:3306".parse().unwrap();
-            let proxy = FaultProxy::start(target).await;
-            let proxied = t.url.replace("127.0.0.1:3306", &proxy.addr().to_string());
-            assert!(
-                url.contains("127.0.0.1:3306"),
-                "test assumes the default MySQL address"
-            );
-            (
-                Database::connect(&proxied, &opts).await.unwrap(),
-                Some(proxy),
-            )
-        }
-        Database::Sqlite(_) => (Database::connect(&t.url, &opts).await.unwrap(), None),
+    let (url, default_addr) = match &t.db {
+        Database::Sqlite(_) => return (Database::connect(&t.url, &opts).await.unwrap(), None),
+        Database::Postgres(_) => (oncely_testkit::postgres_url(), "127.0.0.1:5432"),
+        Database::MySql(_) => (oncely_testkit::mysql_url(), "127.0.0.1:3306"),
     };
-    let s = start(&db, config()).await;
-    let (key, ext) = (unique("down"), unique("ext"));
-    match &proxy {
+    assert!(
+        url.contains(default_addr),
+        "test assumes the default address {default_addr}"
+    );
+    let proxy = FaultProxy::start(default_addr.parse().unwrap()).await;
+    let proxied = t.url.replace(default_addr, &proxy.addr().to_string());
+    (
+        Database::connect(&proxied, &opts).await.unwrap(),
+        Some(proxy),
+    )
+}
+
+/// Makes `db` (from [`cuttable`]) unreachable.
+async fn cut_off(db: &Database, proxy: Option<&FaultProxy>) {
+    match proxy {
         Some(p) => p.cut(),
         None => db.close().await,
     }
+}
+
+async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
+    let (db, proxy) = cuttable(&t).await;
+    let s = start(&db, config()).await;
+    let (key, ext) = (unique("down"), unique("ext"));
+    cut_off(&db, proxy.as_ref()).await;
     let a = s.post(KEY_A, &key, &order(&ext, 1999)).await;
     assert_eq!(
         a.status,
@@ -727,6 +723,41 @@ async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
     }
 }
 
+/// `/healthz` is unauthenticated: with the database cut off it says which dependency is
+/// down with a stable word, and nothing of the driver's error text (addresses, users,
+/// paths, sqlx messages).
+async fn healthz_with_the_database_unreachable_names_no_driver_error(t: TestDb) {
+    let (db, proxy) = cuttable(&t).await;
+    let s = start(&db, config()).await;
+    let up = s
+        .client
+        .get(format!("{}/healthz", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status(), StatusCode::OK);
+    cut_off(&db, proxy.as_ref()).await;
+    let res = s
+        .client
+        .get(format!("{}/healthz", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = res.text().await.unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    // The whole object: no `detail`, no member that could carry the error.
+    assert_eq!(
+        v,
+        json!({
+            "type": "urn:oncely:problem:store-unavailable",
+            "title": "The database cannot be reached",
+            "checks": {"database": "unavailable"},
+        }),
+        "{body}"
+    );
+}
+
 async fn healthz_and_metrics_answer(t: TestDb) {
     let s = start(&t.db, config()).await;
     let h = s
@@ -736,6 +767,10 @@ async fn healthz_and_metrics_answer(t: TestDb) {
         .await
         .unwrap();
     assert_eq!(h.status(), StatusCode::OK);
+    assert_eq!(
+        h.json::<Value>().await.unwrap(),
+        json!({"status": "ok", "checks": {"database": "ok"}})
+    );
     let key = unique("m");
     let body = order(&unique("ext"), 1);
     s.post(KEY_A, &key, &body).await;
@@ -797,4 +832,42 @@ async fn slow_request_head_is_cut_off_after_the_header_read_timeout(t: TestDb) {
         .await
         .unwrap();
     assert!(res.status().is_success());
+}
+
+/// At `max_connections` the server accepts no more: a further connection waits (in the
+/// listen backlog, unanswered) until one of the open ones closes, then it is served.
+async fn connections_over_the_cap_wait_until_one_closes(t: TestDb) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let server = start(
+        &t.db,
+        AppConfig {
+            max_connections: 2,
+            ..config()
+        },
+    )
+    .await;
+    let first = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let _second = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let early = tokio::time::timeout(Duration::from_secs(1), third.read_to_end(&mut answer)).await;
+    assert!(
+        early.is_err(),
+        "a third connection was served at a cap of 2: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut answer))
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
 }

@@ -382,6 +382,57 @@ impl Database {
         .await
     }
 
+    /// Checks, changing nothing, that every one of oncely's embedded migrations for this
+    /// backend is applied here: sqlx's `_sqlx_migrations` table (resolved as the stores
+    /// resolve their tables: PostgreSQL's `search_path`, MySQL's current database) lists
+    /// each version as successful. For operator commands, which read what a service wrote
+    /// and must neither create a schema nor need DDL rights.
+    ///
+    /// # Errors
+    /// [`StoreError::SchemaMissing`] with the versions not applied (all of them when there
+    /// is no migrations table); [`StoreError::Unavailable`] or [`StoreError::Database`]
+    /// when the check itself cannot run.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let (migrator, table_exists) = match self {
+            Self::Sqlite(_) => (
+                sqlx::migrate!("./migrations/sqlite"),
+                "SELECT COUNT(*) FROM sqlite_master \
+                 WHERE type = 'table' AND name = '_sqlx_migrations'",
+            ),
+            Self::Postgres(_) => (
+                sqlx::migrate!("./migrations/postgres"),
+                "SELECT COUNT(to_regclass('_sqlx_migrations'))",
+            ),
+            Self::MySql(_) => (
+                sqlx::migrate!("./migrations/mysql"),
+                "SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",
+            ),
+        };
+        let tables: i64 = crate::on_pool!(self, |p| sqlx::query_scalar(table_exists)
+            .fetch_one(p)
+            .await)?;
+        let applied: Vec<i64> = if tables == 0 {
+            Vec::new()
+        } else {
+            crate::on_pool!(self, |p| sqlx::query_scalar(
+                "SELECT version FROM _sqlx_migrations WHERE success"
+            )
+            .fetch_all(p)
+            .await)?
+        };
+        let missing: Vec<i64> = migrator
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
+            .map(|m| m.version)
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::SchemaMissing { missing })
+        }
+    }
+
     /// Runs one migrator per backend against this database (the one matching its backend),
     /// tolerating migrations applied by other migrators in the same database.
     ///

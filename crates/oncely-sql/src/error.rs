@@ -27,6 +27,15 @@ pub enum StoreError {
     /// [`StoreError::Database`].)
     #[error("an event with message id {0} was published already")]
     AlreadyPublished(String),
+    /// [`crate::Database::check_schema`]: oncely's migrations are not (all) applied in this
+    /// database or schema. Nothing was created; apply them (`oncely migrate`) first.
+    #[error(
+        "oncely's schema is missing or out of date here (migrations not applied: {missing:?})"
+    )]
+    SchemaMissing {
+        /// Versions of oncely's embedded migrations not applied, in order.
+        missing: Vec<i64>,
+    },
     /// A database URL that is not `sqlite:`, `postgres:`, `postgresql:`, `mysql:` or
     /// `mariadb:`.
     #[error("unsupported database URL scheme in {0:?}; use sqlite://, postgres://, mysql://")]
