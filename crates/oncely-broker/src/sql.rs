@@ -228,35 +228,38 @@ impl SqlTransport {
     /// [`StoreError`] when the database fails or a row is corrupt; nothing is taken then.
     pub async fn receive(&self, topic: &str, max: u32) -> Result<Vec<ReceivedMessage>, StoreError> {
         let max = i64::from(max.max(1));
-        let rows: Vec<QueueRow> = match &self.db {
-            Database::Sqlite(s) => {
-                sqlx::query_as(
-                    "DELETE FROM oncely_queue WHERE id IN (SELECT id FROM oncely_queue \
+        let rows: Vec<QueueRow> =
+            match &self.db {
+                Database::Sqlite(s) => {
+                    sqlx::query_as(
+                        "DELETE FROM oncely_queue WHERE id IN (SELECT id FROM oncely_queue \
                      WHERE topic = $1 ORDER BY id LIMIT $2) RETURNING id, topic, message_id, \
                      partition_key, event_type, headers, payload, enqueued_at",
+                    )
+                    .bind(topic)
+                    .bind(max)
+                    .fetch_all(s.writer())
+                    .await?
+                }
+                // The locking subquery in a CTE runs once (an `IN (…)` subquery may be
+                // rescanned, and with SKIP LOCKED a rescan takes other rows).
+                // Plan pinned, rows taken by TID (`oncely_sql::PINNED_PLAN`).
+                Database::Postgres(p) => oncely_sql::fetch_all_pinned(
+                    p.pool(),
+                    sqlx::query_as(
+                        "WITH c AS (SELECT ctid FROM oncely_queue WHERE topic = $1 ORDER BY id \
+                         LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                         DELETE FROM oncely_queue q \
+                         WHERE q.ctid = ANY (ARRAY(SELECT c.ctid FROM c)) \
+                         RETURNING q.id, q.topic, q.message_id, q.partition_key, q.event_type, \
+                         q.headers, q.payload, q.enqueued_at",
+                    )
+                    .bind(topic)
+                    .bind(max),
                 )
-                .bind(topic)
-                .bind(max)
-                .fetch_all(s.writer())
-                .await?
-            }
-            // The locking subquery in a CTE runs once (an `IN (…)` subquery may be
-            // rescanned, and with SKIP LOCKED a rescan takes other rows).
-            Database::Postgres(p) => {
-                sqlx::query_as(
-                    "WITH c AS (SELECT id FROM oncely_queue WHERE topic = $1 ORDER BY id \
-                     LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                     DELETE FROM oncely_queue q USING c WHERE q.id = c.id \
-                     RETURNING q.id, q.topic, q.message_id, q.partition_key, q.event_type, \
-                     q.headers, q.payload, q.enqueued_at",
-                )
-                .bind(topic)
-                .bind(max)
-                .fetch_all(p.pool())
-                .await?
-            }
-            Database::MySql(p) => crate::sql_mysql::receive(p.pool(), topic, max).await?,
-        };
+                .await?,
+                Database::MySql(p) => crate::sql_mysql::receive(p.pool(), topic, max).await?,
+            };
         let mut out = rows
             .into_iter()
             .map(|r| {
@@ -350,23 +353,26 @@ impl SqlTransport {
                 .fetch_all(s.writer())
                 .await?
             }
+            // Plan pinned, rows taken by TID (`oncely_sql::PINNED_PLAN`).
             Database::Postgres(p) => {
-                sqlx::query_as(
-                    "WITH c AS MATERIALIZED (SELECT id FROM oncely_deliveries \
-                     WHERE consumer = $1 AND state = 'pending' AND available_at <= $5 \
-                     AND (locked_until IS NULL OR locked_until <= $5) ORDER BY id LIMIT $2 \
-                     FOR UPDATE SKIP LOCKED) \
-                     UPDATE oncely_deliveries d SET lease_token = $3, locked_until = $4 \
-                     FROM c WHERE d.id = c.id \
-                     RETURNING d.id, d.topic, d.message_id, d.partition_key, d.event_type, \
-                     d.headers, d.payload, d.enqueued_at, d.attempts",
+                oncely_sql::fetch_all_pinned(
+                    p.pool(),
+                    sqlx::query_as(
+                        "WITH c AS MATERIALIZED (SELECT ctid FROM oncely_deliveries \
+                         WHERE consumer = $1 AND state = 'pending' AND available_at <= $5 \
+                         AND (locked_until IS NULL OR locked_until <= $5) ORDER BY id \
+                         LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                         UPDATE oncely_deliveries d SET lease_token = $3, locked_until = $4 \
+                         WHERE d.ctid = ANY (ARRAY(SELECT c.ctid FROM c)) \
+                         RETURNING d.id, d.topic, d.message_id, d.partition_key, d.event_type, \
+                         d.headers, d.payload, d.enqueued_at, d.attempts",
+                    )
+                    .bind(consumer)
+                    .bind(max)
+                    .bind(&token)
+                    .bind(until)
+                    .bind(now),
                 )
-                .bind(consumer)
-                .bind(max)
-                .bind(&token)
-                .bind(until)
-                .bind(now)
-                .fetch_all(p.pool())
                 .await?
             }
             Database::MySql(p) => {
@@ -571,17 +577,23 @@ impl SqlTransport {
             .execute(s.writer())
             .await?
             .rows_affected(),
-            Database::Postgres(p) => sqlx::query(
-                "WITH doomed AS MATERIALIZED (SELECT q.id FROM oncely_queue q \
-                 WHERE q.enqueued_at < $1 AND EXISTS (SELECT 1 FROM oncely_subscriptions s \
-                 WHERE s.topic = q.topic) ORDER BY q.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM oncely_queue q USING doomed d WHERE q.id = d.id",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
+            // Plan pinned, rows taken by TID (`oncely_sql::PINNED_PLAN`).
+            Database::Postgres(p) => {
+                oncely_sql::execute_pinned(
+                    p.pool(),
+                    sqlx::query(
+                        "WITH doomed AS MATERIALIZED (SELECT q.ctid FROM oncely_queue q \
+                         WHERE q.enqueued_at < $1 AND EXISTS (SELECT 1 FROM \
+                         oncely_subscriptions s WHERE s.topic = q.topic) ORDER BY q.id \
+                         LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                         DELETE FROM oncely_queue q \
+                         WHERE q.ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
+                    )
+                    .bind(before_ms)
+                    .bind(batch),
+                )
+                .await?
+            }
             Database::MySql(p) => {
                 crate::sql_mysql::collect_fanned_out(p.pool(), before_ms, batch).await?
             }

@@ -443,18 +443,22 @@ impl IdempotencyStore {
             .execute(s.writer())
             .await?
             .rows_affected(),
-            Database::Postgres(p) => sqlx::query(
-                "WITH doomed AS MATERIALIZED (SELECT tenant, operation, key FROM oncely_idempotency \
-                 WHERE expires_at < $1 AND state IN ('succeeded', 'failed') LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM oncely_idempotency i USING doomed d \
-                 WHERE i.tenant = d.tenant AND i.operation = d.operation AND i.key = d.key",
-            )
-            .bind(now_ms)
-            .bind(batch)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
+            // Plan pinned and rows taken by TID (`crate::plan`).
+            Database::Postgres(p) => {
+                crate::execute_pinned(
+                    p.pool(),
+                    sqlx::query(
+                        "WITH doomed AS MATERIALIZED (SELECT ctid FROM oncely_idempotency \
+                         WHERE expires_at < $1 AND state IN ('succeeded', 'failed') LIMIT $2 \
+                         FOR UPDATE SKIP LOCKED) \
+                         DELETE FROM oncely_idempotency \
+                         WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
+                    )
+                    .bind(now_ms)
+                    .bind(batch),
+                )
+                .await?
+            }
             // A single-table DELETE takes its own LIMIT.
             Database::MySql(p) => sqlx::query(
                 "DELETE FROM oncely_idempotency WHERE expires_at < ? \

@@ -104,17 +104,21 @@ impl InboxStore {
             .execute(s.writer())
             .await?
             .rows_affected(),
-            Database::Postgres(p) => sqlx::query(
-                "WITH doomed AS MATERIALIZED (SELECT consumer, message_id FROM oncely_inbox \
-                 WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM oncely_inbox i USING doomed d \
-                 WHERE i.consumer = d.consumer AND i.message_id = d.message_id",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
+            // Plan pinned and rows taken by TID (`crate::plan`).
+            Database::Postgres(p) => {
+                crate::execute_pinned(
+                    p.pool(),
+                    sqlx::query(
+                        "WITH doomed AS MATERIALIZED (SELECT ctid FROM oncely_inbox \
+                         WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                         DELETE FROM oncely_inbox \
+                         WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
+                    )
+                    .bind(before_ms)
+                    .bind(batch),
+                )
+                .await?
+            }
             Database::MySql(p) => sqlx::query(
                 "DELETE FROM oncely_inbox WHERE received_at < ? ORDER BY received_at LIMIT ?",
             )

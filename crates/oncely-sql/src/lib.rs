@@ -21,6 +21,8 @@
 //!   message id in the effect's transaction, retention collector).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures.
+//! - `plan` — [`PINNED_PLAN`], [`execute_pinned`], [`fetch_all_pinned`]: PostgreSQL claims
+//!   and sweeps whose plans do not change when the statistics say the table is empty.
 
 mod db;
 mod dialect;
@@ -29,6 +31,7 @@ mod idempotency;
 mod inbox;
 mod outbox;
 mod outbox_mysql;
+mod plan;
 
 pub use db::{
     Backend, Database, DbOptions, MySqlStore, MySqlTx, PgStore, SqliteStore, SqliteTx, Tx,
@@ -41,6 +44,7 @@ pub use outbox::{
     ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, PublishFailure,
     RequeueTarget, Rescheduled, Settled,
 };
+pub use plan::{execute_pinned, fetch_all_pinned, PINNED_PLAN};
 
 /// Re-exported so dependants name the same `sqlx` version.
 pub use sqlx;

@@ -1,3 +1,4 @@
+use crate::PINNED_PLAN;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -172,22 +173,6 @@ fn partition_lock(alias: &str) -> String {
          {alias}.table_oid::bigint # 1869505381))"
     )
 }
-
-/// Planner settings for the PostgreSQL claims, local to their transaction. A claim must walk
-/// the pending rows in id order through `oncely_outbox_pending_id`, look each candidate's
-/// partition up through `oncely_outbox_pending` and stop at the `LIMIT`, whatever the
-/// statistics say. Right after a quiet period they say the table is empty (`reltuples = 0`
-/// after the relay's own VACUUM or autovacuum ran while it was), and a plan made then — a
-/// generic plan is kept until the next ANALYZE — seq-scans the outbox for every candidate
-/// (7 s instead of 6 ms for 256 of 30,000 rows, measured); with fresh statistics a burst
-/// made the planner bitmap-scan and sort every pending row (120 ms instead of 8 ms). So seq
-/// scans, bitmap scans and sorts are off: with them off the only plans left are the
-/// index-ordered walk, and the rest of the statement is written so that no join remains
-/// for the planner to get wrong (the head check is an `OFFSET 0` subquery on a row
-/// comparison only `oncely_outbox_pending` can serve; the outer statement takes the ids as
-/// `= ANY (ARRAY(…))`, a primary-key lookup).
-const CLAIM_PLANNER_SETTINGS: &str = "SET LOCAL enable_sort = off; \
-     SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off";
 
 /// The candidate partition heads of a PostgreSQL claim, as the body of a CTE with columns
 /// `id`, `partition_key`, `table_oid`: pending, available, not leased by a live lease, the
@@ -749,10 +734,7 @@ impl OutboxStore {
             // only ([`partition_lock`]), leaving out partitions a `claim_batch` relay
             // holds; the UPDATE re-checks the lease on the row version the lock returned.
             Database::Postgres(p) => {
-                let mut tx = p
-                    .pool()
-                    .begin_with(format!("BEGIN; {CLAIM_PLANNER_SETTINGS}"))
-                    .await?;
+                let mut tx = p.pool().begin_with(format!("BEGIN; {PINNED_PLAN}")).await?;
                 let rows = sqlx::query_as(&format!(
                     "WITH c AS ({}), h AS (SELECT c.id FROM c WHERE {}) \
                      UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 \
@@ -833,8 +815,11 @@ impl OutboxStore {
             });
         };
         let batch = i64::from(batch.max(1));
-        // Planner settings as for `claim` ([`CLAIM_PLANNER_SETTINGS`]), set in the same round
-        // trip as `BEGIN`.
+        // The claim's plan is pinned ([`PINNED_PLAN`]: the statistics say the table is empty
+        // right when a backlog arrives; with the seq scans it took 7 s instead of 6 ms to
+        // claim 256 of 30,000 rows), set in the same round trip as `BEGIN`; the head check is
+        // an `OFFSET 0` subquery on a row comparison only `oncely_outbox_pending` can serve,
+        // and the ids are taken as `= ANY (ARRAY(…))`, so no join is left to plan.
         //
         // `plan_cache_mode = force_generic_plan`: the claim's plan does not depend on its
         // parameters, but PostgreSQL 15 kept choosing a custom plan for it on every
@@ -850,7 +835,7 @@ impl OutboxStore {
         let mut tx = p
             .pool()
             .begin_with(format!(
-                "BEGIN; {CLAIM_PLANNER_SETTINGS}; \
+                "BEGIN; {PINNED_PLAN}; \
                  SET LOCAL plan_cache_mode = force_generic_plan; \
                  SET LOCAL synchronous_commit = off"
             ))
@@ -1180,16 +1165,22 @@ impl OutboxStore {
             .execute(s.writer())
             .await?
             .rows_affected(),
-            Database::Postgres(p) => sqlx::query(
-                "WITH c AS (SELECT id FROM oncely_outbox_published WHERE published_at < $1 \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM oncely_outbox_published t USING c WHERE t.id = c.id",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
+            // Plan pinned, rows taken by TID (`crate::plan`).
+            Database::Postgres(p) => {
+                crate::plan::execute_planned(
+                    p.pool(),
+                    crate::plan::PINNED_PLAN_BRIN,
+                    sqlx::query(
+                        "WITH c AS (SELECT ctid FROM oncely_outbox_published \
+                         WHERE published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                         DELETE FROM oncely_outbox_published \
+                         WHERE ctid = ANY (ARRAY(SELECT c.ctid FROM c))",
+                    )
+                    .bind(before_ms)
+                    .bind(batch),
+                )
+                .await?
+            }
             Database::MySql(p) => sqlx::query(outbox_mysql::DELETE_PUBLISHED)
                 .bind(before_ms)
                 .bind(batch)
