@@ -28,7 +28,8 @@
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
 //!   [`TransactionLayer`] (the same transaction handling without keys).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
-//! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs.
+//! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
+//!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 
 mod cache;
 mod config;
@@ -41,4 +42,4 @@ pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{
     Idempotency, IdempotencyLayer, NotStored, Transaction, TransactionLayer, IDEMPOTENT_REPLAYED,
 };
-pub use problem::{Problem, PROBLEM_JSON};
+pub use problem::{Problem, StoreFailure, PROBLEM_JSON};
