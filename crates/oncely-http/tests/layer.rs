@@ -279,7 +279,44 @@ on_every_backend!(
 on_network_backends!(
     database_frozen_at_begin_answers_503_within_the_store_timeout,
     database_frozen_during_the_key_claim_answers_503_within_the_store_timeout,
+    refused_connections_are_reported_as_refused_and_answered_503_without_driver_text,
 );
+
+/// The database's port stops accepting (the proxy cuts every connection, then goes away):
+/// the error names the root cause once — the refused connection, not sqlx's "pool timed
+/// out" — and the client gets 503 `store-unavailable` without driver text.
+async fn refused_connections_are_reported_as_refused_and_answered_503_without_driver_text(
+    t: TestDb,
+) {
+    prepare(&t.db).await;
+    let (proxy, url) = FaultProxy::in_front_of(&t.url).await;
+    let opts = DbOptions {
+        max_connections: 2,
+        acquire_timeout: Duration::from_secs(1),
+        ..DbOptions::default()
+    };
+    let db = Database::connect(&url, &opts).await.unwrap();
+    let app = serve_on(db.clone(), None, 0).await;
+    proxy.cut();
+    drop(proxy);
+    let error = db.begin().await.unwrap_err().to_string();
+    eprintln!("begin failed: {error}");
+    assert!(
+        error.contains("refused") && !error.contains("pool timed out"),
+        "{error}"
+    );
+    assert_eq!(error.matches("refused").count(), 1, "once: {error}");
+    let res = app.post("/flaky", "k-refused", "{}").await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let body = res.text().await.unwrap();
+    let p: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(p["type"], "urn:oncely:problem:store-unavailable");
+    assert!(
+        !body.contains("refused") && !body.contains("os error"),
+        "{body}"
+    );
+}
 
 /// Sends a request that must be answered within `bound`; returns the answer and how long
 /// it took.
