@@ -18,7 +18,8 @@
 //! | retry, same fingerprint, in flight | 409 problem + `Retry-After`, or a bounded wait then replay |
 //! | retry, other fingerprint | 422 problem naming `body` or `route` |
 //! | record `unknown` | 409 problem |
-//! | store unreachable | 503 problem + `Retry-After` |
+//! | store unreachable, or acquire + `BEGIN` + claim over the store timeout (`DbOptions::store_timeout`) | 503 problem `store-unavailable` + `Retry-After` |
+//! | handler, stored response and commit over `execution_timeout` | 503 problem `execution-outcome-unknown` + `Retry-After` |
 //! | response body over the stored-response bound | 500 problem; rolled back, nothing stored |
 //!
 //! # Layout

@@ -277,6 +277,7 @@ on_every_backend!(
 );
 
 on_network_backends!(
+    database_paused_before_the_request_answers_503_within_the_store_timeout,
     database_frozen_at_begin_answers_503_within_the_store_timeout,
     database_frozen_during_the_key_claim_answers_503_within_the_store_timeout,
     refused_connections_are_reported_as_refused_and_answered_503_without_driver_text,
@@ -333,15 +334,21 @@ async fn post_within(
     (res, started.elapsed())
 }
 
-/// `BEGIN` (or, in the claim test, the claim) goes out into a frozen connection: the answer
-/// is 503 `store-unavailable` with `Retry-After` once the store timeout has run out, and
-/// the key stays free — after the freeze the retry runs, once.
-async fn frozen_at(t: &TestDb, needle: &[u8]) {
+/// The database path freezes — every connection (`needle` `None`: a paused database, met
+/// by the pool's test of an idle connection), or the request's own at `BEGIN` or at the
+/// claim: the answer is 503 `store-unavailable` with `Retry-After` once the store timeout
+/// has run out, and the key stays free — after the freeze the retry runs, once.
+async fn frozen_at(t: &TestDb, needle: Option<&[u8]>) {
     let store_timeout = Duration::from_secs(2);
     let (app, proxy) = start_proxied(t, store_timeout).await;
-    proxy.fault_when_sent(needle, Fault::Freeze);
+    match needle {
+        Some(needle) => proxy.fault_when_sent(needle, Fault::Freeze),
+        None => proxy.freeze(),
+    }
     let (res, took) = post_within(&app, store_timeout * 3, "/flaky", "k-frozen").await;
-    assert_eq!(proxy.faults_applied(), 1, "the fault hit the request");
+    if needle.is_some() {
+        assert_eq!(proxy.faults_applied(), 1, "the fault hit the request");
+    }
     assert_eq!(
         app.calls.0.load(Ordering::SeqCst),
         0,
@@ -355,10 +362,8 @@ async fn frozen_at(t: &TestDb, needle: &[u8]) {
         took >= store_timeout && took <= store_timeout + Duration::from_millis(1500),
         "answered after {took:?}; the bound is the store timeout, {store_timeout:?}"
     );
-    eprintln!(
-        "frozen at {:?}: 503 after {took:?}",
-        String::from_utf8_lossy(needle)
-    );
+    let at = needle.map_or("every connection".into(), String::from_utf8_lossy);
+    eprintln!("frozen at {at}: 503 after {took:?}");
     proxy.restore();
     // The frozen session may still hold the key for a moment after the freeze ends (MySQL
     // closes it when its QUIT, held by the freeze, arrives): 409 until then.
@@ -378,8 +383,12 @@ async fn frozen_at(t: &TestDb, needle: &[u8]) {
     assert_eq!(app.effects("flaky").await, 1);
 }
 
+async fn database_paused_before_the_request_answers_503_within_the_store_timeout(t: TestDb) {
+    frozen_at(&t, None).await;
+}
+
 async fn database_frozen_at_begin_answers_503_within_the_store_timeout(t: TestDb) {
-    frozen_at(&t, b"BEGIN").await;
+    frozen_at(&t, Some(b"BEGIN")).await;
 }
 
 async fn database_frozen_during_the_key_claim_answers_503_within_the_store_timeout(t: TestDb) {
@@ -387,7 +396,7 @@ async fn database_frozen_during_the_key_claim_answers_503_within_the_store_timeo
         Database::MySql(_) => b"GET_LOCK(",
         _ => b"pg_try_advisory_xact_lock(",
     };
-    frozen_at(&t, claim).await;
+    frozen_at(&t, Some(claim)).await;
 }
 
 async fn a_transaction_the_database_aborted_does_not_wedge_later_requests(t: TestDb) {

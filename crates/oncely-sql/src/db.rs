@@ -538,16 +538,25 @@ impl Database {
         }
     }
 
-    /// Checks the database answers (`SELECT 1`), for health checks.
+    /// Checks the database answers (`SELECT 1`), for health checks; within
+    /// [`DbOptions::store_timeout`] on PostgreSQL and MySQL.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when it does not.
+    /// [`StoreError::Unavailable`] when it does not (naming why a connection cannot be
+    /// opened, when that is the cause), [`StoreError::TimedOut`] when it does not answer in
+    /// time.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        crate::on_pool!(self, |p| sqlx::query("SELECT 1")
-            .execute(p)
-            .await
-            .map(|_| ()))?;
-        Ok(())
+        self.within_store_timeout(async {
+            let pinged = crate::on_pool!(self, |p| sqlx::query("SELECT 1")
+                .execute(p)
+                .await
+                .map(|_| ()));
+            match pinged {
+                Err(sqlx::Error::PoolTimedOut) => Err(self.why_no_connection().await),
+                other => Ok(other?),
+            }
+        })
+        .await
     }
 
     /// Closes every pooled connection; later calls fail with [`StoreError::Unavailable`].
