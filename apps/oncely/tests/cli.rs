@@ -113,6 +113,8 @@ on_every_backend!(
     verify_command_against_serve_finds_every_check_holding,
 );
 
+// PostgreSQL and MariaDB only: an embedded SQLite database dies with its process, so a
+// partition cannot leave its sessions behind (see `on_network_backends!`).
 oncely_testkit::on_network_backends!(
     keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound,
     default_idle_transaction_timeout_is_set_on_every_session_and_bounds_recovery_within_90_s,

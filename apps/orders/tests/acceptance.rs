@@ -729,6 +729,8 @@ async fn store_unreachable_answers_503_and_runs_nothing(t: TestDb) {
     }
 }
 
+// PostgreSQL and MariaDB only: SQLite is embedded and has no connection to lose (see
+// `on_network_backends!`); its aborted transactions are covered by the layer's disk-full test.
 on_network_backends!(
     connection_lost_inside_the_handler_is_503_store_unavailable_and_the_retry_creates_one_order,
 );

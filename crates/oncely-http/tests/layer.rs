@@ -276,6 +276,8 @@ on_every_backend!(
     a_transaction_the_database_aborted_does_not_wedge_later_requests,
 );
 
+// PostgreSQL and MariaDB only: SQLite has no network path to freeze or refuse (see
+// `on_network_backends!`); its waits are bounded by the acquire and busy timeouts.
 on_network_backends!(
     database_paused_before_the_request_answers_503_within_the_store_timeout,
     database_frozen_at_begin_answers_503_within_the_store_timeout,
