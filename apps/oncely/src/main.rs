@@ -131,6 +131,24 @@ struct DbArgs {
         global = true
     )]
     db_max_connections: u32,
+    /// PostgreSQL / MySQL: seconds a request may wait for pool acquire + BEGIN + the key
+    /// claim before it answers 503 (a frozen or paused database).
+    #[arg(
+        long,
+        env = "ONCELY_DB_STORE_TIMEOUT_SECS",
+        default_value_t = DbOptions::default().store_timeout.as_secs(),
+        global = true
+    )]
+    db_store_timeout_secs: u64,
+    /// Seconds the database lets a session idle inside a transaction before it ends the
+    /// session, freeing the keys of a process that died or lost its path mid-request.
+    #[arg(
+        long,
+        env = "ONCELY_DB_IDLE_TRANSACTION_TIMEOUT_SECS",
+        default_value_t = DbOptions::default().idle_transaction_timeout.as_secs(),
+        global = true
+    )]
+    db_idle_transaction_timeout_secs: u64,
 }
 
 #[derive(Debug, Args)]
@@ -202,6 +220,10 @@ impl DbArgs {
     async fn connect_only(&self) -> anyhow::Result<Database> {
         let opts = DbOptions {
             max_connections: self.db_max_connections,
+            store_timeout: Duration::from_secs(self.db_store_timeout_secs.max(1)),
+            idle_transaction_timeout: Duration::from_secs(
+                self.db_idle_transaction_timeout_secs.max(1),
+            ),
             ..DbOptions::default()
         };
         Database::connect(&self.database_url, &opts)

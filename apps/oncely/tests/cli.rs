@@ -121,6 +121,132 @@ on_every_backend!(
     operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
 );
 
+// PostgreSQL and MariaDB only: an embedded SQLite database dies with its process, so a
+// partition cannot leave its sessions behind (see `on_network_backends!`).
+oncely_testkit::on_network_backends!(
+    keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound,
+    default_idle_transaction_timeout_is_set_on_every_session_and_bounds_recovery_within_90_s,
+);
+
+/// Slack on top of the idle-transaction timeout for a second server to complete every key
+/// of a vanished one: the second server's start-up, a retry interval and request time.
+/// README states the bound: idle-transaction timeout + 5 s (65 s with the defaults).
+const PARTITION_SLACK: Duration = Duration::from_secs(5);
+
+/// A silent partition: twelve requests are mid-transaction (each key claimed, the order
+/// insert on its way) when the path to the database freezes without closing either side,
+/// and the server is SIGKILLed. The database still holds the dead sessions — and their
+/// key claims — until the idle-transaction timeout ends them; a second server, connected
+/// directly, then completes every key (201, one order each) within that timeout + slack.
+async fn keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound(
+    t: TestDb,
+) {
+    const KEYS: usize = 12;
+    let idle = Duration::from_secs(8);
+    let (proxy, url) = oncely_testkit::FaultProxy::in_front_of(&t.url).await;
+    let idle_secs = idle.as_secs().to_string();
+    let mut a = serve_with(
+        &oncely_testkit::without_statement_cache(&url),
+        &[
+            "--no-relay",
+            "--no-consumer",
+            "--db-idle-transaction-timeout-secs",
+            &idle_secs,
+        ],
+    );
+    proxy.fault_when_sent("INSERT INTO orders", oncely_testkit::Fault::Freeze);
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let work: Vec<(String, String)> = (0..KEYS)
+        .map(|i| (format!("part-{run}-{i}"), format!("ext-{run}-{i}")))
+        .collect();
+    let client = reqwest::Client::new();
+    let in_flight: Vec<_> = work
+        .iter()
+        .map(|(key, ext)| {
+            let req = client
+                .post(format!("{}/v1/orders", a.base))
+                .bearer_auth(API_KEY)
+                .header("idempotency-key", key)
+                .json(&order(ext));
+            tokio::spawn(async move { drop(req.send().await) })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.faults_applied() < KEYS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {KEYS} requests reached the order insert",
+            proxy.faults_applied()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    let killed = std::time::Instant::now();
+    for task in in_flight {
+        task.abort();
+    }
+    let b = serve_with(&t.url, &["--no-relay", "--no-consumer"]);
+    let bound = idle + PARTITION_SLACK;
+    let mut held = 0;
+    for (key, ext) in &work {
+        let answer = loop {
+            let answer = post(&client, &b.base, key, &order(ext)).await;
+            if answer.0 != 409 || killed.elapsed() > bound {
+                break answer;
+            }
+            held += 1;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        assert_eq!(answer.0, 201, "{key}: {}", answer.2);
+        assert!(
+            !answer.1,
+            "{key}: the retry ran (nothing was committed before)"
+        );
+        assert_eq!(count_orders(&t, ext).await, 1, "{key}: exactly one order");
+    }
+    let took = killed.elapsed();
+    eprintln!(
+        "every key completed {took:?} after the kill (idle-transaction timeout {idle:?}; \
+         {held} answers of 409 while the dead sessions held keys)"
+    );
+    assert!(
+        held > 0,
+        "the dead server's sessions held its keys for a while"
+    );
+    assert!(took <= bound, "{took:?} > {bound:?}");
+}
+
+/// The default idle-transaction timeout is what every pooled session gets, and with the
+/// slack the partition test allows it bounds recovery from a vanished server within 90 s.
+async fn default_idle_transaction_timeout_is_set_on_every_session_and_bounds_recovery_within_90_s(
+    t: TestDb,
+) {
+    let opts = oncely_sql::DbOptions::default();
+    let db = oncely_sql::Database::connect(&t.url, &opts).await.unwrap();
+    let sql = match db {
+        oncely_sql::Database::MySql(_) => {
+            "SELECT CAST(@@SESSION.idle_transaction_timeout AS SIGNED)"
+        }
+        _ => {
+            "SELECT setting::bigint / 1000 FROM pg_settings \
+             WHERE name = 'idle_in_transaction_session_timeout'"
+        }
+    };
+    // Several sessions at once, so each comes from its own pooled connection.
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(db.begin().await.unwrap());
+    }
+    for tx in &mut sessions {
+        let secs: i64 =
+            oncely_sql::on_tx!(tx, |c| sqlx::query_scalar(sql).fetch_one(c).await).unwrap();
+        assert_eq!(secs.unsigned_abs(), opts.idle_transaction_timeout.as_secs());
+        let recovery = Duration::from_secs(secs.unsigned_abs()) + PARTITION_SLACK;
+        assert!(recovery <= Duration::from_secs(90), "{recovery:?}");
+    }
+}
+
 async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
     let a = serve(&t.url);
     let b = serve(&t.url);

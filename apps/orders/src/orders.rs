@@ -4,7 +4,7 @@ use axum::Json;
 use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use oncely_core::TenantId;
-use oncely_http::{IdempotentTx, NotStored, Problem};
+use oncely_http::{IdempotentTx, NotStored, Problem, StoreFailure};
 use oncely_sql::{on_pool, on_tx, sql_text, Database, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -308,7 +308,7 @@ pub(crate) async fn create_order(
                 &request_headers,
             );
             if let Err(e) = oncely_sql::OutboxStore::enqueue(tx, &event).await {
-                return internal(&e);
+                return StoreFailure::from(e).into_response();
             }
             metrics::counter!("oncely_orders_created_total").increment(1);
             order_response(StatusCode::CREATED, &created)
@@ -324,12 +324,10 @@ pub(crate) async fn create_order(
                 .bind(&order.external_ref)
                 .fetch_one(c)
                 .await);
-            let existing = match row
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.into_order().map_err(|e| e.to_string()))
-            {
-                Ok(o) => o,
-                Err(e) => return internal(&e),
+            let existing = match row.map(OrderRow::into_order) {
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => return internal(&e),
+                Err(e) => return StoreFailure::from(e).into_response(),
             };
             metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
             if existing.details == order {
@@ -347,28 +345,11 @@ pub(crate) async fn create_order(
                 .into_response()
             }
         }
-        Err(e) => {
-            if let sqlx::Error::Database(db) = &e {
-                // Lock wait on a concurrent insert of the same business key ran out
-                // (PostgreSQL 55P03; MySQL 1205 lock-wait timeout, or 1213 deadlock, which
-                // rolled the transaction back: nothing of this request is left).
-                let mysql_lock = db
-                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .is_some_and(|m| matches!(m.number(), 1205 | 1213));
-                if db.code().as_deref() == Some("55P03") || mysql_lock {
-                    let mut res = Problem::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "busy",
-                        "The order is being created by another request",
-                    )
-                    .retry_after(1)
-                    .into_response();
-                    res.extensions_mut().insert(NotStored);
-                    return res;
-                }
-            }
-            internal(&e)
-        }
+        // A lost connection, a store timeout, or a lock wait on a concurrent insert of the
+        // same business key that ran out (PostgreSQL 55P03, MySQL 1205/1213): 503 with
+        // Retry-After, and the layer rolls back, so the retry runs again. Anything else is
+        // a bug: 500.
+        Err(e) => StoreFailure::from(e).into_response(),
     }
 }
 
@@ -419,19 +400,6 @@ pub(crate) async fn get_order(
         Ok(None) => {
             Problem::new(StatusCode::NOT_FOUND, "not-found", "No such order").into_response()
         }
-        Err(e) => {
-            let e = oncely_sql::StoreError::from(e);
-            if e.is_unavailable() {
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store-unavailable",
-                    "The store cannot be reached",
-                )
-                .retry_after(1)
-                .into_response()
-            } else {
-                internal(&e)
-            }
-        }
+        Err(e) => StoreFailure::from(e).into_response(),
     }
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_sql::{on_pool, Database, DbOptions};
-use oncely_testkit::{on_every_backend, FaultProxy, TestDb};
+use oncely_testkit::{
+    on_every_backend, on_network_backends, without_statement_cache, Fault, FaultProxy, TestDb,
+};
 use orders::AppConfig;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -756,6 +758,76 @@ async fn healthz_with_the_database_unreachable_names_no_driver_error(t: TestDb) 
         }),
         "{body}"
     );
+}
+
+// PostgreSQL and MariaDB only: SQLite is embedded and has no connection to lose (see
+// `on_network_backends!`); its aborted transactions are covered by the layer's disk-full test.
+on_network_backends!(
+    connection_lost_inside_the_handler_is_503_store_unavailable_and_the_retry_creates_one_order,
+);
+
+/// The handler's connection dies mid-transaction, after the key was claimed: at the
+/// business insert, then at the outbox insert. The answer is 503 `store-unavailable` with
+/// `Retry-After` (never a generic 500, never driver text), nothing is stored, and the retry
+/// with the same key runs and creates exactly one order.
+async fn connection_lost_inside_the_handler_is_503_store_unavailable_and_the_retry_creates_one_order(
+    t: TestDb,
+) {
+    orders::migrate(&t.db).await.unwrap();
+    let (proxy, url) = FaultProxy::in_front_of(&t.url).await;
+    let opts = DbOptions {
+        max_connections: 4,
+        ..DbOptions::default()
+    };
+    let db = Database::connect(&without_statement_cache(&url), &opts)
+        .await
+        .unwrap();
+    let s = start(&db, config()).await;
+    for (n, needle) in ["INSERT INTO orders", "INSERT INTO oncely_outbox"]
+        .into_iter()
+        .enumerate()
+    {
+        let (key, ext) = (unique("cut"), unique("ext"));
+        proxy.fault_when_sent(needle, Fault::Cut);
+        let a = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+        assert_eq!(
+            proxy.faults_applied(),
+            n + 1,
+            "{needle}: the cut hit the handler"
+        );
+        let body = String::from_utf8_lossy(&a.body).into_owned();
+        assert_eq!(
+            a.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{needle}: {body}"
+        );
+        assert_eq!(a.json()["type"], "urn:oncely:problem:store-unavailable");
+        assert!(a.retry_after.is_some(), "{needle}: Retry-After");
+        for driver_text in ["communicating", "os error", "sqlx", "Connection"] {
+            assert!(
+                !body.contains(driver_text),
+                "{needle}: driver text in {body}"
+            );
+        }
+        assert_eq!(
+            count_orders(&t.db, &ext).await,
+            0,
+            "{needle}: nothing stored"
+        );
+        proxy.restore();
+        // MariaDB frees the key when it notices the closed session: 409 until then.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let b = loop {
+            let b = s.post(KEY_A, &key, &order(&ext, 1999)).await;
+            if b.status != StatusCode::CONFLICT || std::time::Instant::now() > deadline {
+                break b;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(b.status, StatusCode::CREATED, "{needle}: the retry runs");
+        assert!(!b.replayed);
+        assert_eq!(count_orders(&t.db, &ext).await, 1, "{needle}: one order");
+    }
 }
 
 async fn healthz_and_metrics_answer(t: TestDb) {

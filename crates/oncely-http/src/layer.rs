@@ -20,7 +20,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::cache::{ReplayCache, Settled};
 use crate::extract::{IdempotencyContext, TxSlot};
-use crate::{IdempotencyConfig, Problem};
+use crate::{IdempotencyConfig, Problem, StoreFailure};
 
 /// `Idempotent-Replayed`: sent as `true` on every replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -148,7 +148,7 @@ where
         spawned(async move {
             match db.begin().await {
                 Ok(tx) => run_in_tx(inner, req, tx, None, usize::MAX).await,
-                Err(e) => store_problem(&e, 1),
+                Err(e) => store_problem(e, 1),
             }
         })
     }
@@ -259,7 +259,7 @@ where
             .insert(IdempotencyContext { scope, key: None });
         let tx = match store.database().begin().await {
             Ok(tx) => tx,
-            Err(e) => return store_problem(&e, config.retry_after_secs),
+            Err(e) => return store_problem(e, config.retry_after_secs),
         };
         let req = Request::from_parts(parts, body);
         return run_in_tx(inner, req, tx, None, config.max_stored_response).await;
@@ -326,17 +326,20 @@ where
 
     let deadline = config.in_flight_wait.map(|d| Instant::now() + d);
     let mut pause = Duration::from_millis(10);
+    let db = store.database().clone();
     loop {
-        let mut tx = match store.database().begin().await {
-            Ok(tx) => tx,
-            Err(e) => return store_problem(&e, config.retry_after_secs),
-        };
-        let reservation = match store
-            .reserve(&mut tx, &scope, &key, &fingerprint, now_ms())
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => return store_problem(&e, config.retry_after_secs),
+        // Pool acquire, BEGIN and the claim share one deadline (the store timeout): a
+        // frozen or paused database answers 503 within it, never hangs the request.
+        let claim = db.within_store_timeout(async {
+            let mut tx = db.begin().await?;
+            let reservation = store
+                .reserve(&mut tx, &scope, &key, &fingerprint, now_ms())
+                .await?;
+            Ok((tx, reservation))
+        });
+        let (tx, reservation) = match claim.await {
+            Ok(claimed) => claimed,
+            Err(e) => return store_problem(e, config.retry_after_secs),
         };
         match reservation {
             Reservation::Reserved(token) => {
@@ -366,7 +369,7 @@ where
                 };
             }
             Reservation::Existing(record) => {
-                drop(tx.rollback().await);
+                release(&db, tx).await;
                 if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
                     cache.insert(
                         &scope,
@@ -384,8 +387,8 @@ where
                     return res;
                 }
             }
-            Reservation::InFlight => drop(tx.rollback().await),
-            _ => return store_problem(&StoreError::NotHeld, config.retry_after_secs),
+            Reservation::InFlight => release(&db, tx).await,
+            _ => return store_problem(StoreError::NotHeld, config.retry_after_secs),
         }
         match deadline {
             Some(d) if Instant::now() + pause < d => {
@@ -490,28 +493,16 @@ fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
     .into_response()
 }
 
-fn store_problem(e: &StoreError, retry_after_secs: u32) -> Response {
-    if e.is_unavailable() {
-        metrics::counter!("oncely_idempotency_store_unavailable_total").increment(1);
-        tracing::warn!(error = %e, "idempotency store unreachable; failing closed");
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store-unavailable",
-            "The idempotency store cannot be reached",
-        )
-        .detail("nothing was executed; retry later with the same key")
+fn store_problem(e: StoreError, retry_after_secs: u32) -> Response {
+    StoreFailure::from(e)
         .retry_after(retry_after_secs)
         .into_response()
-    } else {
-        tracing::error!(error = %e, "idempotency store failed");
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "store-error",
-            "The idempotency store failed",
-        )
-        .detail("nothing was stored; retry later with the same key")
-        .into_response()
-    }
+}
+
+/// Rolls back a transaction that did nothing (the key was found taken), within the store
+/// timeout: a frozen connection must not hold the answer.
+async fn release(db: &Database, tx: oncely_sql::Tx) {
+    drop(db.within_store_timeout(tx.rollback()).await);
 }
 
 fn replay(stored: &StoredResponse) -> Response {
@@ -655,12 +646,12 @@ where
                         answer_existing(&record, &claim.fingerprint).unwrap_or_else(|| in_flight(1))
                     }
                     Ok(None) => in_flight(1),
-                    Err(e) => store_problem(&e, 1),
+                    Err(e) => store_problem(e, 1),
                 };
             }
             Err(e) => {
                 drop(tx.rollback().await);
-                return store_problem(&e, 1);
+                return store_problem(e, 1);
             }
         }
     }

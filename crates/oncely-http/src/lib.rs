@@ -18,7 +18,8 @@
 //! | retry, same fingerprint, in flight | 409 problem + `Retry-After`, or a bounded wait then replay |
 //! | retry, other fingerprint | 422 problem naming `body` or `route` |
 //! | record `unknown` | 409 problem |
-//! | store unreachable | 503 problem + `Retry-After` |
+//! | store unreachable, or acquire + `BEGIN` + claim over the store timeout (`DbOptions::store_timeout`) | 503 problem `store-unavailable` + `Retry-After` |
+//! | handler, stored response and commit over `execution_timeout` | 503 problem `execution-outcome-unknown` + `Retry-After` |
 //! | response body over the stored-response bound | 500 problem; rolled back, nothing stored |
 //!
 //! # Layout
@@ -28,7 +29,8 @@
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
 //!   [`TransactionLayer`] (the same transaction handling without keys).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
-//! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs.
+//! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
+//!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 
 mod cache;
 mod config;
@@ -41,4 +43,4 @@ pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{
     Idempotency, IdempotencyLayer, NotStored, Transaction, TransactionLayer, IDEMPOTENT_REPLAYED,
 };
-pub use problem::{Problem, PROBLEM_JSON};
+pub use problem::{Problem, StoreFailure, PROBLEM_JSON};

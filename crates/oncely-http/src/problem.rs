@@ -1,5 +1,6 @@
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
+use oncely_sql::StoreError;
 use serde::Serialize;
 
 /// `application/problem+json` (RFC 9457 §3).
@@ -74,5 +75,78 @@ impl IntoResponse for Problem {
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         res
+    }
+}
+
+/// A store error as an HTTP answer: the one mapping shared by the layer and by handlers, so
+/// a lost database is never a generic 500.
+///
+/// - [`StoreError::is_unavailable`] (connection refused or lost, pool timed out, store
+///   timeout, lock or statement timeout, deadlock, disk full): 503 problem
+///   `store-unavailable` + `Retry-After`. Inside the layer's transaction a 5xx rolls back,
+///   so nothing was stored and the retry with the same key runs again.
+/// - anything else (a bug: bad SQL, a constraint the code did not expect, a corrupt row):
+///   500 problem `store-error`.
+///
+/// The error itself (with its root cause, e.g. "Connection refused") goes to the log; the
+/// body never carries driver text.
+#[derive(Debug)]
+pub struct StoreFailure {
+    error: StoreError,
+    retry_after_secs: u32,
+}
+
+impl StoreFailure {
+    /// Sets the `Retry-After` of the 503, in seconds (default 1).
+    #[must_use]
+    pub fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after_secs = secs;
+        self
+    }
+
+    /// The error this answer is for.
+    pub fn error(&self) -> &StoreError {
+        &self.error
+    }
+}
+
+impl From<StoreError> for StoreFailure {
+    fn from(error: StoreError) -> Self {
+        Self {
+            error,
+            retry_after_secs: 1,
+        }
+    }
+}
+
+impl From<oncely_sql::sqlx::Error> for StoreFailure {
+    fn from(e: oncely_sql::sqlx::Error) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
+impl IntoResponse for StoreFailure {
+    fn into_response(self) -> Response {
+        if self.error.is_unavailable() {
+            metrics::counter!("oncely_idempotency_store_unavailable_total").increment(1);
+            tracing::warn!(error = %self.error, "store unreachable; failing closed");
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "The store cannot be reached",
+            )
+            .detail("nothing was stored; retry later with the same key")
+            .retry_after(self.retry_after_secs)
+            .into_response()
+        } else {
+            tracing::error!(error = %self.error, "store failed");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store-error",
+                "The store failed",
+            )
+            .detail("nothing was stored")
+            .into_response()
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! The idempotency layer over real HTTP on `127.0.0.1:0`, against SQLite and PostgreSQL,
-//! with test handlers that fail, panic, stall or answer too much.
+//! The idempotency layer over real HTTP on `127.0.0.1:0`, against SQLite, PostgreSQL and
+//! MariaDB, with test handlers that fail, panic, stall or answer too much, and (PostgreSQL,
+//! MariaDB) a database path that freezes.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -13,8 +14,10 @@ use axum::Router;
 use http::StatusCode;
 use oncely_core::TenantId;
 use oncely_http::{IdempotencyConfig, IdempotencyLayer, IdempotentTx};
-use oncely_sql::{on_pool, on_tx, Database, IdempotencyStore};
-use oncely_testkit::{on_every_backend, TestDb};
+use oncely_sql::{on_pool, on_tx, Database, DbOptions, IdempotencyStore};
+use oncely_testkit::{
+    on_every_backend, on_network_backends, without_statement_cache, Fault, FaultProxy, TestDb,
+};
 use serde_json::Value;
 
 #[derive(Clone, Default)]
@@ -139,7 +142,28 @@ async fn start(t: &TestDb, wait: Option<Duration>) -> App {
 }
 
 async fn start_with(t: &TestDb, wait: Option<Duration>, replay_cache_bytes: usize) -> App {
-    let db = t.db.clone();
+    prepare(&t.db).await;
+    serve_on(t.db.clone(), wait, replay_cache_bytes).await
+}
+
+/// The test's database behind a [`FaultProxy`] (statement texts sent every time, so faults
+/// can be armed on them), with a short store timeout, and the app serving on it.
+async fn start_proxied(t: &TestDb, store_timeout: Duration) -> (App, FaultProxy) {
+    prepare(&t.db).await;
+    let (proxy, url) = FaultProxy::in_front_of(&t.url).await;
+    let opts = DbOptions {
+        max_connections: 4,
+        store_timeout,
+        ..DbOptions::default()
+    };
+    let db = Database::connect(&without_statement_cache(&url), &opts)
+        .await
+        .unwrap();
+    let app = serve_on(db, None, 0).await;
+    (app, proxy)
+}
+
+async fn prepare(db: &Database) {
     db.migrate().await.unwrap();
     let mut tx = db.begin().await.unwrap();
     on_tx!(&mut tx, |c| sqlx::query(
@@ -150,6 +174,9 @@ async fn start_with(t: &TestDb, wait: Option<Duration>, replay_cache_bytes: usiz
     .map(drop))
     .unwrap();
     tx.commit().await.unwrap();
+}
+
+async fn serve_on(db: Database, wait: Option<Duration>, replay_cache_bytes: usize) -> App {
     let config = IdempotencyConfig {
         max_stored_response: 1024,
         max_request_body: 64 * 1024,
@@ -248,6 +275,131 @@ on_every_backend!(
     replays_come_from_the_store_when_the_cache_is_off,
     a_transaction_the_database_aborted_does_not_wedge_later_requests,
 );
+
+// PostgreSQL and MariaDB only: SQLite has no network path to freeze or refuse (see
+// `on_network_backends!`); its waits are bounded by the acquire and busy timeouts.
+on_network_backends!(
+    database_paused_before_the_request_answers_503_within_the_store_timeout,
+    database_frozen_at_begin_answers_503_within_the_store_timeout,
+    database_frozen_during_the_key_claim_answers_503_within_the_store_timeout,
+    refused_connections_are_reported_as_refused_and_answered_503_without_driver_text,
+);
+
+/// The database's port stops accepting (the proxy cuts every connection, then goes away):
+/// the error names the root cause once — the refused connection, not sqlx's "pool timed
+/// out" — and the client gets 503 `store-unavailable` without driver text.
+async fn refused_connections_are_reported_as_refused_and_answered_503_without_driver_text(
+    t: TestDb,
+) {
+    prepare(&t.db).await;
+    let (proxy, url) = FaultProxy::in_front_of(&t.url).await;
+    let opts = DbOptions {
+        max_connections: 2,
+        acquire_timeout: Duration::from_secs(1),
+        ..DbOptions::default()
+    };
+    let db = Database::connect(&url, &opts).await.unwrap();
+    let app = serve_on(db.clone(), None, 0).await;
+    proxy.cut();
+    drop(proxy);
+    let error = db.begin().await.unwrap_err().to_string();
+    eprintln!("begin failed: {error}");
+    assert!(
+        error.contains("refused") && !error.contains("pool timed out"),
+        "{error}"
+    );
+    assert_eq!(error.matches("refused").count(), 1, "once: {error}");
+    let res = app.post("/flaky", "k-refused", "{}").await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let body = res.text().await.unwrap();
+    let p: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(p["type"], "urn:oncely:problem:store-unavailable");
+    assert!(
+        !body.contains("refused") && !body.contains("os error"),
+        "{body}"
+    );
+}
+
+/// Sends a request that must be answered within `bound`; returns the answer and how long
+/// it took.
+async fn post_within(
+    app: &App,
+    bound: Duration,
+    path: &str,
+    key: &str,
+) -> (reqwest::Response, Duration) {
+    let started = std::time::Instant::now();
+    let res = tokio::time::timeout(bound, app.post(path, key, "{}"))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {bound:?}: the request hangs"));
+    (res, started.elapsed())
+}
+
+/// The database path freezes — every connection (`needle` `None`: a paused database, met
+/// by the pool's test of an idle connection), or the request's own at `BEGIN` or at the
+/// claim: the answer is 503 `store-unavailable` with `Retry-After` once the store timeout
+/// has run out, and the key stays free — after the freeze the retry runs, once.
+async fn frozen_at(t: &TestDb, needle: Option<&[u8]>) {
+    let store_timeout = Duration::from_secs(2);
+    let (app, proxy) = start_proxied(t, store_timeout).await;
+    match needle {
+        Some(needle) => proxy.fault_when_sent(needle, Fault::Freeze),
+        None => proxy.freeze(),
+    }
+    let (res, took) = post_within(&app, store_timeout * 3, "/flaky", "k-frozen").await;
+    if needle.is_some() {
+        assert_eq!(proxy.faults_applied(), 1, "the fault hit the request");
+    }
+    assert_eq!(
+        app.calls.0.load(Ordering::SeqCst),
+        0,
+        "the handler never ran"
+    );
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let p: Value = res.json().await.unwrap();
+    assert_eq!(p["type"], "urn:oncely:problem:store-unavailable");
+    assert!(
+        took >= store_timeout && took <= store_timeout + Duration::from_millis(1500),
+        "answered after {took:?}; the bound is the store timeout, {store_timeout:?}"
+    );
+    let at = needle.map_or("every connection".into(), String::from_utf8_lossy);
+    eprintln!("frozen at {at}: 503 after {took:?}");
+    proxy.restore();
+    // The frozen session may still hold the key for a moment after the freeze ends (MySQL
+    // closes it when its QUIT, held by the freeze, arrives): 409 until then.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let retry = loop {
+        let res = app.post("/flaky", "k-frozen", "{}").await;
+        if res.status() != StatusCode::CONFLICT || std::time::Instant::now() > deadline {
+            break res;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // `flaky` fails its first run with 500: the 503 above never reached the handler.
+    assert_eq!(retry.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(app.effects("flaky").await, 0);
+    let again = app.post("/flaky", "k-frozen", "{}").await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(app.effects("flaky").await, 1);
+}
+
+async fn database_paused_before_the_request_answers_503_within_the_store_timeout(t: TestDb) {
+    frozen_at(&t, None).await;
+}
+
+async fn database_frozen_at_begin_answers_503_within_the_store_timeout(t: TestDb) {
+    frozen_at(&t, Some(b"BEGIN")).await;
+}
+
+async fn database_frozen_during_the_key_claim_answers_503_within_the_store_timeout(t: TestDb) {
+    let claim: &[u8] = match t.db {
+        Database::MySql(_) => b"GET_LOCK(",
+        _ => b"pg_try_advisory_xact_lock(",
+    };
+    frozen_at(&t, Some(claim)).await;
+}
 
 async fn a_transaction_the_database_aborted_does_not_wedge_later_requests(t: TestDb) {
     let app = start(&t, None).await;

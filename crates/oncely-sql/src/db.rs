@@ -24,6 +24,25 @@ pub struct DbOptions {
     /// 1 s) and SQLite busy timeout: the bound on waiting for a row or database lock held by
     /// another transaction. Default 5 s.
     pub lock_timeout: Duration,
+    /// PostgreSQL and MySQL / MariaDB: the bound on beginning a transaction — pool acquire
+    /// plus `BEGIN` ([`Database::begin`]) — and on any step run through
+    /// [`Database::within_store_timeout`] (the idempotency layer puts acquire, `BEGIN` and
+    /// the key claim under one such deadline). A connection whose path froze (a silent
+    /// partition, a paused server) then fails with [`StoreError::TimedOut`] (503) instead of
+    /// waiting for TCP to give up. SQLite has no network path: its waits are bounded by
+    /// `acquire_timeout` and the busy timeout instead. Default 10 s (above
+    /// `acquire_timeout`, so a refused connection is reported as such, not as a timeout).
+    pub store_timeout: Duration,
+    /// How long the server lets a session sit idle inside a transaction before it ends the
+    /// *session* (rolling back, freeing row locks, advisory locks and MariaDB's
+    /// session-scoped named locks): PostgreSQL `idle_in_transaction_session_timeout`,
+    /// MariaDB `idle_transaction_timeout` (whole seconds, at least 1 s). MySQL 8 has no
+    /// such variable: there the session's `wait_timeout` is set instead, which also closes
+    /// pooled connections idle that long (the pool's test on acquire replaces them). This
+    /// is what frees the keys of a process that died, or lost its path to the database,
+    /// mid-transaction. Must exceed the longest pause *between two statements* of a
+    /// transaction (the handler's own work); default 60 s.
+    pub idle_transaction_timeout: Duration,
 }
 
 impl Default for DbOptions {
@@ -32,6 +51,8 @@ impl Default for DbOptions {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
             lock_timeout: Duration::from_secs(5),
+            store_timeout: Duration::from_secs(10),
+            idle_transaction_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -109,10 +130,12 @@ impl Drop for SqliteTx {
     }
 }
 
-/// PostgreSQL: one pool; `lock_timeout` set on every connection.
+/// PostgreSQL: one pool; `lock_timeout` and `idle_in_transaction_session_timeout` set on
+/// every connection.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    store_timeout: Duration,
 }
 
 /// MySQL / MariaDB: one pool. Every connection runs at `READ COMMITTED` with
@@ -128,6 +151,7 @@ pub struct PgStore {
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
+    store_timeout: Duration,
 }
 
 impl MySqlStore {
@@ -168,15 +192,15 @@ impl std::ops::DerefMut for MySqlTx {
 
 impl MySqlTx {
     async fn begin(pool: &MySqlPool) -> Result<Self, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        if let Err(e) = (&mut *conn).execute("BEGIN").await {
-            conn.close_on_drop();
-            return Err(e);
-        }
-        Ok(Self {
-            conn: Some(conn),
+        // Wrapped before `BEGIN` goes out: if this future is dropped while `BEGIN` waits (a
+        // frozen connection under the store timeout), the drop closes the session instead
+        // of handing a connection with an unknown state back to the pool.
+        let mut tx = Self {
+            conn: Some(pool.acquire().await?),
             named_lock: false,
-        })
+        };
+        (&mut *tx).execute("BEGIN").await?;
+        Ok(tx)
     }
 
     /// Records that this transaction's session took a named lock (`GET_LOCK`), so ending
@@ -315,18 +339,26 @@ impl Database {
         options: &DbOptions,
     ) -> Result<Self, StoreError> {
         let lock_ms = options.lock_timeout.as_millis().to_string();
-        // A session that stalls inside a transaction (a client that froze mid-request)
-        // must not hold its locks for ever.
+        // A session that stalls inside a transaction (a client that died or froze
+        // mid-request) must not hold its locks for ever: the server ends it.
+        let idle_ms = options
+            .idle_transaction_timeout
+            .as_millis()
+            .max(1)
+            .to_string();
         let opts = opts.options([
             ("lock_timeout", lock_ms.as_str()),
-            ("idle_in_transaction_session_timeout", "60000"),
+            ("idle_in_transaction_session_timeout", idle_ms.as_str()),
         ]);
         let pool = PoolOptions::<Postgres>::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
             .connect_with(opts)
             .await?;
-        Ok(Self::Postgres(PgStore { pool }))
+        Ok(Self::Postgres(PgStore {
+            pool,
+            store_timeout: options.store_timeout,
+        }))
     }
 
     /// Connects to MySQL / MariaDB with explicit connect options. Each new connection is
@@ -347,10 +379,23 @@ impl Database {
         // innodb_lock_wait_timeout bounds row-lock waits, lock_wait_timeout metadata-lock
         // waits (a table held by DDL or LOCK TABLES; default one day): both end in error
         // 1205, which is `StoreError::Unavailable` (503), never a stuck request.
+        let idle_secs = options
+            .idle_transaction_timeout
+            .as_millis()
+            .div_ceil(1000)
+            .clamp(1, 31_536_000);
+        // A session idle inside a transaction is ended by the server after `idle_secs`,
+        // which rolls it back and frees its named locks (they belong to the session):
+        // MariaDB's `idle_transaction_timeout` (read only by MariaDB, in a `/*M! */`
+        // comment); MySQL 8 has no such variable, so there `wait_timeout` (any idle
+        // session) is lowered instead, and MariaDB keeps its own `wait_timeout`.
         let init = format!(
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
              SET SESSION innodb_lock_wait_timeout = {lock_secs}; \
-             SET SESSION lock_wait_timeout = {lock_secs}"
+             SET SESSION lock_wait_timeout = {lock_secs} \
+             /*M! , idle_transaction_timeout = {idle_secs} */; \
+             SET SESSION wait_timeout = \
+             IF(VERSION() LIKE '%MariaDB%', @@SESSION.wait_timeout, {idle_secs})"
         );
         let pool = PoolOptions::<MySql>::new()
             .max_connections(options.max_connections.max(1))
@@ -364,7 +409,10 @@ impl Database {
             })
             .connect_with(opts)
             .await?;
-        Ok(Self::MySql(MySqlStore { pool }))
+        Ok(Self::MySql(MySqlStore {
+            pool,
+            store_timeout: options.store_timeout,
+        }))
     }
 
     /// Applies oncely's embedded migrations (idempotency tables). Safe to run from several
@@ -459,11 +507,60 @@ impl Database {
     }
 
     /// Begins a transaction: `BEGIN IMMEDIATE` on SQLite, `BEGIN` (READ COMMITTED) on
-    /// PostgreSQL and MySQL.
+    /// PostgreSQL and MySQL, within [`DbOptions::store_timeout`] there.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when no connection can be had within the acquire timeout.
+    /// [`StoreError::Unavailable`] when no connection can be had within the acquire timeout
+    /// (carrying why a new connection fails, e.g. "connection refused", when that is the
+    /// cause), [`StoreError::TimedOut`] when acquire and `BEGIN` take longer than the store
+    /// timeout.
     pub async fn begin(&self) -> Result<Tx, StoreError> {
+        self.within_store_timeout(async {
+            match self.begin_unbounded().await {
+                Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)) => {
+                    Err(self.why_no_connection().await)
+                }
+                other => other,
+            }
+        })
+        .await
+    }
+
+    /// Runs `op` within [`DbOptions::store_timeout`] on PostgreSQL and MySQL; past it, `op`
+    /// is dropped (a transaction it began is then rolled back by the server when its
+    /// session closes or the pool tests the connection). On SQLite `op` runs unbounded by
+    /// this: its waits are bounded by the acquire and busy timeouts, and a SQLite command
+    /// cancelled half way would still run on the connection's worker thread.
+    ///
+    /// # Errors
+    /// `op`'s error, or [`StoreError::TimedOut`].
+    pub async fn within_store_timeout<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let limit = match self {
+            Self::Sqlite(_) => return op.await,
+            Self::Postgres(p) => p.store_timeout,
+            Self::MySql(p) => p.store_timeout,
+        };
+        tokio::time::timeout(limit, op)
+            .await
+            .unwrap_or(Err(StoreError::TimedOut(limit)))
+    }
+
+    /// sqlx reports "pool timed out" both when every connection is busy and when none can
+    /// be opened (it retries a refused connect until the acquire deadline). One direct
+    /// connection attempt (at most 1 s) tells which, so the error names the root cause.
+    async fn why_no_connection(&self) -> StoreError {
+        let failure = match self {
+            Self::Sqlite(_) => None,
+            Self::Postgres(p) => connect_error(&p.pool).await,
+            Self::MySql(p) => connect_error(&p.pool).await,
+        };
+        StoreError::Unavailable(failure.unwrap_or(sqlx::Error::PoolTimedOut))
+    }
+
+    async fn begin_unbounded(&self) -> Result<Tx, StoreError> {
         Ok(match self {
             Self::Sqlite(s) => {
                 if s.poisoned.swap(false, Ordering::SeqCst) {
@@ -492,16 +589,25 @@ impl Database {
         }
     }
 
-    /// Checks the database answers (`SELECT 1`), for health checks.
+    /// Checks the database answers (`SELECT 1`), for health checks; within
+    /// [`DbOptions::store_timeout`] on PostgreSQL and MySQL.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when it does not.
+    /// [`StoreError::Unavailable`] when it does not (naming why a connection cannot be
+    /// opened, when that is the cause), [`StoreError::TimedOut`] when it does not answer in
+    /// time.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        crate::on_pool!(self, |p| sqlx::query("SELECT 1")
-            .execute(p)
-            .await
-            .map(|_| ()))?;
-        Ok(())
+        self.within_store_timeout(async {
+            let pinged = crate::on_pool!(self, |p| sqlx::query("SELECT 1")
+                .execute(p)
+                .await
+                .map(|_| ()));
+            match pinged {
+                Err(sqlx::Error::PoolTimedOut) => Err(self.why_no_connection().await),
+                other => Ok(other?),
+            }
+        })
+        .await
     }
 
     /// Closes every pooled connection; later calls fail with [`StoreError::Unavailable`].
@@ -538,6 +644,21 @@ impl Database {
             Self::MySql(p) => Some(&p.pool),
             Self::Sqlite(_) | Self::Postgres(_) => None,
         }
+    }
+}
+
+/// The error of one direct connection attempt with `pool`'s options (at most 1 s), or `None`
+/// when it connects (or cannot tell within the second).
+async fn connect_error<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Option<sqlx::Error> {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let opts = pool.connect_options();
+    match tokio::time::timeout(Duration::from_secs(1), opts.connect()).await {
+        Ok(Ok(conn)) => {
+            drop(conn.close().await);
+            None
+        }
+        Ok(Err(e)) => Some(e),
+        Err(_) => None,
     }
 }
 

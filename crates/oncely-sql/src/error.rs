@@ -7,6 +7,11 @@ pub enum StoreError {
     /// Transient: callers fail closed (HTTP 503 + `Retry-After`), nothing runs unprotected.
     #[error("the store is unreachable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// PostgreSQL / MySQL: the database did not answer within
+    /// [`crate::DbOptions::store_timeout`] (a frozen network path, a paused or overloaded
+    /// server). Transient, like [`StoreError::Unavailable`].
+    #[error("the store did not answer within {} ms", .0.as_millis())]
+    TimedOut(std::time::Duration),
     /// The database answered with an error.
     #[error("the store failed: {0}")]
     Database(#[source] sqlx::Error),
@@ -45,7 +50,7 @@ pub enum StoreError {
 impl StoreError {
     /// `true` when the store is unreachable (answer 503, retry later).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Unavailable(_) | Self::TimedOut(_))
     }
 }
 

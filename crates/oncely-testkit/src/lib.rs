@@ -10,7 +10,8 @@
 //!   MySQL / MariaDB databases.
 //! - `brokers` — [`amqp_url`], [`nats_url`], [`kafka_brokers`], [`service_reachable`]: broker
 //!   URLs and the skip-or-fail policy for RabbitMQ, NATS and Kafka.
-//! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut every connection on demand.
+//! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut or freeze every connection on demand,
+//!   or the one connection that sends given bytes ([`Fault`]).
 
 mod brokers;
 mod db;
@@ -18,7 +19,7 @@ mod proxy;
 
 pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
 pub use db::{mysql_url, postgres_url, require_services, TestBackend, TestDb};
-pub use proxy::FaultProxy;
+pub use proxy::{without_statement_cache, Fault, FaultProxy};
 
 /// Instantiates each listed `async fn name(db: TestDb)` once per backend, as
 /// `sqlite::name`, `postgres::name` and `mysql::name` (multi-threaded runtime, 4 workers). A backend that
@@ -51,6 +52,38 @@ macro_rules! on_every_backend {
             )*
         }
         mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::TestBackend::MySql).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// Instantiates each listed `async fn name(db: TestDb)` on the backends reached over the
+/// network, as `postgres::name` and `mysql::name` (multi-threaded runtime, 4 workers), for
+/// faults on the path to the database ([`FaultProxy`]). SQLite is embedded: it has no
+/// network path to cut or freeze, so these tests are not instantiated for it (listing them
+/// here is the statement that the combination cannot apply). Unreachable servers skip or
+/// fail as in [`on_every_backend!`].
+#[macro_export]
+macro_rules! on_network_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres_net {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(db) = $crate::TestDb::new($crate::TestBackend::Postgres).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+        mod mysql_net {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
