@@ -283,26 +283,34 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        drop(tokio::signal::ctrl_c().await);
-    };
+/// Resolves at SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is
+/// called, not when the future is first polled: a server that announced it is ready and
+/// then met a SIGTERM before its accept loop first polled the future would otherwise die
+/// of the signal's default action instead of draining.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async move {
+        #[cfg(unix)]
+        match signals {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => drop(tokio::signal::ctrl_c().await),
+        }
+        #[cfg(not(unix))]
+        drop(tokio::signal::ctrl_c().await);
+        tracing::info!("shutting down: draining in-flight requests");
     }
-    tracing::info!("shutting down: draining in-flight requests");
 }
 
 #[tokio::main]
@@ -319,13 +327,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Bench(cmd) => bench::run(cmd).await,
         Command::Relay(args) => {
             let db = args.db.connect().await?;
+            let shutdown = shutdown_signal();
             let stop = tokio_util::sync::CancellationToken::new();
             let metrics = match args.metrics_listen {
                 Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
                 None => None,
             };
             let relay = args.relay.spawn(&db, stop.clone());
-            shutdown_signal().await;
+            shutdown.await;
             stop.cancel();
             relay.await?;
             if let Some(m) = metrics {
@@ -342,6 +351,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Consume(args) => {
             let db = args.db.connect().await?;
+            let shutdown = shutdown_signal();
             let stop = tokio_util::sync::CancellationToken::new();
             let metrics = match args.metrics_listen {
                 Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
@@ -351,7 +361,7 @@ async fn main() -> anyhow::Result<()> {
                 .consumer
                 .spawn(args.name, &db, &args.broker, stop.clone())
                 .await?;
-            shutdown_signal().await;
+            shutdown.await;
             stop.cancel();
             consumer.await?;
             if let Some(m) = metrics {
@@ -387,6 +397,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         ..AppConfig::default()
     };
     let db = args.db.connect().await?;
+    let shutdown = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -421,7 +432,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 .await?,
         )
     };
-    orders::serve(listener, db, config, shutdown_signal()).await?;
+    orders::serve(listener, db, config, shutdown).await?;
     stop_relay.cancel();
     if let Some(relay) = relay {
         relay.await?;
