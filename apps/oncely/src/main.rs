@@ -227,11 +227,20 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The log filter when `ONCELY_LOG` is not set: `info`, without lapin's dump of every
+/// message RabbitMQ returns as unroutable (`warn`, about 2 KB each, payload included). The
+/// relay records the one-line reason itself (`no destination for topic …`, the row's
+/// `last_error`); `ONCELY_LOG=info,lapin::returned_messages=warn` brings the dump back.
+const DEFAULT_LOG_FILTER: &str = "info,lapin::returned_messages=off";
+
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONCELY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colour codes only for a person at a terminal; a pipe or a file gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
