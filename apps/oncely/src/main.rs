@@ -227,11 +227,14 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// The log filter when `ONCELY_LOG` is not set: `info`, without lapin's dump of every
-/// message RabbitMQ returns as unroutable (`warn`, about 2 KB each, payload included). The
-/// relay records the one-line reason itself (`no destination for topic …`, the row's
-/// `last_error`); `ONCELY_LOG=info,lapin::returned_messages=warn` brings the dump back.
-const DEFAULT_LOG_FILTER: &str = "info,lapin::returned_messages=off";
+/// The log filter when `ONCELY_LOG` is not set: `info`, without lapin's own lines. lapin
+/// logs every failed reconnection (three `ERROR` lines per attempt: "error doing IO",
+/// "Connection error", …) and dumps every message RabbitMQ returns as unroutable (`WARN`,
+/// about 2 KB each, payload included); what matters of both reaches our own errors, which
+/// the relay and the consumers log once per state change of the broker (down with the
+/// root cause, up with the outage's length) or per dead event (`no destination for topic
+/// …`, the row's `last_error`). `ONCELY_LOG=info,lapin=warn` brings lapin's lines back.
+const DEFAULT_LOG_FILTER: &str = "info,lapin=off";
 
 fn init_logging(format: LogFormat) {
     use std::io::IsTerminal as _;
