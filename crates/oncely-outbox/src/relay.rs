@@ -98,7 +98,7 @@ impl Default for RelayConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// The database failed; the round is retried after the poll interval.
+    /// The database failed; [`Relay::run`] retries after [`RelayConfig::outage`]'s backoff.
     #[error("outbox store failed: {0}")]
     Store(#[from] StoreError),
 }

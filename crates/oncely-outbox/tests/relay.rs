@@ -921,6 +921,74 @@ async fn broker_outage_longer_than_the_backoff_schedule_kills_no_event(mut h: Ha
     broker_down_through(h, &proxy, publisher).await;
 }
 
+/// The relay's own database (PostgreSQL or MariaDB, behind a [`FaultProxy`]) is cut for 5 s
+/// while the service keeps enqueueing (through its own pool): the relay waits and retries
+/// as a whole (claims and settles fail, nothing is counted), and once the database is back
+/// every event is published, none dead, none with an attempt on record.
+async fn database_outage_under_the_relay_delays_without_counting(mut h: Harness) {
+    let authority = oncely_testkit::url_authority(&h.db.url).unwrap();
+    let target = tokio::net::lookup_host(&authority)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let via = h.db.url.replacen(&authority, &proxy.addr().to_string(), 1);
+    let options = oncely_sql::DbOptions {
+        max_connections: 4,
+        acquire_timeout: Duration::from_secs(1),
+        ..oncely_sql::DbOptions::default()
+    };
+    let db = oncely_sql::Database::connect(&via, &options).await.unwrap();
+    let mut config = h
+        .relay(h.publisher.clone(), |c| {
+            c.retry.max_attempts = 3;
+            c.outage.cap = Duration::from_millis(500);
+        })
+        .config()
+        .clone();
+    config.relay_id = uuid::Uuid::new_v4().to_string();
+    let relay = spawn_relay(Relay::new(db, h.publisher.clone(), config));
+    let first: Vec<_> = (0..10)
+        .map(|i| h.event(&format!("p-{}", i % 3), i))
+        .collect();
+    h.enqueue(&first).await;
+    let mut got = h
+        .consumer
+        .collect(10, Duration::from_secs(20), Duration::ZERO)
+        .await;
+    assert_eq!(got.len(), 10);
+    proxy.cut();
+    let second: Vec<_> = (10..40)
+        .map(|i| h.event(&format!("p-{}", i % 3), i))
+        .collect();
+    let ids = h.enqueue(&second).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.restore();
+    got.extend(
+        h.consumer
+            .collect(30, Duration::from_secs(60), Duration::from_secs(1))
+            .await,
+    );
+    stop(relay).await;
+    let ids_got: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
+    for e in first.iter().chain(&second) {
+        assert!(
+            ids_got.contains(&e.message_id.to_string()),
+            "lost {}",
+            e.message_id
+        );
+    }
+    let store = h.store();
+    for id in ids {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!((row.state, row.attempts), (OutboxState::Published, 0));
+    }
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+    h.finish().await;
+}
+
 /// A tansu broker of its own (`ONCELY_TEST_TANSU`, default `tansu` on the PATH; in-memory
 /// storage) listening on a free port and advertising a [`FaultProxy`] in front of it, so
 /// every client connection runs through the proxy. Returns the proxy, the process (killed
@@ -1363,6 +1431,7 @@ matrix!(
         relay_killed_after_confirm_republishes_with_same_ids,
         broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
+        database_outage_under_the_relay_delays_without_counting,
         late_committing_rows_are_not_skipped,
     ]
 );
@@ -1377,6 +1446,7 @@ matrix!(
         relay_killed_after_confirm_republishes_with_same_ids,
         broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
+        database_outage_under_the_relay_delays_without_counting,
         late_committing_rows_are_not_skipped,
     ]
 );
@@ -1403,6 +1473,7 @@ matrix!(
         relay_killed_after_confirm_republishes_with_same_ids,
         broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
+        database_outage_under_the_relay_delays_without_counting,
         late_committing_rows_are_not_skipped,
     ]
 );
