@@ -148,7 +148,8 @@ pub enum Processed {
     /// The handler failed for the last allowed time (or the message is undecodable or
     /// [`Rejected`]): rolled back, moved to the dead-letter destination.
     DeadLettered,
-    /// The store or the broker failed before the outcome was settled: nothing
+    /// The store or the broker failed before the outcome was settled (or the consumer
+    /// was shut down while it held the delivery through a database outage): nothing
     /// acknowledged, the delivery comes back.
     StoreFailed,
 }
