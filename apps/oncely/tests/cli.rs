@@ -1162,6 +1162,210 @@ async fn serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up(t
     drop(js.delete_stream(&stream).await);
 }
 
+/// Most stderr lines `oncely relay` may write from the moment RabbitMQ is cut until every
+/// waiting event is published after it is back: the broker's two state changes (down with
+/// its cause, up with the outage's length) — whatever the number of events waiting and the
+/// length of the outage. (Before the fix: a line per event and attempt, and lapin's three
+/// lines per failed reconnection, about 45 a minute here.)
+const OUTAGE_LOG_LINES: usize = 2;
+
+/// A real `oncely relay` process (SQLite outbox, RabbitMQ through a [`FaultProxy`],
+/// defaults but a short backoff), stderr piped as in production under systemd or a
+/// container: an unroutable event first (RabbitMQ returns it twice, then it is dead), then a
+/// 60 s outage while 100 events wait. The outage costs at most [`OUTAGE_LOG_LINES`] lines,
+/// none of them lapin's dump of a returned message (off by default), no line carries
+/// colour codes (stderr is not a terminal), and `/metrics` shows the broker down during
+/// the outage and up after it. Every event is published after the outage, none dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_few_plain_lines() {
+    use lapin::options::{
+        ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+        QueueDeleteOptions,
+    };
+    use lapin::types::FieldTable;
+    let amqp = oncely_testkit::amqp_url();
+    if !oncely_testkit::service_reachable("RabbitMQ", &amqp).await {
+        return;
+    }
+    let Some(t) = TestDb::new(oncely_testkit::TestBackend::Sqlite).await else {
+        return;
+    };
+    orders::migrate(&t.db).await.unwrap();
+    let authority = oncely_testkit::url_authority(&amqp).unwrap();
+    let target = tokio::net::lookup_host(&authority)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = oncely_testkit::FaultProxy::start(target).await;
+    let proxied = amqp.replacen(&authority, &proxy.addr().to_string(), 1);
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let (exchange, topic, queue) = (
+        format!("logs.{suffix}"),
+        format!("logs.{suffix}.orders"),
+        format!("logs.{suffix}.q"),
+    );
+    let conn = lapin::Connection::connect(&amqp, oncely_broker::amqp_connection_properties())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.exchange_declare(
+        &exchange,
+        lapin::ExchangeKind::Topic,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_declare(
+        &queue,
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        &queue,
+        &exchange,
+        &topic,
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    enqueue(
+        &t,
+        &[
+            outbox_event(&format!("{topic}.nowhere"), "lost", 0),
+            outbox_event(&topic, "warm", 0),
+        ],
+    )
+    .await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["relay", "--database-url", &t.url, "--broker", "rabbitmq"])
+        .args(["--amqp-url", &proxied, "--amqp-exchange", &exchange])
+        .args(["--relay-max-attempts", "2", "--relay-backoff-base-ms", "50"])
+        .args(["--relay-backoff-cap-secs", "1", "--relay-poll-ms", "50"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .env_remove("ONCELY_LOG")
+        .env_remove("ONCELY_LOG_FORMAT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn oncely relay");
+    let lines: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    {
+        let lines = lines.clone();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || loop {
+            let mut line = Vec::new();
+            match stderr.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => lines
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&line).into_owned()),
+            }
+        });
+    }
+    let store = oncely_sql::OutboxStore::new(t.db.clone());
+    // Nothing pending, the unroutable event dead.
+    let settled = || async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = store.stats().await.unwrap();
+            if s.pending == 0 && s.dead == 1 {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "not settled: {s:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    settled().await;
+    let metrics_addr = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains("metrics on /metrics"))
+        .and_then(|l| l.split("listen=").nth(1))
+        .map(|a| a.trim().to_owned())
+        .expect("metrics address logged");
+    let broker_up = || {
+        let url = format!("http://{metrics_addr}/metrics");
+        async move {
+            let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+            text.lines()
+                .find(|l| {
+                    l.starts_with("oncely_dependency_up{")
+                        && l.contains("dependency=\"broker\"")
+                        && l.contains("component=\"relay\"")
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        }
+    };
+    assert_eq!(broker_up().await.as_deref(), Some("1"));
+    let before = lines.lock().unwrap().len();
+    proxy.cut();
+    let events: Vec<_> = (0..100)
+        .map(|i| outbox_event(&topic, &format!("p-{}", i % 10), i))
+        .collect();
+    enqueue(&t, &events).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        broker_up().await.as_deref(),
+        Some("0"),
+        "broker down in /metrics"
+    );
+    assert_eq!(store.stats().await.unwrap().pending, 100, "events wait");
+    proxy.restore();
+    settled().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(broker_up().await.as_deref(), Some("1"), "broker up again");
+    let outage = lines.lock().unwrap()[before..].to_vec();
+    assert!(Command::new("kill")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap()
+        .success());
+    wait_exit(&mut child).await;
+    let lines = lines.lock().unwrap().clone();
+    println!("{} lines during the outage:", outage.len());
+    for l in &outage {
+        print!("  {l}");
+    }
+    assert!(
+        outage.len() <= OUTAGE_LOG_LINES,
+        "{} lines for one outage (bound {OUTAGE_LOG_LINES}): {outage:#?}",
+        outage.len()
+    );
+    assert!(
+        outage.iter().any(|l| l.contains("is unavailable")),
+        "the outage is reported: {outage:#?}"
+    );
+    assert!(
+        outage.iter().any(|l| l.contains("available again")),
+        "the recovery is reported: {outage:#?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("returned us a message")),
+        "lapin's dump of a returned message is off by default"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains('\u{1b}')),
+        "no colour codes on piped stderr: {lines:#?}"
+    );
+    drop(ch.queue_delete(&queue, QueueDeleteOptions::default()).await);
+    drop(
+        ch.exchange_delete(&exchange, ExchangeDeleteOptions::default())
+            .await,
+    );
+    drop(conn.close(200, "bye").await);
+}
+
 async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
     let p = serve(&t.url);
     let dir = tempfile::tempdir().unwrap();

@@ -9,6 +9,8 @@
 //! `idempotency-key`, `traceparent`).
 //!
 //! # Layout
+//! - `health` — [`DependencyHealth`]: a dependency's up/down state as a relay or consumer
+//!   sees it (one log line per change, gauge [`DEPENDENCY_UP`]); [`error_chain`].
 //! - `message` — [`Message`], [`PublishError`], the [`Publisher`] trait and header names.
 //! - `sql` — [`SqlTransport`]: the embedded default, a queue table (`oncely_queue`) in the
 //!   same database; consumer groups with leased deliveries ([`SqlTransport::claim`],
@@ -33,6 +35,7 @@
 //!   manual offset commits after the inbox commit, a per-group retry topic with a
 //!   not-before header, a per-group dead-letter topic.
 
+mod health;
 #[cfg(feature = "kafka")]
 mod kafka;
 #[cfg(feature = "kafka")]
@@ -50,6 +53,7 @@ mod sql;
 mod sql_mysql;
 mod subscriber;
 
+pub use health::{error_chain, DependencyHealth, DEPENDENCY_UP};
 #[cfg(feature = "kafka")]
 pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
 #[cfg(feature = "kafka")]

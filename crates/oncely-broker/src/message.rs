@@ -54,9 +54,10 @@ impl Message {
     }
 }
 
-/// A message was not confirmed by the broker. The relay retries it with backoff (the same
-/// message id, so a copy that did arrive is recognised) and gives up after its attempt
-/// limit.
+/// A message was not confirmed by the broker. The relay retries it with the same message id
+/// (so a copy that did arrive is recognised): a fault of the message itself with backoff,
+/// until its attempt limit; an unavailable broker without counting, see
+/// [`PublishError::is_transient`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -83,6 +84,26 @@ pub enum PublishError {
         /// Limit, bytes.
         limit: usize,
     },
+}
+
+impl PublishError {
+    /// `true` when the failure says nothing about the message: the broker, or the way to
+    /// it, is unavailable ([`PublishError::Unavailable`]) or did not answer in time
+    /// ([`PublishError::Timeout`]). The relay does not count such a failure as an attempt of
+    /// the message and never makes a row dead for it; it keeps the rows pending and backs
+    /// off as a whole until the broker answers again (DESIGN.md: "nothing goes dead because
+    /// a dependency was down").
+    ///
+    /// A confirm timeout is transient because it is what an outage looks like from the
+    /// client (a broker that stopped answering, a half-open connection, a partition leader
+    /// that is away): the outcome is unknown, not failed, and republishing with the same
+    /// message id is safe (JetStream and Kafka de-duplicate, consumers' inboxes do the
+    /// rest). Counting it would kill every event of a long brownout. Only the message's
+    /// own faults count: [`PublishError::Rejected`], [`PublishError::Unroutable`],
+    /// [`PublishError::TooLarge`].
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Timeout(_))
+    }
 }
 
 /// A boxed future, so [`Publisher`] stays object-safe.

@@ -286,6 +286,15 @@ impl Subscriber for NatsSubscriber {
             .map_err(|e| unavailable(&e))
     }
 
+    async fn hold<'a>(&'a self, delivery: &'a Incoming<NatsHandle>) -> Result<(), SubscribeError> {
+        delivery
+            .handle
+            .message
+            .ack_with(async_nats::jetstream::AckKind::Progress)
+            .await
+            .map_err(|e| unavailable(&e))
+    }
+
     async fn retry<'a>(
         &'a self,
         delivery: &'a Incoming<NatsHandle>,

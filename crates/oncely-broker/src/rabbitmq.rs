@@ -180,7 +180,11 @@ impl RabbitMqPublisher {
             match self.open().await {
                 Ok(c) => *guard = Some(c),
                 Err(e) => {
-                    let msg = e.to_string();
+                    // The cause once: not "broker unreachable: broker unreachable: …".
+                    let msg = match e {
+                        PublishError::Unavailable(cause) => cause,
+                        other => other.to_string(),
+                    };
                     return batch
                         .iter()
                         .map(|_| Err(PublishError::Unavailable(msg.clone())))

@@ -159,6 +159,25 @@ pub trait Subscriber: Send + Sync + std::fmt::Debug + 'static {
         error: &'a str,
     ) -> impl Future<Output = Result<(), SubscribeError>> + Send + 'a;
 
+    /// Tells the broker that a delivery is still being worked on, so it is not handed out
+    /// again meanwhile: the consumer holds a message while its database is unreachable and
+    /// calls this every few seconds (at least once per `ack_wait`). JetStream: `+WPI`
+    /// (in-progress), which restarts `ack_wait`. The default does nothing: RabbitMQ keeps
+    /// an unacknowledged delivery for as long as the channel lives, the SQL transport's
+    /// lease lives in the unreachable database itself (a delivery whose lease runs out
+    /// comes again without its failure count raised).
+    ///
+    /// # Errors
+    /// [`SubscribeError`] when the broker cannot be told; the delivery may then come again
+    /// (the inbox recognises it if it was handled).
+    fn hold<'a>(
+        &'a self,
+        delivery: &'a Incoming<Self::Handle>,
+    ) -> impl Future<Output = Result<(), SubscribeError>> + Send + 'a {
+        let _ = delivery;
+        std::future::ready(Ok(()))
+    }
+
     /// Housekeeping the runtime calls every collection interval with a cut-off (Unix ms)
     /// and a batch size; returns how many items went. The SQL transport deletes fanned-out
     /// queue rows; brokers have nothing to do.

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
 use oncely_broker::{
-    BoxFuture, Incoming, ReceivedMessage, SqlSubscriber, SubscribeError, Subscriber,
+    BoxFuture, DependencyHealth, Incoming, ReceivedMessage, SqlSubscriber, SubscribeError,
+    Subscriber,
 };
 use oncely_core::{MessageId, RetryPolicy};
 use oncely_sql::{Database, InboxOutcome, InboxStore, Tx};
@@ -18,7 +19,10 @@ use crate::metrics as m;
 
 /// What a handler returns when it fails; the transaction is rolled back and the message
 /// retried (its `Display` is stored as the delivery's last error) — unless the error is a
-/// [`Rejected`], which dead-letters the message at once.
+/// [`Rejected`], which dead-letters the message at once, or says that the database is
+/// unreachable ([`oncely_sql::is_outage`] over its source chain: return the `sqlx::Error`
+/// or `StoreError` with `?`, do not turn it into text), which is no attempt of the message:
+/// the consumer holds it and runs the transaction again once the database answers.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A handler error that no retry can fix (the message cannot be decoded, it names
@@ -57,6 +61,14 @@ pub struct ConsumerConfig {
     /// Backoff (full jitter) and attempt limit for handler failures. Default: 500 ms base,
     /// 5 min cap, 10 attempts.
     pub retry: RetryPolicy,
+    /// Backoff while the database is unreachable ([`oncely_sql::is_outage`]): the message in
+    /// hand is held — not acknowledged, not retried through the broker, no attempt counted —
+    /// and its transaction runs again after [`RetryPolicy::delay`] of the `n`-th failure in
+    /// a row, for as long as the outage lasts (`max_attempts` is ignored); receiving pauses
+    /// meanwhile, and the broker's broken-connection backoff uses the same policy. Must stay
+    /// below JetStream's `ack_wait` (the hold is refreshed once per wait). Default: 100 ms
+    /// base, 5 s cap.
+    pub outage: RetryPolicy,
     /// How long inbox rows are kept; must be longer than the broker's redelivery window
     /// (a copy redelivered after it would run the effect again). Default 7 days.
     pub inbox_retention: Duration,
@@ -76,6 +88,11 @@ impl Default for ConsumerConfig {
             batch: 32,
             poll: Duration::from_millis(100),
             retry: RetryPolicy::default(),
+            outage: RetryPolicy {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(5),
+                max_attempts: u32::MAX,
+            },
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             collect_interval: Duration::from_secs(60),
             queue_retention: Duration::from_secs(3600),
@@ -131,7 +148,8 @@ pub enum Processed {
     /// The handler failed for the last allowed time (or the message is undecodable or
     /// [`Rejected`]): rolled back, moved to the dead-letter destination.
     DeadLettered,
-    /// The store or the broker failed before the outcome was settled: nothing
+    /// The store or the broker failed before the outcome was settled (or the consumer
+    /// was shut down while it held the delivery through a database outage): nothing
     /// acknowledged, the delivery comes back.
     StoreFailed,
 }
@@ -153,6 +171,10 @@ pub struct Consumer<S: Subscriber> {
     config: ConsumerConfig,
     stats: Arc<ConsumerStats>,
     skip_ack_after_commit: Option<FaultHook>,
+    database: DependencyHealth,
+    broker: DependencyHealth,
+    /// Ends the hold of messages during a database outage ([`Consumer::run`]'s shutdown).
+    stop: CancellationToken,
 }
 
 /// An inbox consumer on the SQL transport.
@@ -178,13 +200,17 @@ impl<S: Subscriber> Consumer<S> {
         handler: Arc<dyn Handler>,
         config: ConsumerConfig,
     ) -> Self {
+        let component = format!("consumer:{}", subscriber.consumer());
         Self {
+            database: DependencyHealth::database(&db, &component),
+            broker: DependencyHealth::broker(subscriber.broker(), &component),
             subscriber: Arc::new(subscriber),
             db,
             handler,
             config,
             stats: Arc::new(ConsumerStats::default()),
             skip_ack_after_commit: None,
+            stop: CancellationToken::new(),
         }
     }
 
@@ -276,22 +302,66 @@ impl<S: Subscriber> Consumer<S> {
     /// is acknowledged without the handler; a handler error rolls back and retries the
     /// delivery after a backoff for this consumer group only (or dead-letters it after the
     /// attempt limit); an undecodable delivery is dead-lettered at once.
+    ///
+    /// While the database is unreachable ([`oncely_sql::is_outage`] on the begin, the inbox
+    /// insert, the handler's error or the commit) the delivery is held: no attempt counted,
+    /// nothing settled, [`Subscriber::hold`] sent, and the transaction runs again after
+    /// [`ConsumerConfig::outage`]'s backoff until the database answers (a commit whose
+    /// outcome was lost is found by the inbox then). The outage is logged once, when it
+    /// starts and when it ends. When [`Consumer::run`]'s shutdown comes first it returns
+    /// [`Processed::StoreFailed`], the delivery unsettled, so the broker delivers it again.
     pub async fn process(&self, delivery: Incoming<S::Handle>) -> Processed {
-        let consumer = self.name();
         let message = match &delivery.message {
             Ok(m) => m,
             Err(e) => {
-                tracing::error!(consumer, error = %e, "undecodable delivery; dead-lettered");
+                tracing::error!(consumer = self.name(), error = %e, "undecodable delivery; dead-lettered");
                 let e = e.to_string();
                 return self.dead_letter(&delivery, &e).await;
             }
         };
+        let mut outage_rounds = 0u32;
+        loop {
+            let error = match self.transact(&delivery, message).await {
+                Ok(processed) => {
+                    self.database.up();
+                    return processed;
+                }
+                Err(error) => error,
+            };
+            self.database.down(&*error);
+            tracing::debug!(consumer = self.name(), message_id = %message.id, error = %error,
+                "database unreachable; holding the message");
+            if let Err(e) = self.subscriber.hold(&delivery).await {
+                tracing::debug!(consumer = self.name(), error = %e, "hold failed");
+            }
+            outage_rounds = outage_rounds.saturating_add(1);
+            let wait = self
+                .config
+                .outage
+                .delay(outage_rounds, rand::random::<f64>());
+            tokio::select! {
+                () = self.stop.cancelled() => return Processed::StoreFailed,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One run of `message`'s transaction and the settling of `delivery`. `Err`: the
+    /// database was unreachable ([`oncely_sql::is_outage`]) before the outcome was settled;
+    /// nothing was settled or counted.
+    async fn transact(
+        &self,
+        delivery: &Incoming<S::Handle>,
+        message: &ReceivedMessage,
+    ) -> Result<Processed, HandlerError> {
+        let consumer = self.name();
         let id = message.id;
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
+            Err(e) if oncely_sql::is_outage(&e) => return Err(e.into()),
             Err(e) => {
                 tracing::warn!(consumer, message_id = %id, error = %e, "cannot begin");
-                return Processed::StoreFailed;
+                return Ok(Processed::StoreFailed);
             }
         };
         match InboxStore::record(&mut tx, consumer, &id, oncely_core::now_ms()).await {
@@ -299,19 +369,22 @@ impl<S: Subscriber> Consumer<S> {
                 drop(tx.rollback().await);
                 self.count(&self.stats.duplicates, m::DUPLICATES_TOTAL);
                 tracing::debug!(consumer, message_id = %id, "duplicate skipped");
-                return match self.subscriber.ack(&delivery).await {
+                return Ok(match self.subscriber.ack(delivery).await {
                     Ok(()) => Processed::Duplicate,
                     Err(e) => {
                         tracing::warn!(consumer, message_id = %id, error = %e, "ack failed");
                         Processed::StoreFailed
                     }
-                };
+                });
             }
             Ok(_) => {}
             Err(e) => {
                 drop(tx.rollback().await);
+                if oncely_sql::is_outage(&e) {
+                    return Err(e.into());
+                }
                 tracing::warn!(consumer, message_id = %id, error = %e, "inbox insert failed");
-                return Processed::StoreFailed;
+                return Ok(Processed::StoreFailed);
             }
         }
         let started = Instant::now();
@@ -333,22 +406,29 @@ impl<S: Subscriber> Consumer<S> {
         match outcome {
             Ok(()) => {
                 if let Err(e) = tx.commit().await {
-                    // Outcome unknown: the delivery comes back and the inbox tells whether
-                    // the commit happened.
+                    // Outcome unknown: the next run (held through an outage) or the next
+                    // delivery finds out from the inbox whether the commit happened.
+                    if oncely_sql::is_outage(&e) {
+                        return Err(e.into());
+                    }
                     tracing::warn!(consumer, message_id = %id, error = %e, "commit failed");
-                    return Processed::StoreFailed;
+                    return Ok(Processed::StoreFailed);
                 }
                 self.count(&self.stats.consumed, m::CONSUMED_TOTAL);
                 if self.skip_ack_after_commit.as_ref().is_some_and(|f| f(&id)) {
-                    return Processed::CommittedNotAcknowledged;
+                    return Ok(Processed::CommittedNotAcknowledged);
                 }
-                match self.subscriber.ack(&delivery).await {
+                Ok(match self.subscriber.ack(delivery).await {
                     Ok(()) => Processed::Consumed,
                     Err(e) => {
                         tracing::warn!(consumer, message_id = %id, error = %e, "ack failed");
                         Processed::CommittedNotAcknowledged
                     }
-                }
+                })
+            }
+            Err(error) if oncely_sql::is_outage(&*error) => {
+                drop(tx.rollback().await);
+                Err(error)
             }
             Err(error) => {
                 drop(tx.rollback().await);
@@ -357,16 +437,16 @@ impl<S: Subscriber> Consumer<S> {
                 let failures = delivery.attempts.saturating_add(1);
                 if rejected || self.config.retry.exhausted(failures) {
                     tracing::error!(consumer, message_id = %id, attempts = failures, %error, "dead-lettered");
-                    self.dead_letter(&delivery, &error).await
+                    Ok(self.dead_letter(delivery, &error).await)
                 } else {
                     let delay = self.config.retry.delay(failures, rand::random::<f64>());
                     tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
-                    if let Err(e) = self.subscriber.retry(&delivery, delay, &error).await {
+                    if let Err(e) = self.subscriber.retry(delivery, delay, &error).await {
                         tracing::warn!(consumer, message_id = %id, error = %e, "retry failed");
-                        return Processed::StoreFailed;
+                        return Ok(Processed::StoreFailed);
                     }
                     self.count(&self.stats.retries, m::RETRIES_TOTAL);
-                    Processed::Retried
+                    Ok(Processed::Retried)
                 }
             }
         }
@@ -391,7 +471,9 @@ impl<S: Subscriber> Consumer<S> {
                 .increment(0);
         }
         metrics::counter!(m::COLLECTED_TOTAL, "consumer" => self.name().to_owned()).increment(0);
-        let this = Arc::new(self);
+        let mut this = self;
+        this.stop = shutdown.clone();
+        let this = Arc::new(this);
         let slots = Arc::new(Semaphore::new(this.config.concurrency.max(1)));
         let tracker = TaskTracker::new();
         tracker.spawn(collect_loop(
@@ -400,9 +482,15 @@ impl<S: Subscriber> Consumer<S> {
             this.config.clone(),
             shutdown.clone(),
         ));
-        // Consecutive receive failures (broker down): the wait doubles up to 5 s.
+        // Consecutive receive failures (broker down).
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
+            // The database is unreachable: the messages in hand are held and probe it;
+            // taking more would only add to what waits.
+            if this.database.is_down() {
+                idle(&shutdown, this.config.poll.max(Duration::from_millis(100))).await;
+                continue;
+            }
             let free = slots.available_permits();
             if free == 0 {
                 tokio::select! {
@@ -421,6 +509,7 @@ impl<S: Subscriber> Consumer<S> {
             match received {
                 Ok(deliveries) => {
                     failures = 0;
+                    this.broker.up();
                     for d in deliveries {
                         let Ok(permit) = slots.clone().acquire_owned().await else {
                             break;
@@ -433,13 +522,9 @@ impl<S: Subscriber> Consumer<S> {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(consumer = this.name(), error = %e, "receive failed");
-                    let wait = this
-                        .config
-                        .poll
-                        .saturating_mul(1 << failures.min(10))
-                        .min(Duration::from_secs(5));
+                    this.broker.down(&e);
                     failures = failures.saturating_add(1);
+                    let wait = this.config.outage.delay(failures, rand::random::<f64>());
                     idle(&shutdown, wait).await;
                 }
             }

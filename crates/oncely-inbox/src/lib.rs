@@ -10,7 +10,10 @@
 //! exponential backoff with full jitter ([`RetryPolicy`](oncely_core::RetryPolicy)); after
 //! the attempt limit it is parked as dead with its last error. A [`Rejected`] error (a
 //! message that cannot be decoded) goes dead at once; a handler panic counts as a failed
-//! attempt.
+//! attempt. An unreachable database ([`oncely_sql::is_outage`]) counts as nothing: the
+//! message is held and its transaction run again with backoff until the database answers
+//! ([`ConsumerConfig::outage`]), each state change of the database or the broker logged once
+//! and shown in the gauge [`oncely_broker::DEPENDENCY_UP`].
 //!
 //! # Layout
 //! - `consumer` — [`Consumer`] (generic over an

@@ -863,9 +863,10 @@ mod conformance {
     };
     use oncely_core::{MessageId, RetryPolicy};
     use oncely_inbox::{Consumer, ConsumerConfig, Handler, Processed};
-    use oncely_sql::Database;
+    use oncely_sql::{Database, DbOptions};
     use oncely_testkit::{
-        amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, TestBackend, TestDb,
+        amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, FaultProxy, TestBackend,
+        TestDb,
     };
     use tokio_util::sync::CancellationToken;
 
@@ -889,6 +890,14 @@ mod conformance {
         /// time after which an unacknowledged delivery comes again (SQL lease, JetStream
         /// `ack_wait`; RabbitMQ redelivers when the connection closes).
         fn subscriber(&self, group: &str, settle: Duration) -> Self::S;
+        /// The test database's URL (reaches it from another pool).
+        fn url(&self) -> &str;
+        /// As [`Fixture::subscriber`], whose store is `db` where the transport lives in the
+        /// database (the SQL transport); brokers ignore `db`.
+        fn subscriber_via(&self, db: &Database, group: &str, settle: Duration) -> Self::S {
+            let _ = db;
+            self.subscriber(group, settle)
+        }
         async fn publish(&self, batch: &[Message]);
         /// Publishes a second copy of `m` (same message id) as a republishing relay would;
         /// `false` where the transport cannot hold one (the SQL transport keeps one delivery
@@ -946,6 +955,13 @@ mod conformance {
         }
         fn subscriber(&self, group: &str, settle: Duration) -> SqlSubscriber {
             SqlSubscriber::new(self.transport.clone(), group, self.topic.clone(), settle)
+        }
+        fn url(&self) -> &str {
+            &self.t.url
+        }
+        fn subscriber_via(&self, db: &Database, group: &str, settle: Duration) -> SqlSubscriber {
+            let transport = SqlTransport::new(db.clone(), 1 << 20);
+            SqlSubscriber::new(transport, group, self.topic.clone(), settle)
         }
         async fn publish(&self, batch: &[Message]) {
             for r in self.transport.publish(batch).await {
@@ -1046,6 +1062,9 @@ mod conformance {
         }
         fn topic(&self) -> String {
             "orders".to_owned()
+        }
+        fn url(&self) -> &str {
+            &self.t.url
         }
         fn subscriber(&self, group: &str, _settle: Duration) -> RabbitMqSubscriber {
             let mut c = RabbitMqSubscriberConfig::new(amqp_url(), group, self.topic());
@@ -1157,6 +1176,9 @@ mod conformance {
         fn topic(&self) -> String {
             format!("t{}.orders", self.ns)
         }
+        fn url(&self) -> &str {
+            &self.t.url
+        }
         fn subscriber(&self, group: &str, settle: Duration) -> NatsSubscriber {
             let mut c =
                 NatsSubscriberConfig::new(nats_url(), format!("T{}", self.ns), group, self.topic());
@@ -1264,6 +1286,9 @@ mod conformance {
         }
         fn topic(&self) -> String {
             format!("t{}.orders", self.ns)
+        }
+        fn url(&self) -> &str {
+            &self.t.url
         }
         fn subscriber(&self, group: &str, _settle: Duration) -> KafkaSubscriber {
             // Kafka redelivers on a rebalance (a member leaves or times out), not after a
@@ -1634,6 +1659,95 @@ mod conformance {
         c.close().await;
     }
 
+    /// The consumer's database (PostgreSQL or MariaDB, behind a [`FaultProxy`]) is cut for
+    /// 6 s — far longer than the consumer's retry schedule (3 attempts, 20 ms doubling to
+    /// 100 ms) — while messages are mid-transaction (the handler takes 300 ms) and while
+    /// more arrive. An unreachable database is no fault of the message: nothing is counted
+    /// as an attempt, nothing is dead-lettered, and once the database is back each order
+    /// has exactly one invoice. On the SQL transport the queue lives in that same
+    /// database, so the outage also stops receiving: messages wait in the queue table and
+    /// the transactions in hand are held like on the brokers. On JetStream the settle time
+    /// (`ack_wait`) is 3 s, shorter than the outage: the held messages are kept by
+    /// in-progress acks. (Before the fix: a held-up handler insert counted as an attempt
+    /// and went dead within the schedule, and a failed begin left the delivery unsettled.)
+    pub(super) async fn database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once<
+        F: Fixture,
+    >(
+        f: &F,
+    ) {
+        let retry = RetryPolicy {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(100),
+            max_attempts: 3,
+        };
+        let authority = oncely_testkit::url_authority(f.url()).expect("database authority");
+        let target = tokio::net::lookup_host(&authority)
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        let proxy = FaultProxy::start(target).await;
+        let via = f.url().replacen(&authority, &proxy.addr().to_string(), 1);
+        let options = DbOptions {
+            max_connections: 4,
+            acquire_timeout: Duration::from_secs(1),
+            ..DbOptions::default()
+        };
+        let db = Database::connect(&via, &options)
+            .await
+            .expect("connect via proxy");
+        let handler = Arc::new(Billing {
+            delay: Duration::from_millis(300),
+            ..Billing::new("billing")
+        });
+        let mut config = config(retry);
+        config.outage.cap = Duration::from_millis(300);
+        let settle = Duration::from_secs(3);
+        let subscriber = f.subscriber_via(&db, "billing", settle);
+        let c = Consumer::new(db, subscriber, handler as Arc<dyn Handler>, config);
+        c.subscribe().await.unwrap();
+        let batch = |range: std::ops::Range<usize>| -> Vec<Message> {
+            range
+                .map(|i| message(f, &format!("o-{i}"), format!("o-{i}").as_bytes()))
+                .collect()
+        };
+        let stats = c.stats();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(c.run(shutdown.clone()));
+        f.publish(&batch(0..10)).await;
+        eventually(Duration::from_secs(20), || async {
+            invoices(f.db(), "billing").await == 10
+        })
+        .await;
+        f.publish(&batch(10..20)).await;
+        // Let the first of them begin their transactions, then cut mid-transaction.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        proxy.cut();
+        f.publish(&batch(20..30)).await;
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(stats.dead_lettered(), 0, "dead-lettered during the outage");
+        assert_eq!(stats.retries(), 0, "an outage counted as a failed attempt");
+        assert!(f.dead_letters("billing").await.is_empty());
+        proxy.restore();
+        eventually(Duration::from_secs(30), || async {
+            invoices(f.db(), "billing").await >= 30
+        })
+        .await;
+        // Redelivered copies (if any) must find the inbox row, not bill twice.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shutdown.cancel();
+        run.await.unwrap();
+        assert_eq!(
+            invoices(f.db(), "billing").await,
+            30,
+            "one invoice per order"
+        );
+        assert_eq!(distinct_orders(f.db(), "billing").await, 30);
+        assert_eq!(stats.dead_lettered(), 0);
+        assert_eq!(stats.retries(), 0);
+        assert!(f.dead_letters("billing").await.is_empty());
+    }
+
     macro_rules! on_every_broker_and_backend {
         ($($name:ident),* $(,)?) => {
             on_every_broker_and_backend!(@mod sqlite_sql, Sqlite, SqlFixture; $($name),*);
@@ -1673,5 +1787,22 @@ mod conformance {
         handler_failing_twice_then_succeeding_yields_one_invoice_after_two_delayed_retries_sent_to_that_group_only,
         always_failing_handler_ends_in_the_dead_letter_destination_with_its_error_while_others_flow,
         rejected_and_undecodable_messages_are_dead_lettered_at_once,
+    );
+
+    // A database outage needs a server to cut (not an embedded SQLite file); the SQL
+    // transport, RabbitMQ and NATS (Kafka's consumer-group timeouts are another story).
+    macro_rules! on_cuttable_backends {
+        ($($name:ident),* $(,)?) => {
+            on_every_broker_and_backend!(@mod postgres_sql_db, Postgres, SqlFixture; $($name),*);
+            on_every_broker_and_backend!(@mod postgres_rabbitmq_db, Postgres, RabbitFixture; $($name),*);
+            on_every_broker_and_backend!(@mod postgres_nats_db, Postgres, NatsFixture; $($name),*);
+            on_every_broker_and_backend!(@mod mysql_sql_db, MySql, SqlFixture; $($name),*);
+            on_every_broker_and_backend!(@mod mysql_rabbitmq_db, MySql, RabbitFixture; $($name),*);
+            on_every_broker_and_backend!(@mod mysql_nats_db, MySql, NatsFixture; $($name),*);
+        };
+    }
+
+    on_cuttable_backends!(
+        database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once,
     );
 }

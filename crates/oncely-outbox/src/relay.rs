@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_broker::{Message, PublishError, Publisher};
+use oncely_broker::{DependencyHealth, Message, PublishError, Publisher};
 use oncely_core::RetryPolicy;
 use oncely_sql::{
     ClaimedBatch, Database, OutboxEvent, OutboxRow, OutboxStore, PublishFailure, Rescheduled,
@@ -36,8 +36,19 @@ pub struct RelayConfig {
     /// Use PostgreSQL LISTEN/NOTIFY (channel `oncely_outbox`) to wake up at once when a
     /// transaction with outbox rows commits. Ignored on SQLite. Default `true`.
     pub listen: bool,
-    /// Backoff and attempt limit for failed publishes.
+    /// Backoff and attempt limit for publishes that failed through the message's own fault
+    /// (refused, unroutable, too large). A broker that is unavailable or does not confirm
+    /// in time ([`PublishError::is_transient`]) does not count: see
+    /// [`RelayConfig::outage`].
     pub retry: RetryPolicy,
+    /// Backoff of the relay as a whole while the broker or the database is unavailable: the
+    /// rows of the failed batch go back unchanged (pending, no attempt counted, no
+    /// `last_error`), and the relay waits [`RetryPolicy::delay`] after the `n`-th round in a
+    /// row that found a dependency down before it tries again (one batch is the probe).
+    /// `max_attempts` is ignored: an outage, however long, never makes an event dead.
+    /// Default: 100 ms base, 5 s cap, so events flow again within about 5 s of the
+    /// dependency's return.
+    pub outage: RetryPolicy,
     /// How long published rows are kept (for audit, and as a guard against enqueueing a
     /// published message id again) before deletion. Default zero, which keeps none: on
     /// PostgreSQL a published row is forgotten when its batch is settled — no published
@@ -69,6 +80,11 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(250),
             listen: true,
             retry: RetryPolicy::default(),
+            outage: RetryPolicy {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(5),
+                max_attempts: u32::MAX,
+            },
             retention: Duration::ZERO,
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 500,
@@ -82,7 +98,7 @@ impl Default for RelayConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// The database failed; the round is retried after the poll interval.
+    /// The database failed; [`Relay::run`] retries after [`RelayConfig::outage`]'s backoff.
     #[error("outbox store failed: {0}")]
     Store(#[from] StoreError),
 }
@@ -99,6 +115,10 @@ pub struct RoundReport {
     pub retried: usize,
     /// Rows that reached the attempt limit and went dead.
     pub dead: usize,
+    /// Rows given back untouched because the broker was unavailable (or its confirmation
+    /// timed out), or because the database failed while settling: no attempt counted, the
+    /// relay backs off as a whole ([`RelayConfig::outage`]).
+    pub deferred: usize,
 }
 
 impl RoundReport {
@@ -107,6 +127,7 @@ impl RoundReport {
         self.published += other.published;
         self.retried += other.retried;
         self.dead += other.dead;
+        self.deferred += other.deferred;
     }
 }
 
@@ -117,6 +138,13 @@ impl RoundReport {
 /// [`PublishError::TooLarge`], at once: it can never fit). Any number of relays may run against
 /// one database; each partition key has at most one event in flight, so its events reach
 /// the broker in order.
+///
+/// Only a fault of the message itself counts as an attempt. While the broker is unavailable
+/// or does not confirm in time ([`PublishError::is_transient`]), or the database fails, the
+/// rows stay pending with their attempts as they were, and the relay backs off as a whole
+/// ([`RelayConfig::outage`]); each dependency's state change is logged once (down with its
+/// root cause, up with the outage's length) and shown in the gauge
+/// [`oncely_broker::DEPENDENCY_UP`] (`component="relay"`).
 ///
 /// Delivery is at least once: a relay that dies after the broker confirmed but before it
 /// settled the rows leaves them unmarked — on PostgreSQL its row locks go with its
@@ -130,6 +158,20 @@ pub struct Relay {
     config: RelayConfig,
     fault_after_confirm: Option<FaultHook>,
     vacuum: Arc<VacuumState>,
+    health: Arc<RelayHealth>,
+}
+
+/// The relay's view of its two dependencies, shared by its clones.
+#[derive(Debug)]
+struct RelayHealth {
+    broker: DependencyHealth,
+    database: DependencyHealth,
+}
+
+impl RelayHealth {
+    fn any_down(&self) -> bool {
+        self.broker.is_down() || self.database.is_down()
+    }
 }
 
 /// Rows claimed since the last vacuum, shared by a relay's clones (its batch tasks).
@@ -155,12 +197,17 @@ impl std::fmt::Debug for FaultHook {
 impl Relay {
     /// A relay over `db`'s outbox publishing through `publisher`.
     pub fn new(db: Database, publisher: Arc<dyn Publisher>, config: RelayConfig) -> Self {
+        let health = Arc::new(RelayHealth {
+            broker: DependencyHealth::broker(publisher.name(), "relay"),
+            database: DependencyHealth::database(&db, "relay"),
+        });
         Self {
             store: OutboxStore::new(db).keep_published(!config.retention.is_zero()),
             publisher,
             config,
             fault_after_confirm: None,
             vacuum: Arc::default(),
+            health,
         }
     }
 
@@ -282,6 +329,9 @@ impl Relay {
         let mut dry = false;
         let mut claimed_any = false;
         let mut failed: Option<StoreError> = None;
+        // A batch found the broker or the database unavailable: claim no more, so the relay
+        // backs off as a whole instead of re-claiming the rows it just gave back.
+        let mut halted = false;
         // Id ranges of the batches in flight, by task number.
         let held: Arc<std::sync::Mutex<HeldRanges>> = Arc::default();
         let mut task_no = 0u64;
@@ -289,6 +339,7 @@ impl Relay {
         let mut settles = 0u64;
         loop {
             while failed.is_none()
+                && !halted
                 && !dry
                 && !shutdown.is_cancelled()
                 && in_flight < windows
@@ -371,13 +422,14 @@ impl Relay {
                 Some(Event::Settled(report)) => {
                     in_flight -= 1;
                     settles += 1;
+                    halted |= report.deferred > 0;
                     total.add(report);
                     dry = false;
                 }
                 Some(Event::ClaimFailed(e)) => {
                     claiming -= 1;
                     in_flight -= 1;
-                    tracing::warn!(error = %e, "relay claim failed");
+                    tracing::debug!(error = %e, "relay claim failed");
                     failed.get_or_insert(e);
                 }
                 Some(Event::Lost { claimed }) => {
@@ -419,6 +471,10 @@ impl Relay {
                 held,
             )
             .await;
+        match &batch {
+            Ok(_) => self.health.database.up(),
+            Err(e) => self.health.database.down(e),
+        }
         tracing::trace!(
             rows = batch.as_ref().map_or(0, |b| b.rows().len()),
             micros = started.elapsed().as_micros() as u64,
@@ -469,16 +525,34 @@ impl Relay {
         let mut attempts = std::collections::HashMap::new();
         // One registry lookup per batch, not per row.
         let latency = metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker);
+        // The first failure that is not the message's fault, and whether the broker gave any
+        // answer about a message (so it is reachable).
+        let mut unavailable: Option<PublishError> = None;
+        let mut answered = false;
         for row in batch.rows() {
             // A message over the broker's size limit never fits: dead at once.
             let (error, permanent) = match results.next() {
                 Some(Ok(())) => {
+                    answered = true;
                     ok_ids.push(row.id);
                     let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
                     latency.record(latency_ms as f64 / 1000.0);
                     continue;
                 }
-                Some(Err(e)) => (e.to_string(), matches!(e, PublishError::TooLarge { .. })),
+                Some(Err(e)) if e.is_transient() => {
+                    // Not an attempt of this message: the row goes back as it was (neither
+                    // published nor failed in `settle`), the relay backs off as a whole.
+                    metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => broker).increment(1);
+                    tracing::debug!(id = row.id, message_id = %row.event.message_id, error = %e,
+                        "publish deferred: broker unavailable");
+                    report.deferred += 1;
+                    unavailable.get_or_insert(e);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    answered = true;
+                    (e.to_string(), matches!(e, PublishError::TooLarge { .. }))
+                }
                 None => ("publisher returned no result".to_owned(), false),
             };
             let failures_so_far = row.attempts.saturating_add(1);
@@ -497,6 +571,11 @@ impl Relay {
             failure.permanent = permanent;
             failures.push(failure);
         }
+        match &unavailable {
+            Some(e) => self.health.broker.down(e),
+            None if answered => self.health.broker.up(),
+            None => {}
+        }
         match batch
             .settle(
                 &ok_ids,
@@ -507,6 +586,7 @@ impl Relay {
             .await
         {
             Ok(settled) => {
+                self.health.database.up();
                 report.published = usize::try_from(settled.published).unwrap_or(usize::MAX);
                 metrics::counter!(m::PUBLISHED_TOTAL, "broker" => broker)
                     .increment(settled.published);
@@ -541,9 +621,13 @@ impl Relay {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, rows = report.claimed,
+                // Nothing recorded: every row comes back (PostgreSQL at once, else after its
+                // lease) with its attempts as they were.
+                report.deferred = report.claimed;
+                tracing::debug!(error = %e, rows = report.claimed,
                     "could not settle the batch; its rows will be republished with the same \
                      message ids");
+                self.health.database.down(&e);
             }
         }
         tracing::trace!(
@@ -621,17 +705,33 @@ impl Relay {
         ));
         tracker.close();
         tracing::info!(relay = %self.config.relay_id, broker = self.publisher.name(), "relay running");
+        // Rounds in a row that found the broker or the database unavailable.
+        let mut outage_rounds = 0u32;
         loop {
             if shutdown.is_cancelled() {
                 break;
             }
             let busy = match self.drain_woken(&shutdown, Some(&wake)).await {
                 Ok(r) => r.claimed > 0,
+                // Logged once per state change by the database's health.
                 Err(e) => {
-                    tracing::warn!(error = %e, "relay round failed");
+                    tracing::debug!(error = %e, "relay round failed");
                     false
                 }
             };
+            if self.health.any_down() {
+                outage_rounds = outage_rounds.saturating_add(1);
+                let wait = self
+                    .config
+                    .outage
+                    .delay(outage_rounds, rand::random::<f64>());
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                continue;
+            }
+            outage_rounds = 0;
             if busy {
                 continue;
             }

@@ -364,6 +364,45 @@ impl Publisher for Jittery {
     }
 }
 
+/// Passes every batch to the real publisher and counts the failed results it returns.
+#[derive(Debug)]
+struct Observed {
+    inner: Arc<dyn Publisher>,
+    failures: std::sync::atomic::AtomicUsize,
+}
+
+impl Observed {
+    fn new(inner: Arc<dyn Publisher>) -> Self {
+        Self {
+            inner,
+            failures: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn failures(&self) -> usize {
+        self.failures.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Publisher for Observed {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [oncely_broker::Message],
+    ) -> oncely_broker::BoxFuture<'a, Vec<Result<(), oncely_broker::PublishError>>> {
+        Box::pin(async move {
+            let results = self.inner.publish(batch).await;
+            let failed = results.iter().filter(|r| r.is_err()).count();
+            self.failures
+                .fetch_add(failed, std::sync::atomic::Ordering::SeqCst);
+            results
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
 fn spawn_relay(relay: Relay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = CancellationToken::new();
     let handle = tokio::spawn(relay.run(token.clone()));
@@ -835,9 +874,13 @@ async fn relay_killed_after_confirm_republishes_with_same_ids(mut h: Harness) {
     h.finish().await;
 }
 
-/// The broker is unreachable for a while: events wait (attempts and last_error recorded,
-/// nothing dead) and all arrive once it is back.
-async fn broker_down_for_a_while_delays_without_losing(mut h: Harness) {
+/// The broker is unreachable (TCP cut) for 6 s while 40 events are enqueued — far longer
+/// than the whole backoff schedule of the relay's short configuration (3 attempts, 50 ms
+/// doubling to 1 s: all attempts are spent within about 150 ms of waiting). An unavailable
+/// broker or a confirmation timeout is not the message's fault: the relay keeps trying, no
+/// attempt is counted, nothing goes dead, and every event arrives, in partition order, once
+/// the broker is back. (Before the fix every event was dead with `attempts = 3`.)
+async fn broker_outage_longer_than_the_backoff_schedule_kills_no_event(mut h: Harness) {
     if h.broker == Broker::Kafka {
         // Kafka clients bootstrap, then connect to the broker's advertised listener, so a
         // proxy in front of the shared broker would not cut them: this run gets its own
@@ -876,6 +919,74 @@ async fn broker_down_for_a_while_delays_without_losing(mut h: Harness) {
         ),
     };
     broker_down_through(h, &proxy, publisher).await;
+}
+
+/// The relay's own database (PostgreSQL or MariaDB, behind a [`FaultProxy`]) is cut for 5 s
+/// while the service keeps enqueueing (through its own pool): the relay waits and retries
+/// as a whole (claims and settles fail, nothing is counted), and once the database is back
+/// every event is published, none dead, none with an attempt on record.
+async fn database_outage_under_the_relay_delays_without_counting(mut h: Harness) {
+    let authority = oncely_testkit::url_authority(&h.db.url).unwrap();
+    let target = tokio::net::lookup_host(&authority)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let via = h.db.url.replacen(&authority, &proxy.addr().to_string(), 1);
+    let options = oncely_sql::DbOptions {
+        max_connections: 4,
+        acquire_timeout: Duration::from_secs(1),
+        ..oncely_sql::DbOptions::default()
+    };
+    let db = oncely_sql::Database::connect(&via, &options).await.unwrap();
+    let mut config = h
+        .relay(h.publisher.clone(), |c| {
+            c.retry.max_attempts = 3;
+            c.outage.cap = Duration::from_millis(500);
+        })
+        .config()
+        .clone();
+    config.relay_id = uuid::Uuid::new_v4().to_string();
+    let relay = spawn_relay(Relay::new(db, h.publisher.clone(), config));
+    let first: Vec<_> = (0..10)
+        .map(|i| h.event(&format!("p-{}", i % 3), i))
+        .collect();
+    h.enqueue(&first).await;
+    let mut got = h
+        .consumer
+        .collect(10, Duration::from_secs(20), Duration::ZERO)
+        .await;
+    assert_eq!(got.len(), 10);
+    proxy.cut();
+    let second: Vec<_> = (10..40)
+        .map(|i| h.event(&format!("p-{}", i % 3), i))
+        .collect();
+    let ids = h.enqueue(&second).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.restore();
+    got.extend(
+        h.consumer
+            .collect(30, Duration::from_secs(60), Duration::from_secs(1))
+            .await,
+    );
+    stop(relay).await;
+    let ids_got: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
+    for e in first.iter().chain(&second) {
+        assert!(
+            ids_got.contains(&e.message_id.to_string()),
+            "lost {}",
+            e.message_id
+        );
+    }
+    let store = h.store();
+    for id in ids {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!((row.state, row.attempts), (OutboxState::Published, 0));
+    }
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+    h.finish().await;
 }
 
 /// A tansu broker of its own (`ONCELY_TEST_TANSU`, default `tansu` on the PATH; in-memory
@@ -919,7 +1030,15 @@ async fn private_tansu() -> (FaultProxy, tokio::process::Child, String) {
 }
 
 async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<dyn Publisher>) {
-    let relay = spawn_relay(h.relay(publisher, |_| {}));
+    let observed = Arc::new(Observed::new(publisher));
+    let relay = spawn_relay(h.relay(observed.clone(), |c| {
+        c.retry = RetryPolicy {
+            base: Duration::from_millis(50),
+            cap: Duration::from_secs(1),
+            max_attempts: 3,
+        };
+        c.outage.cap = Duration::from_millis(500);
+    }));
     let first: Vec<_> = (0..20)
         .map(|i| h.event(&format!("p-{}", i % 5), i))
         .collect();
@@ -934,21 +1053,21 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
         .map(|i| h.event(&format!("p-{}", i % 5), i))
         .collect();
     let ids = h.enqueue(&second).await;
-    // Wait until failures are on record.
     let store = h.store();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let row = store.get(ids[0]).await.unwrap().unwrap();
-        if row.attempts >= 2 {
-            assert!(row.last_error.is_some());
-            assert_eq!(row.state, OutboxState::Pending);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no failure recorded while down"
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        observed.failures() >= 3,
+        "the relay tried during the outage ({} failed results)",
+        observed.failures()
+    );
+    for id in &ids {
+        let row = store.get(*id).await.unwrap().unwrap();
+        assert_eq!(
+            (row.state, row.attempts),
+            (OutboxState::Pending, 0),
+            "an outage is no attempt (last error {:?})",
+            row.last_error
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     proxy.restore();
     got.extend(
@@ -985,7 +1104,7 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
     h.finish().await;
 }
 
-/// Regression (sqlite_kafka::broker_down_for_a_while_delays_without_losing was flaky): while
+/// Regression (sqlite_kafka::broker_outage_longer_than_the_backoff_schedule_kills_no_event was flaky): while
 /// the partition leader is unreachable, librdkafka times out the messages queued for it only
 /// when that broker's thread wakes up to reconnect, which its reconnect backoff can put off by
 /// up to `reconnect.backoff.max.ms` (librdkafka's default 10 s) past `message.timeout.ms`. A
@@ -1257,7 +1376,7 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
     ]
 );
@@ -1270,7 +1389,7 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
     ]
 );
@@ -1283,7 +1402,7 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
     ]
 );
@@ -1310,8 +1429,9 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
+        database_outage_under_the_relay_delays_without_counting,
         late_committing_rows_are_not_skipped,
     ]
 );
@@ -1324,8 +1444,9 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
+        database_outage_under_the_relay_delays_without_counting,
         late_committing_rows_are_not_skipped,
     ]
 );
@@ -1350,8 +1471,9 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
+        database_outage_under_the_relay_delays_without_counting,
         late_committing_rows_are_not_skipped,
     ]
 );
@@ -1363,7 +1485,7 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
         late_committing_rows_are_not_skipped,
     ]
@@ -1377,7 +1499,7 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
         late_committing_rows_are_not_skipped,
     ]
@@ -1390,7 +1512,7 @@ matrix!(
         every_created_order_yields_exactly_one_order_created,
         three_relays_keep_each_aggregates_order,
         relay_killed_after_confirm_republishes_with_same_ids,
-        broker_down_for_a_while_delays_without_losing,
+        broker_outage_longer_than_the_backoff_schedule_kills_no_event,
         poison_event_goes_dead_while_the_rest_flow,
         late_committing_rows_are_not_skipped,
     ]

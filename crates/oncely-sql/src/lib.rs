@@ -21,6 +21,9 @@
 //!   message id in the effect's transaction, retention collector).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures.
+//! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
+//!   (not "refused this transaction")? Consumers hold a message through an outage instead
+//!   of counting an attempt.
 //! - `plan` — [`PINNED_PLAN`], [`execute_pinned`], [`fetch_all_pinned`]: PostgreSQL claims
 //!   and sweeps whose plans do not change when the statistics say the table is empty.
 
@@ -29,6 +32,7 @@ mod dialect;
 mod error;
 mod idempotency;
 mod inbox;
+mod outage;
 mod outbox;
 mod outbox_mysql;
 mod plan;
@@ -40,6 +44,7 @@ pub use dialect::{in_list, sql_text, Dialect};
 pub use error::StoreError;
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};
+pub use outage::is_outage;
 pub use outbox::{
     ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, PublishFailure,
     RequeueTarget, Rescheduled, Settled,
