@@ -222,6 +222,8 @@ fn one() -> u32 {
 }
 
 /// What the draws decided for one request that is about to run its effect.
+// Four independent draws, not a state: bools are the honest shape.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Outcome {
     pub(crate) error_before: bool,
@@ -334,7 +336,7 @@ impl Faults {
         v
     }
 
-    fn apply(&self, patch: FaultPatch) -> Result<(), FaultParseError> {
+    fn apply(&self, patch: &FaultPatch) -> Result<(), FaultParseError> {
         let mut s = self.lock();
         let mut rates = s.config.rates;
         for (kind, rate) in [
@@ -392,7 +394,7 @@ async fn post_faults(State(f): State<Faults>, body: axum::body::Bytes) -> Respon
         Ok(p) => p,
         Err(e) => return bad_control(e.to_string()),
     };
-    match f.apply(patch) {
+    match f.apply(&patch) {
         Ok(()) => Json(f.snapshot()).into_response(),
         Err(e) => bad_control(e.to_string()),
     }

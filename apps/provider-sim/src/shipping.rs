@@ -192,24 +192,21 @@ impl Inner {
         stats
     }
 
-    fn authenticate(&self, headers: &HeaderMap) -> Result<(), Response> {
-        let Some(expected) = &self.api_key else {
-            return Ok(());
-        };
+    /// The 401 to answer, if the request is not authenticated.
+    fn unauthorized(&self, headers: &HeaderMap) -> Option<Response> {
+        let expected = self.api_key.as_ref()?;
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given == Some(expected.as_str()) {
-            Ok(())
-        } else {
-            Err(problem(
+        (given != Some(expected.as_str())).then(|| {
+            problem(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "Missing or invalid API key",
             )
-            .into_response())
-        }
+            .into_response()
+        })
     }
 }
 
@@ -296,23 +293,23 @@ async fn run_effect(
     res
 }
 
-/// Rate limiter and latency faults of an arriving effect request.
-async fn arrival(sim: &Inner) -> Result<(), Response> {
-    match sim.faults.on_arrival().await {
-        None => Ok(()),
-        Some(secs) => Err(problem(
+/// Rate limiter and latency faults of an arriving effect request: the 429 to answer, if any.
+async fn arrival(sim: &Inner) -> Option<Response> {
+    let secs = sim.faults.on_arrival().await?;
+    Some(
+        problem(
             StatusCode::TOO_MANY_REQUESTS,
             "rate-limited",
             "Too many requests",
         )
         .retry_after(secs)
-        .into_response()),
-    }
+        .into_response(),
+    )
 }
 
 async fn create(State(sim): State<Arc<Inner>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    if let Err(res) = sim.authenticate(&parts.headers) {
+    if let Some(res) = sim.unauthorized(&parts.headers) {
         return res;
     }
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
@@ -323,7 +320,7 @@ async fn create(State(sim): State<Arc<Inner>>, req: Request) -> Response {
         )
         .into_response();
     };
-    if let Err(res) = arrival(&sim).await {
+    if let Some(res) = arrival(&sim).await {
         return res;
     }
     let new = match validate(&sim, &body) {
@@ -362,10 +359,10 @@ fn not_found() -> Response {
 
 async fn cancel(State(sim): State<Arc<Inner>>, Path(id): Path<String>, req: Request) -> Response {
     let (parts, _) = req.into_parts();
-    if let Err(res) = sim.authenticate(&parts.headers) {
+    if let Some(res) = sim.unauthorized(&parts.headers) {
         return res;
     }
-    if let Err(res) = arrival(&sim).await {
+    if let Some(res) = arrival(&sim).await {
         return res;
     }
     if !sim.lock().shipments.iter().any(|s| s.id == id) {
@@ -396,7 +393,7 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    if let Err(res) = sim.authenticate(&headers) {
+    if let Some(res) = sim.unauthorized(&headers) {
         return res;
     }
     let s = sim.lock();
@@ -417,7 +414,7 @@ async fn get_one(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(res) = sim.authenticate(&headers) {
+    if let Some(res) = sim.unauthorized(&headers) {
         return res;
     }
     let s = sim.lock();

@@ -184,7 +184,7 @@ impl Inner {
         } else {
             String::new()
         };
-        if self.secret_keys.iter().any(|k| *k == key) {
+        if self.secret_keys.contains(&key) {
             Ok(key)
         } else {
             let tail: String = key

@@ -36,6 +36,7 @@ pub(crate) struct PaymentIntent {
 }
 
 /// A Stripe Charge: where refunds show (`amount_refunded`, `refunded`).
+#[allow(clippy::struct_excessive_bools)] // Stripe's shape
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Charge {
     id: String,
