@@ -507,7 +507,13 @@ fn search_path(query: &str, extra: &str) -> String {
 
 #[tokio::test]
 async fn search_by_metadata_finds_an_intent_only_after_the_search_lag() {
-    let (_sim, base) = payments().await;
+    // A lag long enough that even a loaded machine searches before it ends.
+    let lag = Duration::from_secs(1);
+    let sim = PaymentsSim::new(PaymentsConfig {
+        search_lag: lag,
+        ..payments_config()
+    });
+    let base = listen(sim.router()).await;
     let started = Instant::now();
     let pi = json_of(
         &parts(create(&base, None, &intent_form("inv-search")).await)
@@ -518,7 +524,7 @@ async fn search_by_metadata_finds_an_intent_only_after_the_search_lag() {
     let (s, early) = get_json(&base, &by_invoice).await;
     assert_eq!(s, 200);
     assert_eq!(early["object"], "search_result");
-    if started.elapsed() < Duration::from_millis(400) {
+    if started.elapsed() < lag {
         assert_eq!(
             early["data"],
             json!([]),
@@ -533,7 +539,7 @@ async fn search_by_metadata_finds_an_intent_only_after_the_search_lag() {
     .await;
     assert_eq!(s, 200);
 
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(lag + Duration::from_millis(50)).await;
     let (_, late) = get_json(&base, &by_invoice).await;
     assert_eq!(late["data"].as_array().unwrap().len(), 1);
     assert_eq!(late["data"][0]["id"], pi["id"]);
@@ -564,7 +570,7 @@ async fn search_by_metadata_finds_an_intent_only_after_the_search_lag() {
     for _ in 0..2 {
         create(&base, None, &intent_form("inv-search")).await;
     }
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(lag + Duration::from_millis(50)).await;
     let (_, p1) = get_json(
         &base,
         &search_path("metadata['invoice_id']:'inv-search'", "&limit=2"),
@@ -1034,4 +1040,223 @@ async fn shipping_faults_are_seen_by_the_client_exactly_as_specified() {
     )
     .await;
     assert_eq!(shipments_for(&base, "ref-after").await.len(), 1);
+}
+
+/// A `localstripe` process (PyPI's fake Stripe server), killed on drop.
+struct LocalStripe {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for LocalStripe {
+    fn drop(&mut self) {
+        drop(self.child.kill());
+        drop(self.child.wait());
+    }
+}
+
+/// A free port below 32768 (the ephemeral range is left to the kernel's own picks).
+fn free_low_port() -> u16 {
+    let start = 20_000 + (std::process::id() % 10_000) as u16;
+    (start..32_000)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below 32768")
+}
+
+/// Starts `localstripe --port N --from-scratch`, or `None` (skip) when it is not installed —
+/// a failure instead under `ONCELY_TEST_REQUIRE_SERVICES=1`.
+async fn start_localstripe() -> Option<LocalStripe> {
+    let port = free_low_port();
+    let spawned = std::process::Command::new("localstripe")
+        .args(["--port", &port.to_string(), "--from-scratch"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                !oncely_testkit::require_services(),
+                "localstripe is not installed (pip install localstripe): {e}"
+            );
+            eprintln!("SKIPPED: localstripe is not installed (pip install localstripe): {e}");
+            return None;
+        }
+    };
+    let ls = LocalStripe {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    for _ in 0..100 {
+        if reqwest::get(format!("{}/v1/payment_intents", ls.base))
+            .await
+            .is_ok()
+        {
+            return Some(ls);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("localstripe did not listen on {port} within 10 s");
+}
+
+/// The JSON type of `v`, and the value itself for the fields whose values must agree.
+fn shape(v: &Value, fields: &[&str], values: &[&str]) -> Value {
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let mut out = serde_json::Map::new();
+    for f in fields {
+        out.insert((*f).into(), kind(&v[*f]).into());
+    }
+    for f in values {
+        out.insert(format!("{f}="), v[*f].clone());
+    }
+    if let Some(id) = v["id"].as_str() {
+        out.insert(
+            "id_prefix".into(),
+            id.split('_').next().unwrap_or_default().into(),
+        );
+    }
+    Value::Object(out)
+}
+
+/// The small request sequence the payment adapter relies on, reduced to shapes.
+async fn stripe_sequence(base: &str, sk: &str) -> Vec<(&'static str, u16, Value)> {
+    let c = client();
+    let mut out = Vec::new();
+    let res = c
+        .get(format!("{base}/v1/payment_intents"))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.unwrap();
+    out.push((
+        "unauthenticated",
+        status,
+        json!(body["error"]["type"].is_string()),
+    ));
+
+    let form = [
+        ("amount", "1000"),
+        ("currency", "eur"),
+        ("confirm", "true"),
+        ("payment_method", "pm_card_visa"),
+        ("metadata[invoice_id]", "inv-compat"),
+        ("metadata[order_id]", "ord-compat"),
+    ];
+    let res = c
+        .post(format!("{base}/v1/payment_intents"))
+        .basic_auth(sk, Some(""))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let pi: Value = res.json().await.unwrap();
+    let pi_fields = ["id", "amount", "currency", "status", "metadata", "created"];
+    let pi_values = [
+        "object", "amount", "currency", "status", "metadata", "livemode",
+    ];
+    out.push(("create intent", status, shape(&pi, &pi_fields, &pi_values)));
+    let id = pi["id"].as_str().unwrap().to_owned();
+
+    let res = c
+        .get(format!("{base}/v1/payment_intents/{id}"))
+        .bearer_auth(sk)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let got: Value = res.json().await.unwrap();
+    assert_eq!(got["id"], pi["id"]);
+    out.push((
+        "retrieve intent",
+        status,
+        shape(&got, &pi_fields, &pi_values),
+    ));
+
+    let res = c
+        .get(format!("{base}/v1/payment_intents?limit=1"))
+        .bearer_auth(sk)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let list: Value = res.json().await.unwrap();
+    assert_eq!(list["data"][0]["id"], pi["id"]);
+    out.push((
+        "list intents",
+        status,
+        shape(&list, &["data", "has_more"], &["object", "has_more", "url"]),
+    ));
+
+    let res = c
+        .get(format!("{base}/v1/payment_intents/pi_missing"))
+        .bearer_auth(sk)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.unwrap();
+    out.push(("retrieve missing", status, json!(body["error"]["type"])));
+
+    let res = c
+        .post(format!("{base}/v1/refunds"))
+        .bearer_auth(sk)
+        .form(&[("payment_intent", id.as_str()), ("amount", "300")])
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let refund: Value = res.json().await.unwrap();
+    assert_eq!(refund["payment_intent"], pi["id"]);
+    out.push((
+        "refund",
+        status,
+        shape(
+            &refund,
+            &["id", "charge", "created", "metadata"],
+            &["object", "amount", "currency", "status"],
+        ),
+    ));
+
+    let res = c
+        .get(format!("{base}/v1/refunds?payment_intent={id}"))
+        .bearer_auth(sk)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let refunds: Value = res.json().await.unwrap();
+    assert_eq!(refunds["data"][0]["id"], refund["id"]);
+    out.push((
+        "list refunds",
+        status,
+        shape(
+            &refunds,
+            &["data", "has_more"],
+            &["object", "has_more", "url"],
+        ),
+    ));
+    out
+}
+
+#[tokio::test]
+async fn payments_simulator_answers_the_adapters_requests_in_the_shapes_localstripe_gives() {
+    let Some(ls) = start_localstripe().await else {
+        return;
+    };
+    let (_sim, base) = payments().await;
+    let theirs = stripe_sequence(&ls.base, "sk_test_anything").await;
+    let ours = stripe_sequence(&base, SK).await;
+    for (a, b) in theirs.iter().zip(&ours) {
+        assert_eq!(a, b, "localstripe vs provider-sim");
+    }
+    assert_eq!(theirs.len(), ours.len());
 }
