@@ -18,7 +18,7 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::faults::{FaultConfig, FaultKind, Faults};
+use crate::faults::{FaultConfig, FaultKind, Faults, Outcome};
 use params::{Answer, ApiError, EffectRequest, NewIntent, NewRefund, Params};
 use store::{page, Cursor, Lookup, Store};
 
@@ -223,6 +223,80 @@ impl Inner {
     }
 }
 
+/// What one effect request came to, under the account's lock.
+#[derive(Debug)]
+enum Executed {
+    /// The effect ran (or an `error_before` fault stood in for it): the answer, and the
+    /// after-effect faults still to apply.
+    Ran(Answer, Outcome),
+    /// The stored answer under the key, and the id of the request that stored it.
+    Replay(Answer, String),
+    /// The key was first used with other parameters or on another endpoint.
+    Mismatch(ApiError),
+}
+
+impl Inner {
+    /// Looks the key up, runs the effect with the effect faults and stores the answer under
+    /// the key — one critical section, so two requests with one key run the effect once.
+    fn execute(
+        &self,
+        scope: &str,
+        key: Option<&str>,
+        path: &'static str,
+        params: &Params,
+        request: EffectRequest,
+    ) -> Executed {
+        let mut store = self.lock();
+        if let Some(k) = key {
+            match store.lookup(scope, k, path, params) {
+                Lookup::New => {}
+                Lookup::Replay(stored) => {
+                    let replay = Executed::Replay(stored.answer.clone(), stored.request_id.clone());
+                    store.counts.replayed += 1;
+                    return replay;
+                }
+                Lookup::Mismatch => {
+                    store.counts.idempotency_errors += 1;
+                    return Executed::Mismatch(ApiError::new(StatusCode::BAD_REQUEST, "idempotency_error", format!(
+                        "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{k}' if you meant to execute a different request."
+                    )));
+                }
+            }
+        }
+        store.counts.executed += 1;
+        let outcome = self.faults.on_effect();
+        let mut answer = if outcome.error_before {
+            ApiError::api().answer()
+        } else {
+            match request {
+                EffectRequest::Intent(new) => store.create_intent(new),
+                EffectRequest::Refund(new) => store.create_refund(new),
+            }
+        };
+        if outcome.error_after {
+            answer = ApiError::api().answer();
+        }
+        if let Some(k) = key {
+            store.remember(scope, k, path, params, answer.clone(), self.request_id());
+        }
+        Executed::Ran(answer, outcome)
+    }
+
+    /// Stripe's 429 with `Retry-After`.
+    fn rate_limited(&self, secs: u32) -> Response {
+        let e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "invalid_request_error",
+            "Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.",
+        )
+        .code("rate_limit");
+        let mut res = self.respond(&e.answer(), None, None);
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        res
+    }
+}
+
 /// `Idempotency-Key`: up to 255 characters (Stripe); `Ok(None)` when absent.
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
@@ -262,16 +336,7 @@ async fn effect(sim: &Inner, req: Request, path: &'static str) -> Response {
         );
     };
     if let Some(secs) = sim.faults.on_arrival().await {
-        let e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "invalid_request_error",
-            "Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.",
-        )
-        .code("rate_limit");
-        let mut res = sim.respond(&e.answer(), None, None);
-        res.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        return res;
+        return sim.rate_limited(secs);
     }
     let params = Params::parse(&body);
     let key = match idempotency_key(&parts.headers) {
@@ -286,44 +351,12 @@ async fn effect(sim: &Inner, req: Request, path: &'static str) -> Response {
         Ok(r) => r,
         Err(e) => return sim.respond(&e.answer(), key.as_deref(), None),
     };
-    let (answer, outcome) = {
-        let mut store = sim.lock();
-        if let Some(k) = &key {
-            match store.lookup(&scope, k, path, &params) {
-                Lookup::New => {}
-                Lookup::Replay(stored) => {
-                    let (answer, original) = (stored.answer.clone(), stored.request_id.clone());
-                    store.counts.replayed += 1;
-                    drop(store);
-                    return sim.respond(&answer, Some(k), Some(&original));
-                }
-                Lookup::Mismatch => {
-                    store.counts.idempotency_errors += 1;
-                    drop(store);
-                    let e = ApiError::new(StatusCode::BAD_REQUEST, "idempotency_error", format!(
-                        "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{k}' if you meant to execute a different request."
-                    ));
-                    return sim.respond(&e.answer(), Some(k), None);
-                }
-            }
+    let (answer, outcome) = match sim.execute(&scope, key.as_deref(), path, &params, request) {
+        Executed::Ran(answer, outcome) => (answer, outcome),
+        Executed::Replay(answer, original) => {
+            return sim.respond(&answer, key.as_deref(), Some(&original));
         }
-        store.counts.executed += 1;
-        let outcome = sim.faults.on_effect();
-        let mut answer = if outcome.error_before {
-            ApiError::api().answer()
-        } else {
-            match request {
-                EffectRequest::Intent(new) => store.create_intent(new),
-                EffectRequest::Refund(new) => store.create_refund(new),
-            }
-        };
-        if outcome.error_after {
-            answer = ApiError::api().answer();
-        }
-        if let Some(k) = &key {
-            store.remember(&scope, k, path, &params, answer.clone(), sim.request_id());
-        }
-        (answer, outcome)
+        Executed::Mismatch(e) => return sim.respond(&e.answer(), key.as_deref(), None),
     };
     if outcome.late_after {
         tokio::time::sleep(sim.faults.late()).await;
