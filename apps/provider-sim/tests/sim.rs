@@ -1260,3 +1260,54 @@ async fn payments_simulator_answers_the_adapters_requests_in_the_shapes_localstr
     }
     assert_eq!(theirs.len(), ours.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_with_one_key_create_one_intent_and_the_rest_replay_it() {
+    let (sim, base) = payments().await;
+    let form = intent_form("inv-concurrent");
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (base, form) = (base.clone(), form.clone());
+            tokio::spawn(async move { parts(create(&base, Some("key-c"), &form).await).await })
+        })
+        .collect();
+    let mut bodies = HashSet::new();
+    let mut replays = 0;
+    for t in tasks {
+        let (status, replayed, body) = t.await.unwrap();
+        assert_eq!(status, 200);
+        replays += usize::from(replayed);
+        bodies.insert(body);
+    }
+    assert_eq!(
+        (bodies.len(), replays),
+        (1, 15),
+        "one execution, 15 byte-equal replays"
+    );
+    assert_eq!(intents_for(&base, "inv-concurrent").await, 1);
+    assert_eq!(sim.stats().requests.executed, 1);
+}
+
+#[tokio::test]
+async fn fault_rates_given_at_start_apply_to_effects_and_never_to_lookups() {
+    let mut config = payments_config();
+    config.faults.rates.set(FaultKind::RateLimit, 1.0).unwrap();
+    let sim = PaymentsSim::new(config);
+    let base = listen(sim.router()).await;
+    for i in 0..5 {
+        let res = create(&base, Some(&format!("key-s{i}")), &intent_form("inv-start")).await;
+        assert_eq!(res.status(), 429);
+    }
+    let (s, list) = get_json(&base, "/v1/payment_intents").await;
+    assert_eq!((s, list["data"].clone()), (200, json!([])));
+    let (s, _) = get_json(&base, &search_path("status:'succeeded'", "")).await;
+    assert_eq!(s, 200);
+    let st = sim.stats();
+    assert_eq!(
+        (
+            st.payment_intents,
+            st.faults_injected[&FaultKind::RateLimit]
+        ),
+        (0, 5)
+    );
+}
