@@ -10,12 +10,14 @@
 //! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
+//! - `oncely sim payments|shipping` — a provider simulator (logic in `provider-sim`).
 
 mod bench;
 mod bench_inbox;
 mod bench_relay;
 mod consume_cmd;
 mod relay_cmd;
+mod sim_cmd;
 mod verify_cmd;
 
 use std::net::SocketAddr;
@@ -66,6 +68,8 @@ enum Command {
     Inbox(InboxArgs),
     /// Check that an HTTP endpoint is idempotent under retries (key handling, S1-S4, scope).
     Verify(verify_cmd::VerifyArgs),
+    /// Run a provider simulator (Stripe v1 subset or keyless shipping) with fault injection.
+    Sim(sim_cmd::SimArgs),
 }
 
 #[derive(Debug, Args)]
@@ -361,6 +365,7 @@ async fn main() -> anyhow::Result<()> {
             consume_cmd::inbox(args.db.connect_existing().await?, args.command).await
         }
         Command::Verify(args) => verify_cmd::run(&args).await,
+        Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
         Command::Consume(args) => {
             let db = args.db.connect().await?;
             let shutdown = shutdown_signal();

@@ -454,6 +454,72 @@ async fn operator_commands_on_a_database_without_the_schema_fail_and_create_noth
     }
 }
 
+/// `oncely sim payments` serves the Stripe subset on the address it prints: one confirmed
+/// PaymentIntent is created with the configured secret key and counted at the provider.
+#[tokio::test]
+async fn sim_payments_command_prints_its_address_and_creates_one_intent() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["sim", "payments", "--listen", "127.0.0.1:0"])
+        .args(["--secret-key", "sk_test_cli_sim", "--search-lag-ms", "0"])
+        .args(["--fault", "error_after=0", "--seed", "7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn oncely sim");
+    let stdout = child.stdout.take().unwrap();
+    let p = Proc {
+        child,
+        base: String::new(),
+    };
+    let line = BufReader::new(stdout)
+        .lines()
+        .next()
+        .expect("oncely sim exited before listening")
+        .unwrap();
+    let addr = line
+        .strip_prefix("payments simulator listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let res = client
+        .post(format!("{base}/v1/payment_intents"))
+        .bearer_auth("sk_test_cli_sim")
+        .header("Idempotency-Key", "cli-sim-1")
+        .form(&[
+            ("amount", "1250"),
+            ("currency", "eur"),
+            ("confirm", "true"),
+            ("payment_method", "pm_card_visa"),
+            ("metadata[invoice_id]", "inv-cli"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let pi: Value = res.json().await.unwrap();
+    assert_eq!(pi["status"], "succeeded");
+    assert_eq!(pi["metadata"]["invoice_id"], "inv-cli");
+    let found: Value = client
+        .get(format!("{base}/v1/payment_intents/search"))
+        .query(&[("query", "metadata['invoice_id']:'inv-cli'")])
+        .bearer_auth("sk_test_cli_sim")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(found["data"][0]["id"], pi["id"]);
+    let stats: Value = reqwest::get(format!("{base}/_sim/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["payment_intents"], 1);
+    drop(p);
+}
+
 /// A key given twice in `--api-keys` would authenticate whichever tenant came last: start-up
 /// stops with a message naming the entries, never the key.
 #[tokio::test]
