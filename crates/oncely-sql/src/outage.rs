@@ -18,8 +18,7 @@ pub fn is_outage(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(e) = next {
         if e.downcast_ref::<sqlx::Error>().is_some_and(sqlx_outage)
-            || e
-                .downcast_ref::<crate::StoreError>()
+            || e.downcast_ref::<crate::StoreError>()
                 .is_some_and(|s| matches!(s, crate::StoreError::TimedOut(_)))
         {
             return true;
@@ -60,7 +59,9 @@ mod tests {
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert!(is_outage(&StoreError::from(sqlx::Error::Io(refused))));
         assert!(!is_outage(&StoreError::from(sqlx::Error::RowNotFound)));
-        assert!(is_outage(&StoreError::TimedOut(std::time::Duration::from_secs(1))));
+        assert!(is_outage(&StoreError::TimedOut(
+            std::time::Duration::from_secs(1)
+        )));
         let text: Box<dyn std::error::Error + Send + Sync> = "pool timed out".into();
         assert!(!is_outage(&*text));
     }
