@@ -76,6 +76,7 @@ pub(crate) async fn read_body(
         return next.run(req).await;
     }
     if hint.lower() > limits.max_body as u64 {
+        linger(req.into_body(), limits.deadline).await;
         return too_large(limits.max_body);
     }
     let Ok(reserved) = limits
@@ -94,10 +95,12 @@ pub(crate) async fn read_body(
         );
     };
     let (parts, body) = req.into_parts();
-    let read = Limited::new(body, limits.max_body).collect();
+    let mut body = body;
+    let read = Limited::new(&mut body, limits.max_body).collect();
     let bytes = match tokio::time::timeout(limits.deadline, read).await {
         Ok(Ok(collected)) => collected.to_bytes(),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            linger(body, limits.deadline).await;
             return too_large(limits.max_body);
         }
         Ok(Err(_)) => {
@@ -128,6 +131,33 @@ pub(crate) async fn read_body(
         .await;
     drop(reserved);
     res
+}
+
+/// Most bytes of a refused body read and thrown away before the 413 ([`linger`]).
+const LINGER_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Longest wait for the rest of a refused body before the 413 ([`linger`]).
+const LINGER_FOR: Duration = Duration::from_secs(5);
+
+/// Reads and discards what is left of a body the server refuses — at most [`LINGER_BYTES`],
+/// within [`LINGER_FOR`] or `deadline`, whichever is shorter — so that the client, which is
+/// still writing it, reads the 413 instead of a broken pipe: closing a connection whose
+/// request body is unread makes the client's next write fail before it reads the answer (a
+/// `reqwest` client sending 4 MiB got `BrokenPipe`). Nothing is buffered. nginx's
+/// `lingering_close` does the same for the same reason.
+async fn linger(mut body: Body, deadline: Duration) {
+    let drain = async {
+        let mut seen = 0u64;
+        while seen < LINGER_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_FOR.min(deadline), drain).await;
 }
 
 /// The idempotency layer's own 413 (same type, title and detail), answered here before the
