@@ -80,46 +80,32 @@ pub(crate) fn is_mysql_lock_conflict(e: &sqlx::Error) -> bool {
     matches!(mysql_error_number(e), Some(1205 | 1213))
 }
 
-/// Connection-level failures: I/O, TLS, pool exhaustion or shutdown, protocol breakage,
-/// and server errors of SQLSTATE class 08 (connection exception) or 57P0x (shutdown).
+/// Transient failures, answered 503: the database is unreachable
+/// ([`crate::outage::sqlx_outage`]: I/O, TLS, pool exhaustion or shutdown, protocol
+/// breakage, connection-class SQLSTATEs), or it gave up on this transaction for a reason
+/// that a later retry does not share — a lock wait or statement timeout, a deadlock, a
+/// serialization failure, an interrupted statement, SQLite busy/locked/I/O/full/can't-open.
 fn is_unreachable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => {
-            if let Some(n) = mysql_error_number(e) {
-                // MySQL / MariaDB: too many connections (1040), shutdown in progress (1053),
-                // lock wait timeout (1205), deadlock (1213), query interrupted (1317),
-                // connection killed (MariaDB 1927), statement time limit (MariaDB 1969,
-                // MySQL 3024), idle session closed by the server (MySQL 4031); plus
-                // SQLSTATE class 08 below (1040, 1053, lost connections).
-                if matches!(
-                    n,
-                    1040 | 1053 | 1205 | 1213 | 1317 | 1927 | 1969 | 3024 | 4031
-                ) {
-                    return true;
-                }
-            }
-            let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
-            db.code().is_some_and(|c| {
-                // PostgreSQL: connection exception (08), shutdown (57P0x), too many
-                // connections (53300), lock_timeout (55P03), statement_timeout (57014),
-                // serialization failure (40001), deadlock (40P01): all transient, retry
-                // later. MySQL: 08xxx and 40001 (deadlock) too.
-                // SQLite (primary result code = extended code & 0xff): BUSY (5), LOCKED (6),
-                // IOERR (10), FULL (13), CANTOPEN (14).
-                c.starts_with("08")
-                    || c.starts_with("57P0")
-                    || matches!(c.as_ref(), "53300" | "55P03" | "57014" | "40001" | "40P01")
-                    || (sqlite
-                        && c.parse::<i32>()
-                            .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14)))
-            })
-        }
-        _ => false,
+    if crate::outage::sqlx_outage(e) {
+        return true;
     }
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    // MySQL / MariaDB: lock wait timeout (1205), deadlock (1213), query interrupted (1317),
+    // statement time limit (MariaDB 1969, MySQL 3024).
+    if matches!(mysql_error_number(e), Some(1205 | 1213 | 1317 | 1969 | 3024)) {
+        return true;
+    }
+    let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
+    db.code().is_some_and(|c| {
+        // PostgreSQL: lock_timeout (55P03), statement_timeout (57014), serialization
+        // failure (40001), deadlock (40P01). MySQL: 40001 (deadlock) too.
+        // SQLite (primary result code = extended code & 0xff): BUSY (5), LOCKED (6),
+        // IOERR (10), FULL (13), CANTOPEN (14).
+        matches!(c.as_ref(), "55P03" | "57014" | "40001" | "40P01")
+            || (sqlite
+                && c.parse::<i32>()
+                    .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14)))
+    })
 }

@@ -28,7 +28,8 @@ pub fn is_outage(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn sqlx_outage(e: &sqlx::Error) -> bool {
+/// The database could not be reached, as one [`sqlx::Error`] says it (see [`is_outage`]).
+pub(crate) fn sqlx_outage(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
