@@ -1680,14 +1680,7 @@ mod conformance {
             cap: Duration::from_millis(100),
             max_attempts: 3,
         };
-        let authority = oncely_testkit::url_authority(f.url()).expect("database authority");
-        let target = tokio::net::lookup_host(&authority)
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
-        let proxy = FaultProxy::start(target).await;
-        let via = f.url().replacen(&authority, &proxy.addr().to_string(), 1);
+        let (proxy, via) = FaultProxy::in_front_of(f.url()).await;
         let options = DbOptions {
             max_connections: 4,
             acquire_timeout: Duration::from_secs(1),

@@ -926,14 +926,7 @@ async fn broker_outage_longer_than_the_backoff_schedule_kills_no_event(mut h: Ha
 /// as a whole (claims and settles fail, nothing is counted), and once the database is back
 /// every event is published, none dead, none with an attempt on record.
 async fn database_outage_under_the_relay_delays_without_counting(mut h: Harness) {
-    let authority = oncely_testkit::url_authority(&h.db.url).unwrap();
-    let target = tokio::net::lookup_host(&authority)
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = FaultProxy::start(target).await;
-    let via = h.db.url.replacen(&authority, &proxy.addr().to_string(), 1);
+    let (proxy, via) = FaultProxy::in_front_of(&h.db.url).await;
     let options = oncely_sql::DbOptions {
         max_connections: 4,
         acquire_timeout: Duration::from_secs(1),

@@ -94,7 +94,10 @@ fn is_unreachable(e: &sqlx::Error) -> bool {
     };
     // MySQL / MariaDB: lock wait timeout (1205), deadlock (1213), query interrupted (1317),
     // statement time limit (MariaDB 1969, MySQL 3024).
-    if matches!(mysql_error_number(e), Some(1205 | 1213 | 1317 | 1969 | 3024)) {
+    if matches!(
+        mysql_error_number(e),
+        Some(1205 | 1213 | 1317 | 1969 | 3024)
+    ) {
         return true;
     }
     let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
