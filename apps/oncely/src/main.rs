@@ -204,6 +204,10 @@ struct ServeArgs {
     /// deadline; 408 past it).
     #[arg(long, env = "ONCELY_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
     body_read_timeout_secs: u64,
+    /// Seconds a response write may stall (the client not reading) before the connection
+    /// is closed.
+    #[arg(long, env = "ONCELY_WRITE_TIMEOUT_SECS", default_value_t = 30)]
+    write_timeout_secs: u64,
     /// Most connections served at once; more wait in the listen backlog.
     #[arg(long, env = "ONCELY_MAX_CONNECTIONS", default_value_t = 512)]
     max_connections: usize,
@@ -409,6 +413,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         events_topic: args.events_topic.clone(),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
         body_read_timeout: Duration::from_secs(args.body_read_timeout_secs.max(1)),
+        write_timeout: Duration::from_secs(args.write_timeout_secs.max(1)),
         max_connections: args.max_connections.max(1),
         max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
         ..AppConfig::default()

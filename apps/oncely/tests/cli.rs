@@ -2144,6 +2144,63 @@ mod slow_clients {
         assert_eq!(created.0, 201);
     }
 
+    /// Opens a connection with a 1 KiB receive buffer and pipelines `GET /metrics` on it
+    /// until the server stops taking requests (its answers are never read, so its writes
+    /// stall and it stops reading); returns the stream, still open and unread.
+    async fn never_reading(addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        let request = b"GET /metrics HTTP/1.1\r\nhost: oncely\r\n\r\n";
+        while let Ok(Ok(())) =
+            tokio::time::timeout(Duration::from_secs(1), s.write_all(request)).await
+        {}
+        s
+    }
+
+    /// Clients that send requests and never read the answers (issue 14's tester: 520 of them
+    /// locked every other client out for 70+ s, past every read deadline): with the
+    /// connection cap at 8, eight such clients fill it, and a ninth client is still served
+    /// once the server's stalled writes pass the write timeout and their connections close.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clients_that_never_read_their_answers_lose_their_connections_after_the_write_timeout()
+    {
+        const WRITE_TIMEOUT_SECS: u64 = 3;
+        let t = TestDb::new(TestBackend::Sqlite).await.unwrap();
+        let p = serve_with_env(
+            &t.url,
+            &["--no-relay", "--no-consumer"],
+            &[
+                ("ONCELY_MAX_CONNECTIONS", "8"),
+                ("ONCELY_WRITE_TIMEOUT_SECS", "3"),
+            ],
+        );
+        let held =
+            futures_util::future::join_all((0..8).map(|_| never_reading(addr(&p.base)))).await;
+        let started = Instant::now();
+        let client = reqwest::Client::new();
+        let probe = tokio::time::timeout(Duration::from_secs(WRITE_TIMEOUT_SECS + 15), async {
+            loop {
+                let answer = client
+                    .get(format!("{}/healthz", p.base))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await;
+                if let Ok(r) = answer {
+                    return r.status();
+                }
+            }
+        })
+        .await
+        .expect("a new client is served within the write timeout + 15 s");
+        assert_eq!(probe, 200);
+        eprintln!(
+            "8 never-reading clients held the cap; a new client served after {:?}",
+            started.elapsed()
+        );
+        drop(held);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_body_trickled_a_byte_per_quarter_second_is_cut_at_the_body_deadline() {
         let t = TestDb::new(TestBackend::Sqlite).await.unwrap();

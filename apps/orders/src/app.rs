@@ -199,7 +199,9 @@ pub async fn serve(
 /// The HTTP/1.1 accept loop. `axum::serve` would do, but it gives hyper no timer, so a
 /// client that sends its headers one byte at a time holds a connection forever (slowloris);
 /// this loop runs each connection with hyper-util's builder, a Tokio timer and
-/// `header_read_timeout`. It accepts only while it holds one of `max_connections` slots
+/// `header_read_timeout`, its socket wrapped so that a write stalled for `write_timeout`
+/// fails and ends the connection (`tokio-io-timeout`; hyper has no write timeout). It
+/// accepts only while it holds one of `max_connections` slots
 /// (a semaphore permit, as mini-redis does), so at the cap new connections wait in the
 /// listen backlog. On `shutdown` it stops accepting, lets every connection finish its
 /// request in flight (hyper's graceful shutdown) and returns when all are closed.
@@ -213,6 +215,7 @@ async fn serve_http(
     use tower::ServiceExt as _;
 
     let header_read_timeout = config.header_read_timeout;
+    let write_timeout = config.write_timeout;
     let slots = Arc::new(tokio::sync::Semaphore::new(
         config
             .max_connections
@@ -239,6 +242,9 @@ async fn serve_http(
             },
         };
         drop(stream.set_nodelay(true));
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(write_timeout));
+        let stream = Box::pin(stream);
         let service =
             hyper_util::service::TowerToHyperService::new(app.clone().map_request(
                 |r: http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new),

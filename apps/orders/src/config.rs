@@ -29,6 +29,11 @@ pub struct AppConfig {
     /// its head: a total deadline, not an idle timeout, so a body trickled a byte at a time
     /// is cut too. Past it the client gets 408 and the connection closes. Default 30 s.
     pub body_read_timeout: Duration,
+    /// How long a write of a response may stall — the client not taking its bytes, its
+    /// receive window full — before [`crate::serve`] closes the connection. Without it a
+    /// client that sends requests and never reads the answers holds its connection, and at
+    /// [`AppConfig::max_connections`] of them nobody else is served. Default 30 s.
+    pub write_timeout: Duration,
     /// Most connections served at once. At the cap the server stops accepting (new
     /// connections wait in the kernel's listen backlog) until one closes. Default 512,
     /// below the usual 1024 file-descriptor soft limit with room for the database pools and
@@ -53,6 +58,7 @@ impl Default for AppConfig {
             events_topic: crate::ORDERS_TOPIC.to_owned(),
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
             max_connections: 512,
             max_body_bytes_in_flight: 64 * 1024 * 1024,
         }
