@@ -358,8 +358,13 @@ pub(crate) async fn create_order(
 pub(crate) async fn get_order(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    // An id that is not UTF-8 (`%ff`) names no order: the same 404 problem, instead of
+    // axum's plain-text 400.
+    let Ok(Path(id)) = id else {
+        return Problem::new(StatusCode::NOT_FOUND, "not-found", "No such order").into_response();
+    };
     let sql = format!(
         "{} WHERE id = $1 AND tenant = $2",
         select_order(matches!(db, Database::MySql(_)))

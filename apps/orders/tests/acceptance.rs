@@ -157,6 +157,7 @@ on_every_backend!(
     store_unreachable_answers_503_and_runs_nothing,
     healthz_and_metrics_answer,
     healthz_with_the_database_unreachable_names_no_driver_error,
+    unknown_and_undecodable_order_ids_are_404_problems,
     ambiguous_or_unsupported_bodies_are_rejected_and_not_stored,
     bodies_over_two_mebibytes_within_the_bound_are_not_a_stored_413,
     a_held_lock_on_the_idempotency_table_is_503_not_500,
@@ -827,6 +828,30 @@ async fn connection_lost_inside_the_handler_is_503_store_unavailable_and_the_ret
         assert_eq!(b.status, StatusCode::CREATED, "{needle}: the retry runs");
         assert!(!b.replayed);
         assert_eq!(count_orders(&t.db, &ext).await, 1, "{needle}: one order");
+    }
+}
+
+/// `GET /v1/orders/{id}` for an id that does not exist, or is not UTF-8 once decoded
+/// (`%ff`, `%C3%28`), answers the same 404 problem — not axum's plain-text 400 (found by a
+/// break run of issue 14).
+async fn unknown_and_undecodable_order_ids_are_404_problems(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    for id in ["no-such-order", "%ff", "%C3%28"] {
+        let res = s
+            .client
+            .get(format!("{}/v1/orders/{id}", s.base))
+            .bearer_auth(KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{id}");
+        assert_eq!(
+            res.headers()["content-type"],
+            "application/problem+json",
+            "{id}"
+        );
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(v["type"], "urn:oncely:problem:not-found", "{id}");
     }
 }
 
