@@ -304,11 +304,14 @@ async fn refused_connections_are_reported_as_refused_and_answered_503_without_dr
     drop(proxy);
     let error = db.begin().await.unwrap_err().to_string();
     eprintln!("begin failed: {error}");
-    assert!(
-        error.contains("refused") && !error.contains("pool timed out"),
-        "{error}"
-    );
-    assert_eq!(error.matches("refused").count(), 1, "once: {error}");
+    // The root cause is a new connection refused, or — when the pool still held an idle
+    // connection from before the cut — that connection reset (seen in CI).
+    let cause = ["refused", "reset"]
+        .into_iter()
+        .find(|c| error.contains(c))
+        .unwrap_or_else(|| panic!("no root cause in {error}"));
+    assert!(!error.contains("pool timed out"), "{error}");
+    assert_eq!(error.matches(cause).count(), 1, "once: {error}");
     let res = app.post("/flaky", "k-refused", "{}").await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["retry-after"], "1");
@@ -316,7 +319,7 @@ async fn refused_connections_are_reported_as_refused_and_answered_503_without_dr
     let p: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(p["type"], "urn:oncely:problem:store-unavailable");
     assert!(
-        !body.contains("refused") && !body.contains("os error"),
+        !body.contains("refused") && !body.contains("reset") && !body.contains("os error"),
         "{body}"
     );
 }
