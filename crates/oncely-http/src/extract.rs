@@ -71,7 +71,7 @@ impl IntoResponse for TxRejection {
     fn into_response(self) -> Response {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "no-transaction",
+            crate::problem::kind::NO_TRANSACTION,
             "The route is not wrapped by the idempotency or transaction layer",
         )
         .into_response()

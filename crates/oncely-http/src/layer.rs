@@ -20,6 +20,8 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::cache::{ReplayCache, Settled};
 use crate::extract::{IdempotencyContext, TxSlot};
+use crate::metrics as metric;
+use crate::problem::kind;
 use crate::{IdempotencyConfig, Problem, StoreFailure};
 
 /// `Idempotent-Replayed`: sent as `true` on every replayed answer.
@@ -54,17 +56,8 @@ impl IdempotencyLayer {
     pub fn new(store: IdempotencyStore, config: IdempotencyConfig) -> Self {
         // Counters show 0 from the start, so `rate()` and alerts see them before the first
         // event.
-        for name in [
-            "oncely_idempotency_replays_total",
-            "oncely_idempotency_replay_cache_hits_total",
-            "oncely_idempotency_executions_total",
-            "oncely_idempotency_fingerprint_mismatches_total",
-            "oncely_idempotency_unknown_total",
-            "oncely_idempotency_in_flight_total",
-            "oncely_idempotency_outcome_unknown_total",
-            "oncely_idempotency_store_unavailable_total",
-        ] {
-            metrics::counter!(name).increment(0);
+        for name in metric::COUNTERS {
+            metrics::counter!(*name).increment(0);
         }
         Self {
             store,
@@ -185,6 +178,9 @@ fn spawned(handling: impl Future<Output = Response> + Send + 'static) -> BoxFutu
     Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e.to_string()))) })
 }
 
+/// The layer's path for one request, in its named steps: tenant and route → key → body →
+/// fingerprint → cached outcome → reserve → run → store (see [`reserve_and_run`] and
+/// [`run_in_tx`]). Each step either hands its result on or answers.
 async fn handle<S>(
     inner: S,
     store: IdempotencyStore,
@@ -200,55 +196,20 @@ where
         return inner.oneshot(req).await.unwrap_or_else(|e| match e {});
     }
     let (mut parts, body) = req.into_parts();
-    // Authentication comes first: the tenant is the credential's, never the request's.
-    let Some(tenant) = parts.extensions.get::<TenantId>().cloned() else {
-        return Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            "Authentication required",
-        )
-        .into_response();
+    let (scope, template) = match scope_of(&parts) {
+        Ok(found) => found,
+        Err(res) => return res,
     };
-    let template = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
-    let scope = Scope::new(tenant, Operation::new(parts.method.as_str(), &template));
-
-    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
-    let key = match (values.next(), values.next()) {
-        (None, _) => None,
-        (Some(v), None) => match IdempotencyKey::parse(v.as_bytes()) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                metrics::counter!("oncely_idempotency_rejected_total", "reason" => "malformed_key")
-                    .increment(1);
-                return Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "idempotency-key-malformed",
-                    "The Idempotency-Key header is malformed",
-                )
-                .detail(e.to_string())
-                .into_response();
-            }
-        },
-        (Some(_), Some(_)) => {
-            return Problem::new(
-                StatusCode::BAD_REQUEST,
-                "idempotency-key-malformed",
-                "The Idempotency-Key header is malformed",
-            )
-            .detail("exactly one Idempotency-Key header is allowed")
-            .into_response();
-        }
+    let key = match key_of(&parts.headers) {
+        Ok(key) => key,
+        Err(res) => return res,
     };
     let Some(key) = key else {
         if config.require_key {
-            metrics::counter!("oncely_idempotency_rejected_total", "reason" => "missing_key")
-                .increment(1);
+            metrics::counter!(metric::REJECTED_TOTAL, "reason" => "missing_key").increment(1);
             return Problem::new(
                 StatusCode::BAD_REQUEST,
-                "idempotency-key-missing",
+                kind::IDEMPOTENCY_KEY_MISSING,
                 "This operation requires an Idempotency-Key header",
             )
             .detail("mint one key (e.g. a UUIDv7) per operation and send it on every retry")
@@ -264,56 +225,17 @@ where
         let req = Request::from_parts(parts, body);
         return run_in_tx(inner, req, tx, None, config.max_stored_response).await;
     };
-
-    let bytes = match Limited::new(body, config.max_request_body).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request-too-large",
-                "The request body is too large",
-            )
-            .detail(format!(
-                "at most {} bytes are accepted",
-                config.max_request_body
-            ))
-            .into_response();
-        }
-        Err(_) => {
-            return Problem::new(
-                StatusCode::BAD_REQUEST,
-                "request-body",
-                "The request body could not be read",
-            )
-            .into_response();
-        }
+    let bytes = match read_body(body, config.max_request_body).await {
+        Ok(bytes) => bytes,
+        Err(res) => return res,
     };
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let fingerprint = match Fingerprint::compute(
-        parts.method.as_str(),
-        &template,
-        parts.uri.path(),
-        content_type,
-        &bytes,
-    ) {
-        Ok(f) => f,
-        Err(e) => {
-            return Problem::new(
-                StatusCode::BAD_REQUEST,
-                "malformed-json",
-                "The request body is not valid JSON",
-            )
-            .detail(e.to_string())
-            .into_response();
-        }
+    let fingerprint = match fingerprint_of(&parts, &template, &bytes) {
+        Ok(fingerprint) => fingerprint,
+        Err(res) => return res,
     };
-
     // A finished outcome this process has seen: answered without a database round trip.
     if let Some(settled) = cache.get(&scope, &key, now_ms()) {
-        metrics::counter!("oncely_idempotency_replay_cache_hits_total").increment(1);
+        metrics::counter!(metric::REPLAY_CACHE_HITS_TOTAL).increment(1);
         if let Some(res) = answer(
             settled.state,
             &settled.fingerprint,
@@ -323,7 +245,136 @@ where
             return res;
         }
     }
+    let request = Keyed {
+        parts,
+        bytes,
+        scope,
+        key,
+        fingerprint,
+    };
+    reserve_and_run(inner, store, config, cache, request).await
+}
 
+/// The request's [`Scope`] (its tenant and operation) and its route template. The tenant
+/// comes from authentication, never from the request: 401 when no [`TenantId`] was put in
+/// the extensions.
+#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
+fn scope_of(parts: &http::request::Parts) -> Result<(Scope, String), Response> {
+    let Some(tenant) = parts.extensions.get::<TenantId>().cloned() else {
+        return Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            kind::UNAUTHENTICATED,
+            "Authentication required",
+        )
+        .into_response());
+    };
+    let template = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
+    let scope = Scope::new(tenant, Operation::new(parts.method.as_str(), &template));
+    Ok((scope, template))
+}
+
+/// The request's `Idempotency-Key`, `None` when it sent none; 400 when it is malformed or
+/// sent twice (draft-ietf-httpapi-idempotency-key-header-07 §2.1: one key per request).
+#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
+fn key_of(headers: &http::HeaderMap) -> Result<Option<IdempotencyKey>, Response> {
+    let malformed = || {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            kind::IDEMPOTENCY_KEY_MALFORMED,
+            "The Idempotency-Key header is malformed",
+        )
+    };
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => IdempotencyKey::parse(v.as_bytes()).map(Some).map_err(|e| {
+            metrics::counter!(metric::REJECTED_TOTAL, "reason" => "malformed_key").increment(1);
+            malformed().detail(e.to_string()).into_response()
+        }),
+        (Some(_), Some(_)) => Err(malformed()
+            .detail("exactly one Idempotency-Key header is allowed")
+            .into_response()),
+    }
+}
+
+/// The whole request body, at most `limit` bytes (413 above it, 400 when it cannot be
+/// read): the fingerprint covers all of it.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            kind::REQUEST_TOO_LARGE,
+            "The request body is too large",
+        )
+        .detail(format!("at most {limit} bytes are accepted"))
+        .into_response()),
+        Err(_) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            kind::REQUEST_BODY,
+            "The request body could not be read",
+        )
+        .into_response()),
+    }
+}
+
+/// The request's [`Fingerprint`] (method, route template, path, and the body canonicalized
+/// by its content type); 400 for a JSON body that does not parse.
+#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
+fn fingerprint_of(
+    parts: &http::request::Parts,
+    template: &str,
+    bytes: &Bytes,
+) -> Result<Fingerprint, Response> {
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    Fingerprint::compute(
+        parts.method.as_str(),
+        template,
+        parts.uri.path(),
+        content_type,
+        bytes,
+    )
+    .map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            kind::MALFORMED_JSON,
+            "The request body is not valid JSON",
+        )
+        .detail(e.to_string())
+        .into_response()
+    })
+}
+
+/// A request with a well-formed key, its body read and fingerprinted.
+struct Keyed {
+    parts: http::request::Parts,
+    bytes: Bytes,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+}
+
+/// Reserves the key and runs the handler under the reservation, or answers from the record
+/// that holds it. While another request holds the key: 409 at once, or — with
+/// `in_flight_wait` — polling with backoff (10 ms doubling to 200 ms) until its outcome can
+/// be replayed or the wait is over.
+async fn reserve_and_run<S>(
+    inner: S,
+    store: IdempotencyStore,
+    config: Arc<IdempotencyConfig>,
+    cache: Arc<ReplayCache>,
+    request: Keyed,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
     let deadline = config.in_flight_wait.map(|d| Instant::now() + d);
     let mut pause = Duration::from_millis(10);
     let db = store.database().clone();
@@ -333,7 +384,13 @@ where
         let claim = db.within_store_timeout(async {
             let mut tx = db.begin().await?;
             let reservation = store
-                .reserve(&mut tx, &scope, &key, &fingerprint, now_ms())
+                .reserve(
+                    &mut tx,
+                    &request.scope,
+                    &request.key,
+                    &request.fingerprint,
+                    now_ms(),
+                )
                 .await?;
             Ok((tx, reservation))
         });
@@ -343,47 +400,13 @@ where
         };
         match reservation {
             Reservation::Reserved(token) => {
-                metrics::counter!("oncely_idempotency_executions_total").increment(1);
-                parts.extensions.insert(IdempotencyContext {
-                    scope: scope.clone(),
-                    key: Some(key.clone()),
-                });
-                let req = Request::from_parts(parts, Body::from(bytes));
-                let claim = Claim {
-                    store,
-                    cache,
-                    token,
-                    scope,
-                    key,
-                    fingerprint,
-                };
-                let run = run_in_tx(inner, req, tx, Some(claim), config.max_stored_response);
-                return match tokio::time::timeout(config.execution_timeout, run).await {
-                    Ok(res) => res,
-                    // Dropping the execution rolls it back unless its COMMIT already went
-                    // out; either way the retry with the same key learns the outcome.
-                    Err(_) => outcome_unknown(
-                        "the operation did not finish in time",
-                        config.retry_after_secs,
-                    ),
-                };
+                return execute(inner, store, &config, cache, request, tx, token).await;
             }
             Reservation::Existing(record) => {
                 release(&db, tx).await;
-                if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
-                    cache.insert(
-                        &scope,
-                        &key,
-                        Settled {
-                            state: record.state,
-                            fingerprint: record.fingerprint,
-                            response: response.clone(),
-                            expires_at,
-                        },
-                    );
-                }
+                remember(&cache, &request, &record);
                 // `None`: still processing; wait below if configured.
-                if let Some(res) = answer_existing(&record, &fingerprint) {
+                if let Some(res) = answer_existing(&record, &request.fingerprint) {
                     return res;
                 }
             }
@@ -397,6 +420,69 @@ where
             }
             _ => return in_flight(config.retry_after_secs),
         }
+    }
+}
+
+/// Keeps a finished record's outcome in the replay cache (until the record expires).
+fn remember(cache: &ReplayCache, request: &Keyed, record: &Record) {
+    if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
+        cache.insert(
+            &request.scope,
+            &request.key,
+            Settled {
+                state: record.state,
+                fingerprint: record.fingerprint,
+                response: response.clone(),
+                expires_at,
+            },
+        );
+    }
+}
+
+/// Runs the handler under a fresh reservation, bounded by `execution_timeout`.
+async fn execute<S>(
+    inner: S,
+    store: IdempotencyStore,
+    config: &IdempotencyConfig,
+    cache: Arc<ReplayCache>,
+    request: Keyed,
+    tx: oncely_sql::Tx,
+    token: ReservationToken,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    metrics::counter!(metric::EXECUTIONS_TOTAL).increment(1);
+    let Keyed {
+        mut parts,
+        bytes,
+        scope,
+        key,
+        fingerprint,
+    } = request;
+    parts.extensions.insert(IdempotencyContext {
+        scope: scope.clone(),
+        key: Some(key.clone()),
+    });
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let claim = Claim {
+        store,
+        cache,
+        token,
+        scope,
+        key,
+        fingerprint,
+    };
+    let run = run_in_tx(inner, req, tx, Some(claim), config.max_stored_response);
+    match tokio::time::timeout(config.execution_timeout, run).await {
+        Ok(res) => res,
+        // Dropping the execution rolls it back unless its COMMIT already went out; either
+        // way the retry with the same key learns the outcome.
+        Err(_) => outcome_unknown(
+            "the operation did not finish in time",
+            config.retry_after_secs,
+        ),
     }
 }
 
@@ -420,11 +506,11 @@ fn answer(
 ) -> Option<Response> {
     // The fingerprint is compared on every path that can return a stored outcome.
     if let Some(part) = stored_fp.mismatch(fingerprint) {
-        metrics::counter!("oncely_idempotency_fingerprint_mismatches_total").increment(1);
+        metrics::counter!(metric::FINGERPRINT_MISMATCHES_TOTAL).increment(1);
         return Some(
             Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-reused",
+                kind::IDEMPOTENCY_KEY_REUSED,
                 "The Idempotency-Key was already used for a different request",
             )
             .detail(format!(
@@ -438,24 +524,24 @@ fn answer(
     match state {
         RecordState::Succeeded | RecordState::Failed => match response {
             Some(stored) => {
-                metrics::counter!("oncely_idempotency_replays_total").increment(1);
+                metrics::counter!(metric::REPLAYS_TOTAL).increment(1);
                 Some(replay(stored))
             }
             None => Some(
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "record-corrupt",
+                    kind::RECORD_CORRUPT,
                     "The stored outcome is missing",
                 )
                 .into_response(),
             ),
         },
         RecordState::Unknown => {
-            metrics::counter!("oncely_idempotency_unknown_total").increment(1);
+            metrics::counter!(metric::UNKNOWN_TOTAL).increment(1);
             Some(
                 Problem::new(
                     StatusCode::CONFLICT,
-                    "outcome-unknown",
+                    kind::OUTCOME_UNKNOWN,
                     "The outcome of the first request with this key is unknown",
                 )
                 .detail("the operation awaits a status check or reconciliation; query its status resource instead of retrying")
@@ -467,10 +553,10 @@ fn answer(
 }
 
 fn in_flight(retry_after_secs: u32) -> Response {
-    metrics::counter!("oncely_idempotency_in_flight_total").increment(1);
+    metrics::counter!(metric::IN_FLIGHT_TOTAL).increment(1);
     Problem::new(
         StatusCode::CONFLICT,
-        "request-in-flight",
+        kind::REQUEST_IN_FLIGHT,
         "A request with this Idempotency-Key is still being processed",
     )
     .detail("retry later with the same key to receive its answer")
@@ -480,10 +566,10 @@ fn in_flight(retry_after_secs: u32) -> Response {
 
 /// 503 for an execution whose commit may or may not have happened.
 fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
-    metrics::counter!("oncely_idempotency_outcome_unknown_total").increment(1);
+    metrics::counter!(metric::OUTCOME_UNKNOWN_TOTAL).increment(1);
     Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
-        "execution-outcome-unknown",
+        kind::EXECUTION_OUTCOME_UNKNOWN,
         "The outcome of this request is not known yet",
     )
     .detail(format!(
@@ -532,11 +618,12 @@ struct Claim {
 }
 
 /// Runs `inner` with `tx` lent through the request extensions, then stores the answer (when
-/// `claim` is given) and commits. Callers run it in a spawned task, so a client that hangs
-/// up mid-request cannot cancel an operation half way: it runs to commit or rollback.
+/// `claim` is given) and commits: run → keep or roll back → read the answer → store →
+/// commit. Callers run it in a spawned task, so a client that hangs up mid-request cannot
+/// cancel an operation half way: it runs to commit or rollback.
 async fn run_in_tx<S>(
     inner: S,
-    mut req: Request<Body>,
+    req: Request<Body>,
     tx: oncely_sql::Tx,
     claim: Option<Claim>,
     max_stored_response: usize,
@@ -545,33 +632,9 @@ where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let slot = TxSlot(Arc::new(Mutex::new(Some(tx))));
-    req.extensions_mut().insert(slot.clone());
-    let run = std::panic::AssertUnwindSafe(inner.oneshot(req));
-    let res = match futures_util::FutureExt::catch_unwind(run).await {
-        Ok(res) => res.unwrap_or_else(|e| match e {}),
-        Err(panic) => {
-            // Roll back before answering: a transaction merely dropped is rolled back when
-            // its connection is next used, and a retry arriving first would find the key
-            // still reserved (MySQL: 409 in flight) although the answer said "retry".
-            if let Some(tx) = slot.0.lock().await.take() {
-                drop(tx.rollback().await);
-            }
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            return panicked(&message);
-        }
-    };
-    let Some(mut tx) = slot.0.lock().await.take() else {
-        return Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "no-transaction",
-            "The transaction was lost",
-        )
-        .into_response();
+    let (res, tx) = match run_handler(inner, req, tx).await {
+        Ok(ran) => ran,
+        Err(res) => return res,
     };
     if res.status().is_server_error() || res.extensions().get::<NotStored>().is_some() {
         // Nothing of a failed execution is kept: the key stays free for the retry.
@@ -581,80 +644,24 @@ where
         } else {
             "not_stored"
         };
-        metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => reason).increment(1);
+        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => reason).increment(1);
         return res;
     }
     let (parts, body) = res.into_parts();
-    let bytes: Bytes = match Limited::new(body, max_stored_response).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
+    let bytes = match read_answer(body, max_stored_response).await {
+        Ok(bytes) => bytes,
+        Err(res) => {
             drop(tx.rollback().await);
-            let too_large = e.downcast_ref::<LengthLimitError>().is_some();
-            metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => if too_large { "response_too_large" } else { "response_body" }).increment(1);
-            return if too_large {
-                Problem::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "response-too-large",
-                        "The response is too large to store for replay",
-                    )
-                    .detail(format!("responses over {max_stored_response} bytes are not stored; the operation was rolled back"))
-                    .into_response()
-            } else {
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "response-body",
-                    "The response body failed",
-                )
-                .into_response()
-            };
+            return res;
         }
     };
-    let mut settled = None;
-    if let Some(claim) = claim {
-        let stored = StoredResponse::new(
-            parts.status.as_u16(),
-            parts
-                .headers
-                .iter()
-                .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
-            bytes.to_vec(),
-        );
-        let now = now_ms();
-        let retention_ms = i64::try_from(claim.store.retention().as_millis()).unwrap_or(i64::MAX);
-        match claim
-            .store
-            .complete(&mut tx, claim.token, &stored, now)
-            .await
-        {
-            Ok(()) => {
-                let entry = Settled {
-                    state: RecordState::for_status(stored.status),
-                    fingerprint: claim.fingerprint,
-                    response: stored,
-                    expires_at: now.saturating_add(retention_ms),
-                };
-                settled = Some((claim.cache, claim.scope, claim.key, entry));
-            }
-            Err(StoreError::NotHeld) => {
-                // Another transaction committed this key first: this execution's writes
-                // roll back, and the client gets the committed answer.
-                drop(tx.rollback().await);
-                metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "lost_race")
-                    .increment(1);
-                return match claim.store.lookup(&claim.scope, &claim.key).await {
-                    Ok(Some(record)) => {
-                        answer_existing(&record, &claim.fingerprint).unwrap_or_else(|| in_flight(1))
-                    }
-                    Ok(None) => in_flight(1),
-                    Err(e) => store_problem(e, 1),
-                };
-            }
-            Err(e) => {
-                drop(tx.rollback().await);
-                return store_problem(e, 1);
-            }
-        }
-    }
+    let (tx, settled) = match claim {
+        Some(claim) => match store_outcome(claim, tx, &parts, &bytes).await {
+            Ok((tx, settled)) => (tx, Some(settled)),
+            Err(res) => return res,
+        },
+        None => (tx, None),
+    };
     if let Err(e) = tx.commit().await {
         // The commit may or may not have happened; a retry with the same key finds out.
         tracing::warn!(error = %e, "commit failed; outcome unknown until the retry");
@@ -666,13 +673,138 @@ where
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// Runs the handler with `tx` in the request extensions and takes the transaction back.
+/// A panic rolls back before answering 500: a transaction merely dropped is rolled back
+/// when its connection is next used, and a retry arriving first would find the key still
+/// reserved (MySQL: 409 in flight) although the answer said "retry".
+async fn run_handler<S>(
+    inner: S,
+    mut req: Request<Body>,
+    tx: oncely_sql::Tx,
+) -> Result<(Response, oncely_sql::Tx), Response>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let slot = TxSlot(Arc::new(Mutex::new(Some(tx))));
+    req.extensions_mut().insert(slot.clone());
+    let run = std::panic::AssertUnwindSafe(inner.oneshot(req));
+    let res = match futures_util::FutureExt::catch_unwind(run).await {
+        Ok(res) => res.unwrap_or_else(|e| match e {}),
+        Err(panic) => {
+            if let Some(tx) = slot.0.lock().await.take() {
+                drop(tx.rollback().await);
+            }
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            return Err(panicked(&message));
+        }
+    };
+    let Some(tx) = slot.0.lock().await.take() else {
+        return Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            kind::NO_TRANSACTION,
+            "The transaction was lost",
+        )
+        .into_response());
+    };
+    Ok((res, tx))
+}
+
+/// The handler's answer body, at most `max_stored_response` bytes: what is stored is what
+/// is replayed, so an answer that cannot be stored whole is not given (500; the caller
+/// rolls back).
+async fn read_answer(body: Body, max_stored_response: usize) -> Result<Bytes, Response> {
+    let e = match Limited::new(body, max_stored_response).collect().await {
+        Ok(c) => return Ok(c.to_bytes()),
+        Err(e) => e,
+    };
+    if e.downcast_ref::<LengthLimitError>().is_some() {
+        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_too_large").increment(1);
+        Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            kind::RESPONSE_TOO_LARGE,
+            "The response is too large to store for replay",
+        )
+        .detail(format!(
+            "responses over {max_stored_response} bytes are not stored; the operation was rolled back"
+        ))
+        .into_response())
+    } else {
+        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_body").increment(1);
+        Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            kind::RESPONSE_BODY,
+            "The response body failed",
+        )
+        .into_response())
+    }
+}
+
+/// What the replay cache learns once the commit succeeds.
+type CacheEntry = (Arc<ReplayCache>, Scope, IdempotencyKey, Settled);
+
+/// Completes the claimed record with the answer in `tx`. When another transaction committed
+/// the key first (the reservation was lost), this execution rolls back and the client gets
+/// the committed answer; on a store error it rolls back and answers 503/500.
+async fn store_outcome(
+    claim: Claim,
+    mut tx: oncely_sql::Tx,
+    parts: &http::response::Parts,
+    bytes: &Bytes,
+) -> Result<(oncely_sql::Tx, CacheEntry), Response> {
+    let stored = StoredResponse::new(
+        parts.status.as_u16(),
+        parts
+            .headers
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
+        bytes.to_vec(),
+    );
+    let now = now_ms();
+    let retention_ms = i64::try_from(claim.store.retention().as_millis()).unwrap_or(i64::MAX);
+    match claim
+        .store
+        .complete(&mut tx, claim.token, &stored, now)
+        .await
+    {
+        Ok(()) => {
+            let entry = Settled {
+                state: RecordState::for_status(stored.status),
+                fingerprint: claim.fingerprint,
+                response: stored,
+                expires_at: now.saturating_add(retention_ms),
+            };
+            Ok((tx, (claim.cache, claim.scope, claim.key, entry)))
+        }
+        Err(StoreError::NotHeld) => {
+            drop(tx.rollback().await);
+            metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "lost_race").increment(1);
+            Err(match claim.store.lookup(&claim.scope, &claim.key).await {
+                Ok(Some(record)) => {
+                    answer_existing(&record, &claim.fingerprint).unwrap_or_else(|| in_flight(1))
+                }
+                Ok(None) => in_flight(1),
+                Err(e) => store_problem(e, 1),
+            })
+        }
+        Err(e) => {
+            drop(tx.rollback().await);
+            Err(store_problem(e, 1))
+        }
+    }
+}
+
 /// A panicking handler: its transaction rolled back, nothing stored.
 fn panicked(error: &str) -> Response {
-    metrics::counter!("oncely_idempotency_rollbacks_total", "reason" => "panic").increment(1);
+    metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "panic").increment(1);
     tracing::error!(error, "handler panicked; transaction rolled back");
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
-        "handler-failed",
+        kind::HANDLER_FAILED,
         "The handler failed",
     )
     .detail("nothing was stored; retry with the same key")

@@ -29,6 +29,9 @@
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
 //!   [`TransactionLayer`] (the same transaction handling without keys).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
+//! - `metrics` — the names of the metrics the layer records.
+//! - `tenant` — [`TenantLayer`]: the service's own tenant extraction, which puts the
+//!   [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 
@@ -36,11 +39,14 @@ mod cache;
 mod config;
 mod extract;
 mod layer;
+pub mod metrics;
 mod problem;
+mod tenant;
 
 pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{
     Idempotency, IdempotencyLayer, NotStored, Transaction, TransactionLayer, IDEMPOTENT_REPLAYED,
 };
-pub use problem::{Problem, StoreFailure, PROBLEM_JSON};
+pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
+pub use tenant::{Tenant, TenantLayer};

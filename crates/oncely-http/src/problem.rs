@@ -3,6 +3,45 @@ use http::{header, HeaderValue, StatusCode};
 use oncely_sql::StoreError;
 use serde::Serialize;
 
+/// The problem kinds this crate answers with: the last segment of each `type` URI
+/// (`urn:oncely:problem:<kind>`), stable across releases so clients can branch on them.
+pub mod kind {
+    /// 401: no tenant in the request extensions (authentication did not run or failed).
+    pub const UNAUTHENTICATED: &str = "unauthenticated";
+    /// 400: the `Idempotency-Key` header is not a valid key, or there is more than one.
+    pub const IDEMPOTENCY_KEY_MALFORMED: &str = "idempotency-key-malformed";
+    /// 400: the route requires an `Idempotency-Key` and the request has none.
+    pub const IDEMPOTENCY_KEY_MISSING: &str = "idempotency-key-missing";
+    /// 422: the key was first used with a different request (its `differs` member names `body` or `route`).
+    pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency-key-reused";
+    /// 409 + `Retry-After`: the first request with this key is still being processed.
+    pub const REQUEST_IN_FLIGHT: &str = "request-in-flight";
+    /// 409: the record is `unknown`; its outcome awaits a status check or reconciliation.
+    pub const OUTCOME_UNKNOWN: &str = "outcome-unknown";
+    /// 503 + `Retry-After`: the execution ran out of time or its commit was not confirmed; the retry learns the outcome.
+    pub const EXECUTION_OUTCOME_UNKNOWN: &str = "execution-outcome-unknown";
+    /// 503 + `Retry-After`: the store cannot be reached; nothing was stored.
+    pub const STORE_UNAVAILABLE: &str = "store-unavailable";
+    /// 500: the store failed for another reason (a bug or corrupt data); nothing was stored.
+    pub const STORE_ERROR: &str = "store-error";
+    /// 413: the request body is over the bound.
+    pub const REQUEST_TOO_LARGE: &str = "request-too-large";
+    /// 400: the request body could not be read.
+    pub const REQUEST_BODY: &str = "request-body";
+    /// 400: a JSON request body that does not parse, so it has no fingerprint.
+    pub const MALFORMED_JSON: &str = "malformed-json";
+    /// 500: a finished record without its stored response.
+    pub const RECORD_CORRUPT: &str = "record-corrupt";
+    /// 500: the handler's answer is over the stored-response bound; rolled back.
+    pub const RESPONSE_TOO_LARGE: &str = "response-too-large";
+    /// 500: the handler's answer body failed while being read for storage; rolled back.
+    pub const RESPONSE_BODY: &str = "response-body";
+    /// 500: the handler panicked; rolled back, nothing stored.
+    pub const HANDLER_FAILED: &str = "handler-failed";
+    /// 500: the handler's transaction was not available (the route is not behind the layer, or it was taken twice).
+    pub const NO_TRANSACTION: &str = "no-transaction";
+}
+
 /// `application/problem+json` (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -128,11 +167,11 @@ impl From<oncely_sql::sqlx::Error> for StoreFailure {
 impl IntoResponse for StoreFailure {
     fn into_response(self) -> Response {
         if self.error.is_unavailable() {
-            metrics::counter!("oncely_idempotency_store_unavailable_total").increment(1);
+            metrics::counter!(crate::metrics::STORE_UNAVAILABLE_TOTAL).increment(1);
             tracing::warn!(error = %self.error, "store unreachable; failing closed");
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
+                kind::STORE_UNAVAILABLE,
                 "The store cannot be reached",
             )
             .detail("nothing was stored; retry later with the same key")
@@ -142,7 +181,7 @@ impl IntoResponse for StoreFailure {
             tracing::error!(error = %self.error, "store failed");
             Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "store-error",
+                kind::STORE_ERROR,
                 "The store failed",
             )
             .detail("nothing was stored")

@@ -1,0 +1,44 @@
+//! Metric names the idempotency layer records, through the `metrics` facade (the service
+//! renders them, e.g. in the Prometheus text format on `/metrics`). One place for the
+//! names, so dashboards, alerts and tests spell them as the code does.
+
+/// Counter: answers replayed from a stored outcome (database or cache), i.e. retries that
+/// did not run the handler again.
+pub const REPLAYS_TOTAL: &str = "oncely_idempotency_replays_total";
+/// Counter: replays served from the per-process cache of finished outcomes, without a
+/// database round trip (a subset of [`REPLAYS_TOTAL`] when the cache answers).
+pub const REPLAY_CACHE_HITS_TOTAL: &str = "oncely_idempotency_replay_cache_hits_total";
+/// Counter: first executions of a key (the handler ran under a fresh reservation).
+pub const EXECUTIONS_TOTAL: &str = "oncely_idempotency_executions_total";
+/// Counter: a key reused with a different request (422 `idempotency-key-reused`): a client
+/// bug, or two operations sharing one key.
+pub const FINGERPRINT_MISMATCHES_TOTAL: &str = "oncely_idempotency_fingerprint_mismatches_total";
+/// Counter: retries that found their record `unknown` (409 `outcome-unknown`).
+pub const UNKNOWN_TOTAL: &str = "oncely_idempotency_unknown_total";
+/// Counter: retries that found their key still being processed (409 `request-in-flight`).
+pub const IN_FLIGHT_TOTAL: &str = "oncely_idempotency_in_flight_total";
+/// Counter: executions whose commit could not be confirmed, or that ran past the execution
+/// timeout (503 `execution-outcome-unknown`).
+pub const OUTCOME_UNKNOWN_TOTAL: &str = "oncely_idempotency_outcome_unknown_total";
+/// Counter: requests answered 503 `store-unavailable` (the store could not be reached:
+/// failing closed).
+pub const STORE_UNAVAILABLE_TOTAL: &str = "oncely_idempotency_store_unavailable_total";
+/// Counter: requests refused before any lookup, label `reason` = `malformed_key` |
+/// `missing_key`.
+pub const REJECTED_TOTAL: &str = "oncely_idempotency_rejected_total";
+/// Counter: executions rolled back with nothing stored, label `reason` = `5xx` |
+/// `not_stored` | `response_too_large` | `response_body` | `lost_race` | `panic`.
+pub const ROLLBACKS_TOTAL: &str = "oncely_idempotency_rollbacks_total";
+
+/// Every counter above: registered at 0 when a layer is built, so `rate()` and alerts see
+/// them before the first event.
+pub(crate) const COUNTERS: &[&str] = &[
+    REPLAYS_TOTAL,
+    REPLAY_CACHE_HITS_TOTAL,
+    EXECUTIONS_TOTAL,
+    FINGERPRINT_MISMATCHES_TOTAL,
+    UNKNOWN_TOTAL,
+    IN_FLIGHT_TOTAL,
+    OUTCOME_UNKNOWN_TOTAL,
+    STORE_UNAVAILABLE_TOTAL,
+];
