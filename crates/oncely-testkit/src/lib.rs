@@ -12,13 +12,18 @@
 //!   URLs and the skip-or-fail policy for RabbitMQ, NATS and Kafka.
 //! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut or freeze every connection on demand,
 //!   or the one connection that sends given bytes ([`Fault`]).
+//! - [`matrix`] — [`matrix!`]: one list of tests run on every backend (× every broker), with
+//!   the combinations that cannot apply listed once; [`TestBroker`] and the broker types
+//!   ([`MatrixBroker`]) the runners are instantiated with.
 
 mod brokers;
 mod db;
+pub mod matrix;
 mod proxy;
 
 pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
 pub use db::{mysql_url, postgres_url, require_services, TestBackend, TestDb};
+pub use matrix::{MatrixBroker, TestBroker};
 pub use proxy::{without_statement_cache, Fault, FaultProxy};
 
 /// Instantiates each listed `async fn name(db: TestDb)` once per backend, as
