@@ -8,7 +8,7 @@ use axum::{middleware, Json, Router};
 use http::StatusCode;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use oncely_http::{IdempotencyLayer, Problem, TransactionLayer};
-use oncely_sql::{Database, IdempotencyStore, StoreError};
+use oncely_sql::{Database, IdempotencyStore, Migrations, StoreError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -21,9 +21,10 @@ use crate::{auth, limits, orders, spawn_collector, AppConfig};
 pub async fn migrate(db: &Database) -> Result<(), StoreError> {
     db.migrate().await?;
     db.run_migrator(
-        sqlx::migrate!("./migrations/sqlite"),
-        sqlx::migrate!("./migrations/postgres"),
-        sqlx::migrate!("./migrations/mysql"),
+        Migrations::new()
+            .sqlite(sqlx::migrate!("./migrations/sqlite"))
+            .postgres(sqlx::migrate!("./migrations/postgres"))
+            .mysql(sqlx::migrate!("./migrations/mysql")),
     )
     .await
 }

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use oncely_broker::{BoxFuture, ReceivedMessage, Subscriber};
 use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
-use oncely_sql::{on_tx, Database, Tx};
+use oncely_sql::{query, Database, Tx};
 use serde::Deserialize;
 
 use crate::events::ORDER_CREATED;
@@ -48,44 +48,23 @@ impl Handler for BillingHandler {
             let invoice_id = uuid::Uuid::now_v7().to_string();
             let message_id = message.id.to_string();
             let now = oncely_core::now_ms();
-            if let Tx::MySql(t) = tx {
-                // MySQL: a plain insert; the duplicate-key error (1062) on
-                // UNIQUE(order_id, kind) means the invoice exists already.
-                let inserted = sqlx::query(
+            // UNIQUE(order_id, kind): an invoice that exists already is left as it is.
+            tx.insert_ignoring_duplicate(
+                query(
                     "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
-                     message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     message_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 )
-                .bind(&invoice_id)
-                .bind(tenant)
-                .bind(&order.id)
+                .bind(invoice_id)
+                .bind(tenant.as_str())
+                .bind(order.id)
                 .bind(INVOICE_KIND_ORDER)
                 .bind(order.amount_minor)
-                .bind(&order.currency)
-                .bind(&message_id)
-                .bind(now)
-                .execute(&mut **t)
-                .await;
-                return match inserted {
-                    Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(()),
-                    other => other.map(|_| ()).map_err(Into::into),
-                };
-            }
-            on_tx!(tx, |c| sqlx::query(
-                "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
-                 message_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (order_id, kind) DO NOTHING",
+                .bind(order.currency)
+                .bind(message_id)
+                .bind(now),
+                "(order_id, kind)",
             )
-            .bind(&invoice_id)
-            .bind(tenant)
-            .bind(&order.id)
-            .bind(INVOICE_KIND_ORDER)
-            .bind(order.amount_minor)
-            .bind(&order.currency)
-            .bind(&message_id)
-            .bind(now)
-            .execute(c)
-            .await
-            .map(|_| ()))?;
+            .await?;
             Ok(())
         })
     }

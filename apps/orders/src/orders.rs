@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use oncely_core::TenantId;
 use oncely_http::{IdempotentTx, NotStored, Problem, StoreFailure};
-use oncely_sql::{on_pool, on_tx, sql_text, Database, Tx};
+use oncely_sql::{query, Backend, Database, StoreError, Tx};
 use serde::{Deserialize, Serialize};
 
 /// Body of `POST /v1/orders`.
@@ -89,23 +89,23 @@ impl OrderRow {
     }
 }
 
-const SELECT_ORDER: &str = "SELECT id, source, external_ref, customer_id, items, amount_minor, \
-                            currency, created_at FROM orders";
-
-/// [`SELECT_ORDER`] on MySQL: the business-key columns have a binary collation (exact
-/// comparison), which sqlx decodes as bytes unless cast back to text.
-const SELECT_ORDER_MYSQL: &str = "SELECT id, CAST(source AS CHAR) AS source, \
-     CAST(external_ref AS CHAR) AS external_ref, customer_id, items, amount_minor, currency, \
-     created_at FROM orders";
-
-/// The order select for the database behind `tx`.
-fn select_order(mysql: bool) -> &'static str {
-    if mysql {
-        SELECT_ORDER_MYSQL
-    } else {
-        SELECT_ORDER
-    }
+/// The order select for `backend`, without its `WHERE` clause. The business-key columns
+/// have a binary collation on MySQL (exact comparison), read back as text
+/// ([`Backend::text_column`]).
+fn select_order(backend: Backend) -> String {
+    format!(
+        "SELECT id, {}, {}, customer_id, items, amount_minor, currency, created_at FROM orders",
+        backend.text_column("source"),
+        backend.text_column("external_ref")
+    )
 }
+
+/// The order insert; its business key `(tenant, source, external_ref)` is UNIQUE.
+const INSERT_ORDER: &str = "INSERT INTO orders (id, tenant, source, external_ref, customer_id, \
+     items, amount_minor, currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// The business key, as the conflict target of [`INSERT_ORDER`].
+const BUSINESS_KEY: &str = "(tenant, source, external_ref)";
 
 /// A validation failure: 400/422 problem, marked [`NotStored`] so the key stays usable.
 fn invalid(status: StatusCode, kind: &str, title: &str, detail: String) -> Response {
@@ -182,6 +182,45 @@ pub(crate) async fn create_order(
     mut tx: IdempotentTx,
     body: Bytes,
 ) -> Response {
+    let order = match parse_order(&request_headers, &body) {
+        Ok(order) => order,
+        Err(refused) => return *refused,
+    };
+    let items = match serde_json::to_string(&order.items) {
+        Ok(s) => s,
+        Err(e) => return internal(&e),
+    };
+    let context = tx.context().cloned();
+    let tx = &mut *tx;
+    let created = Order {
+        id: uuid::Uuid::now_v7().to_string(),
+        status: "created",
+        details: order,
+        created_at: oncely_core::now_ms(),
+        invoice: None,
+    };
+    match insert_order(tx, &tenant, &created, items).await {
+        Ok(true) => {
+            let announced = Announcement {
+                events: &events,
+                context: context.as_ref(),
+                tenant: &tenant,
+                request_headers: &request_headers,
+            };
+            announce_created(tx, &announced, &created).await
+        }
+        Ok(false) => answer_existing(tx, &tenant, &created.details).await,
+        // A lost connection, a store timeout, or a lock wait on a concurrent insert of the
+        // same business key that ran out ([`StoreError::is_lock_conflict`]): 503 with
+        // Retry-After, and the layer rolls back, so the retry runs again. Anything else is
+        // a bug: 500.
+        Err(e) => StoreFailure::from(e).into_response(),
+    }
+}
+
+/// The order in the body of `POST /v1/orders`, or the answer refusing it: 415 unless the
+/// body is JSON, 400 when it does not parse, 422 when it does not validate.
+fn parse_order(request_headers: &http::HeaderMap, body: &[u8]) -> Result<NewOrder, Box<Response>> {
     // The fingerprint canonicalises JSON only for a JSON media type, so the body is read
     // only under one: the same bytes can never be fingerprinted two ways.
     let is_json = request_headers
@@ -190,26 +229,26 @@ pub(crate) async fn create_order(
         .and_then(|v| v.split(';').next())
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
     if !is_json {
-        return invalid(
+        return Err(Box::new(invalid(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported-media-type",
             "The order must be sent as application/json",
             "set Content-Type: application/json".to_owned(),
-        );
+        )));
     }
-    let order: NewOrder = match serde_json::from_slice(&body) {
+    let order: NewOrder = match serde_json::from_slice(body) {
         Ok(o) => o,
         // serde's messages quote the offending input; problem details never echo values.
         Err(e) if e.is_syntax() || e.is_eof() => {
-            return invalid(
+            return Err(Box::new(invalid(
                 StatusCode::BAD_REQUEST,
                 "malformed-json",
                 "The request body is not valid JSON",
                 format!("syntax error at line {}, column {}", e.line(), e.column()),
-            );
+            )));
         }
         Err(e) => {
-            return invalid(
+            return Err(Box::new(invalid(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-order",
                 "The order is invalid",
@@ -219,137 +258,106 @@ pub(crate) async fn create_order(
                     e.line(),
                     e.column()
                 ),
-            );
+            )));
         }
     };
-    if let Err(detail) = validate(&order) {
-        return invalid(
+    validate(&order).map_err(|detail| {
+        Box::new(invalid(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid-order",
             "The order is invalid",
             detail,
-        );
-    }
-    let items = match serde_json::to_string(&order.items) {
-        Ok(s) => s,
+        ))
+    })?;
+    Ok(order)
+}
+
+/// Inserts `order` in `tx` unless its business key is taken: the second guard after the
+/// idempotency key, the UNIQUE constraint (never SELECT-then-INSERT). `true` when inserted.
+/// `items` is the order's lines as JSON.
+async fn insert_order(
+    tx: &mut Tx,
+    tenant: &TenantId,
+    order: &Order,
+    items: String,
+) -> Result<bool, StoreError> {
+    let d = &order.details;
+    let insert = query(INSERT_ORDER)
+        .bind(&order.id)
+        .bind(tenant.as_str())
+        .bind(&d.source)
+        .bind(&d.external_ref)
+        .bind(&d.customer_id)
+        .bind(items)
+        .bind(d.amount_minor)
+        .bind(&d.currency)
+        .bind(order.created_at);
+    tx.insert_ignoring_duplicate(insert, BUSINESS_KEY).await
+}
+
+/// Where and how `order.created` is announced.
+struct Announcement<'a> {
+    events: &'a crate::events::EventSettings,
+    context: Option<&'a oncely_http::IdempotencyContext>,
+    tenant: &'a TenantId,
+    request_headers: &'a http::HeaderMap,
+}
+
+/// Enqueues `order.created` for the order just inserted, in the same transaction (no order
+/// without its event, no event without its order), and answers 201.
+async fn announce_created(tx: &mut Tx, announced: &Announcement<'_>, created: &Order) -> Response {
+    let payload = match serde_json::to_vec(created) {
+        Ok(p) => p,
         Err(e) => return internal(&e),
     };
-    let id = uuid::Uuid::now_v7().to_string();
-    let now = oncely_core::now_ms();
-    let context = tx.context().cloned();
-    let tx = &mut *tx;
-    // The business key is the second guard: INSERT … ON CONFLICT on the UNIQUE constraint.
-    let mysql = matches!(tx, Tx::MySql(_));
-    let inserted = if let Tx::MySql(t) = tx {
-        // MySQL: a plain insert whose duplicate-key error (1062) on the business key is
-        // the conflict (`INSERT IGNORE` would also silence truncation and other errors).
-        let r = sqlx::query(
-            "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, \
-             amount_minor, currency, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&id)
-        .bind(tenant.as_str())
-        .bind(&order.source)
-        .bind(&order.external_ref)
-        .bind(&order.customer_id)
-        .bind(&items)
-        .bind(order.amount_minor)
-        .bind(&order.currency)
-        .bind(now)
-        .execute(&mut **t)
-        .await;
-        match r {
-            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(0),
-            other => other.map(|r| r.rows_affected()),
-        }
-    } else {
-        on_tx!(tx, |c| {
-            sqlx::query(
-                "INSERT INTO orders (id, tenant, source, external_ref, customer_id, items, \
-                 amount_minor, currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                 ON CONFLICT (tenant, source, external_ref) DO NOTHING",
-            )
-            .bind(&id)
-            .bind(tenant.as_str())
-            .bind(&order.source)
-            .bind(&order.external_ref)
-            .bind(&order.customer_id)
-            .bind(&items)
-            .bind(order.amount_minor)
-            .bind(&order.currency)
-            .bind(now)
-            .execute(c)
-            .await
-            .map(|r| r.rows_affected())
-        })
-    };
-    match inserted {
-        Ok(1) => {
-            let created = Order {
-                id,
-                status: "created",
-                details: order,
-                created_at: now,
-                invoice: None,
-            };
-            // order.created goes into the outbox in this same transaction: no order without
-            // its event, no event without its order.
-            let payload = match serde_json::to_vec(&created) {
-                Ok(p) => p,
-                Err(e) => return internal(&e),
-            };
-            let event = crate::events::order_created(
-                &events.topic,
-                context.as_ref(),
-                &tenant,
-                (&created.details.source, &created.details.external_ref),
-                &created.id,
-                payload,
-                &request_headers,
-            );
-            if let Err(e) = oncely_sql::OutboxStore::enqueue(tx, &event).await {
-                return StoreFailure::from(e).into_response();
-            }
-            metrics::counter!("oncely_orders_created_total").increment(1);
-            order_response(StatusCode::CREATED, &created)
-        }
-        Ok(_) => {
-            let sql = format!(
-                "{} WHERE tenant = $1 AND source = $2 AND external_ref = $3",
-                select_order(mysql)
-            );
-            let row: Result<OrderRow, _> = on_tx!(tx, |c| sqlx::query_as(&sql_text(c, &sql))
+    let event = crate::events::order_created(
+        &announced.events.topic,
+        announced.context,
+        announced.tenant,
+        (&created.details.source, &created.details.external_ref),
+        &created.id,
+        payload,
+        announced.request_headers,
+    );
+    if let Err(e) = oncely_sql::OutboxStore::enqueue(tx, &event).await {
+        return StoreFailure::from(e).into_response();
+    }
+    metrics::counter!("oncely_orders_created_total").increment(1);
+    order_response(StatusCode::CREATED, created)
+}
+
+/// The answer when the business key of `order` is taken: the existing order (200) when its
+/// content is the same, else a 409 problem pointing at it.
+async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Response {
+    let sql = format!(
+        "{} WHERE tenant = $1 AND source = $2 AND external_ref = $3",
+        select_order(tx.backend())
+    );
+    let row: Result<OrderRow, _> = tx
+        .fetch_one(
+            query(sql)
                 .bind(tenant.as_str())
                 .bind(&order.source)
-                .bind(&order.external_ref)
-                .fetch_one(c)
-                .await);
-            let existing = match row.map(OrderRow::into_order) {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => return internal(&e),
-                Err(e) => return StoreFailure::from(e).into_response(),
-            };
-            metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
-            if existing.details == order {
-                order_response(StatusCode::OK, &existing)
-            } else {
-                Problem::new(
-                    StatusCode::CONFLICT,
-                    "order-conflict",
-                    "An order with this source and external_ref exists with other content",
-                )
-                .detail(
-                    "the business key (source, external_ref) is already taken by a different order",
-                )
-                .with("order", format!("/v1/orders/{}", existing.id))
-                .into_response()
-            }
-        }
-        // A lost connection, a store timeout, or a lock wait on a concurrent insert of the
-        // same business key that ran out (PostgreSQL 55P03, MySQL 1205/1213): 503 with
-        // Retry-After, and the layer rolls back, so the retry runs again. Anything else is
-        // a bug: 500.
-        Err(e) => StoreFailure::from(e).into_response(),
+                .bind(&order.external_ref),
+        )
+        .await;
+    let existing = match row.map(OrderRow::into_order) {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return internal(&e),
+        Err(e) => return StoreFailure::from(e).into_response(),
+    };
+    metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
+    if existing.details == *order {
+        order_response(StatusCode::OK, &existing)
+    } else {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "order-conflict",
+            "An order with this source and external_ref exists with other content",
+        )
+        .detail("the business key (source, external_ref) is already taken by a different order")
+        .with("order", format!("/v1/orders/{}", existing.id))
+        .into_response()
     }
 }
 
@@ -367,28 +375,24 @@ pub(crate) async fn get_order(
     };
     let sql = format!(
         "{} WHERE id = $1 AND tenant = $2",
-        select_order(matches!(db, Database::MySql(_)))
+        select_order(db.backend())
     );
-    let row: Result<Option<OrderRow>, sqlx::Error> =
-        on_pool!(&db, |p| sqlx::query_as(&sql_text(p, &sql))
-            .bind(&id)
-            .bind(tenant.as_str())
-            .fetch_optional(p)
-            .await);
+    let row: Result<Option<OrderRow>, StoreError> = db
+        .fetch_optional(query(sql).bind(&id).bind(tenant.as_str()))
+        .await;
     let row = match row {
         Ok(Some(r)) => {
-            let invoice: Result<Option<Invoice>, sqlx::Error> = on_pool!(&db, |p| {
-                sqlx::query_as(&sql_text(
-                    p,
-                    "SELECT id, kind, amount_minor, currency, created_at FROM invoices \
-                     WHERE order_id = $1 AND tenant = $2 AND kind = $3",
-                ))
-                .bind(&id)
-                .bind(tenant.as_str())
-                .bind(crate::INVOICE_KIND_ORDER)
-                .fetch_optional(p)
-                .await
-            });
+            let invoice: Result<Option<Invoice>, StoreError> = db
+                .fetch_optional(
+                    query(
+                        "SELECT id, kind, amount_minor, currency, created_at FROM invoices \
+                         WHERE order_id = $1 AND tenant = $2 AND kind = $3",
+                    )
+                    .bind(&id)
+                    .bind(tenant.as_str())
+                    .bind(crate::INVOICE_KIND_ORDER),
+                )
+                .await;
             invoice.map(|i| Some((r, i)))
         }
         Ok(None) => Ok(None),

@@ -1,7 +1,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use oncely_sql::{Backend, Database};
+use oncely_sql::Database;
 
 /// Gauge: 1 while a dependency answers, 0 while it is unavailable, per dependency
 /// (`dependency` = `broker` | `database`), its `backend` (`rabbitmq`, `nats`, `kafka`,
@@ -55,13 +55,7 @@ impl DependencyHealth {
 
     /// `db`'s state (`backend` `sqlite`, `postgres` or `mysql`).
     pub fn database(db: &Database, component: &str) -> Self {
-        let backend = match db.backend() {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-            Backend::MySql => "mysql",
-            _ => "other",
-        };
-        Self::new("database", backend, component)
+        Self::new("database", db.backend().as_str(), component)
     }
 
     /// `true` while the last outcome was a failure.

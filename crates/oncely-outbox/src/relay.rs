@@ -645,7 +645,7 @@ impl Relay {
     fn count_claimed(&self, rows: usize) {
         use std::sync::atomic::Ordering;
         let every = self.config.vacuum_after_rows;
-        if every == 0 || rows == 0 || !matches!(self.store.database(), Database::Postgres(_)) {
+        if every == 0 || rows == 0 || !self.store.database().backend().needs_vacuum() {
             return;
         }
         let v = &self.vacuum;

@@ -41,6 +41,10 @@ pub enum StoreError {
         /// Versions of oncely's embedded migrations not applied, in order.
         missing: Vec<i64>,
     },
+    /// [`crate::Database::run_migrator`]: the application gave no migration set for this
+    /// database's backend. Nothing was applied.
+    #[error("no migrations given for {0}")]
+    NoMigrations(crate::Backend),
     /// A database URL that is not `sqlite:`, `postgres:`, `postgresql:`, `mysql:` or
     /// `mariadb:`.
     #[error("unsupported database URL scheme in {0:?}; use sqlite://, postgres://, mysql://")]
@@ -51,6 +55,15 @@ impl StoreError {
     /// `true` when the store is unreachable (answer 503, retry later).
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Unavailable(_) | Self::TimedOut(_))
+    }
+
+    /// `true` when the database gave up waiting for a lock another transaction holds:
+    /// [`is_lock_conflict`] of the driver error.
+    pub fn is_lock_conflict(&self) -> bool {
+        match self {
+            Self::Unavailable(e) | Self::Database(e) => is_lock_conflict(e),
+            _ => false,
+        }
     }
 }
 
@@ -74,10 +87,31 @@ pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// MySQL `ER_LOCK_DEADLOCK` (1213) or `ER_LOCK_WAIT_TIMEOUT` (1205): InnoDB gave up on a
-/// row lock. The statement (1205) or the whole transaction (1213) was rolled back.
-pub(crate) fn is_mysql_lock_conflict(e: &sqlx::Error) -> bool {
-    matches!(mysql_error_number(e), Some(1205 | 1213))
+/// `true` when `e` says the database gave up waiting for a lock another transaction
+/// holds, so this transaction lost a race rather than failed: MySQL / MariaDB
+/// `ER_LOCK_WAIT_TIMEOUT` (1205) or `ER_LOCK_DEADLOCK` (1213; the statement, resp. the whole
+/// transaction, was rolled back), PostgreSQL `lock_not_available` (SQLSTATE 55P03, the
+/// `lock_timeout` ran out), SQLite `SQLITE_BUSY` (5, the busy timeout ran out). All of them
+/// are also [`StoreError::is_unavailable`] (503, retry).
+pub fn is_lock_conflict(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(my.number(), 1205 | 1213);
+    }
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|n| n & 0xff == 5);
+    }
+    db.code().is_some_and(|c| c == "55P03")
+}
+
+/// A violation of a UNIQUE constraint or primary key (MySQL `ER_DUP_ENTRY`, 1062).
+pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
 /// Transient failures, answered 503: the database is unreachable

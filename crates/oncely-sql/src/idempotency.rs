@@ -3,7 +3,8 @@ use std::time::Duration;
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
 use sha2::{Digest, Sha256};
 
-use crate::{on_tx, Database, StoreError, Tx};
+use crate::backend::{with_store, with_tx, Store};
+use crate::{Database, StoreError, Tx};
 
 /// The idempotency store over table `oncely_idempotency`, primary key
 /// `(tenant, operation, key)` (DESIGN.md "Idempotency record").
@@ -68,7 +69,7 @@ pub struct Record {
 }
 
 #[derive(sqlx::FromRow)]
-struct RecordRow {
+pub(crate) struct RecordRow {
     state: String,
     fingerprint: Vec<u8>,
     route_digest: Vec<u8>,
@@ -80,70 +81,9 @@ struct RecordRow {
     expires_at: Option<i64>,
 }
 
-const SELECT_RECORD: &str = "SELECT state, fingerprint, route_digest, response_status, \
-     response_headers, response_body, created_at, completed_at, expires_at \
-     FROM oncely_idempotency WHERE tenant = $1 AND operation = $2 AND key = $3";
-
-/// `SELECT` of the claim: whether this transaction holds the key, and the committed record
-/// if there is one. One row always (the `LEFT JOIN` against a one-row relation).
-const CLAIM_POSTGRES: &str =
-    "SELECT pg_try_advisory_xact_lock($4 # hashtextextended(current_schema(), 0)) \
-     AS claimed, r.state, \
-     r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
-     r.created_at, r.completed_at, r.expires_at \
-     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
-     ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
-
-/// SQLite: the write lock is already held (`BEGIN IMMEDIATE`), so the claim always holds.
-const CLAIM_SQLITE: &str = "SELECT 1 AS claimed, r.state, \
-     r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
-     r.created_at, r.completed_at, r.expires_at \
-     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
-     ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
-
-/// The record, written once at completion; a conflict on the primary key inserts nothing.
-const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, key, \
-     fingerprint, route_digest, state, owner, response_status, response_headers, \
-     response_body, created_at, completed_at, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
-
-/// MySQL / MariaDB: a plain insert; `ER_DUP_ENTRY` (1062) tells the conflict.
-const INSERT_RECORD_MYSQL: &str = "INSERT INTO oncely_idempotency (tenant, operation, `key`, \
-     fingerprint, route_digest, state, owner, response_status, response_headers, \
-     response_body, created_at, completed_at, expires_at) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-
-fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
-}
-
-/// MySQL / MariaDB spelling of [`SELECT_RECORD`] (`key` is a reserved word there).
-const SELECT_RECORD_MYSQL: &str = "SELECT state, fingerprint, route_digest, response_status, \
-     response_headers, response_body, created_at, completed_at, expires_at \
-     FROM oncely_idempotency WHERE tenant = ? AND operation = ? AND `key` = ?";
-
-/// MySQL / MariaDB claim, the counterpart of [`CLAIM_POSTGRES`]: a *session*-scoped named
-/// lock taken without waiting (`GET_LOCK(name, 0)`: 1 when this session holds it, 0 when
-/// another does, NULL on an error — counted as not held: 409, never an unprotected run), named after the database and the key's hash (64 characters at most, as
-/// MySQL requires) so deployments in separate databases of one server never contend, plus
-/// the committed record if there is one. [`crate::MySqlTx`] releases the lock
-/// (`RELEASE_ALL_LOCKS()`) with the transaction's end, before the connection goes back to
-/// the pool, or closes the session if the transaction is dropped unfinished.
-///
-/// As on PostgreSQL the read may precede the lock within the statement, so a record
-/// committed by the previous holder in that instant can be missed: this request then runs,
-/// its record insert meets the primary key (`ER_DUP_ENTRY`), it rolls back and replays the
-/// winner — wasted work, never a second effect.
-const CLAIM_MYSQL: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
-     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) = 1 AS claimed, \
-     r.state, r.fingerprint, r.route_digest, r.response_status, r.response_headers, \
-     r.response_body, r.created_at, r.completed_at, r.expires_at \
-     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
-     ON r.tenant = ? AND r.operation = ? AND r.`key` = ?";
-
 /// The claim's row: every record column is NULL when no record exists.
 #[derive(sqlx::FromRow)]
-struct ClaimRow {
+pub(crate) struct ClaimRow {
     claimed: bool,
     state: Option<String>,
     fingerprint: Option<Vec<u8>>,
@@ -154,6 +94,84 @@ struct ClaimRow {
     created_at: Option<i64>,
     completed_at: Option<i64>,
     expires_at: Option<i64>,
+}
+
+/// The record [`IdempotencyStore::complete`] writes.
+pub(crate) struct NewRecord<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) operation: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) fingerprint: &'a [u8],
+    pub(crate) route_digest: &'a [u8],
+    pub(crate) state: &'static str,
+    pub(crate) owner: &'a str,
+    pub(crate) status: i32,
+    pub(crate) headers: &'a str,
+    pub(crate) body: &'a [u8],
+    pub(crate) created_at: i64,
+    pub(crate) completed_at: i64,
+    pub(crate) expires_at: i64,
+}
+
+/// Binds a [`NewRecord`] to an insert whose placeholders follow the column order of
+/// `INSERT_RECORD` (each backend spells the text; the binds are the same).
+macro_rules! bind_record {
+    ($query:expr, $r:expr) => {
+        $query
+            .bind($r.tenant)
+            .bind($r.operation)
+            .bind($r.key)
+            .bind($r.fingerprint)
+            .bind($r.route_digest)
+            .bind($r.state)
+            .bind($r.owner)
+            .bind($r.status)
+            .bind($r.headers)
+            .bind($r.body)
+            .bind($r.created_at)
+            .bind($r.completed_at)
+            .bind($r.expires_at)
+    };
+}
+pub(crate) use bind_record;
+
+/// The record insert's columns, in bind order (`key` as SQLite and PostgreSQL spell it).
+pub(crate) const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, \
+     key, fingerprint, route_digest, state, owner, response_status, response_headers, \
+     response_body, created_at, completed_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+/// The record columns a lookup reads (every backend).
+pub(crate) const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, response_status, \
+     response_headers, response_body, created_at, completed_at, expires_at";
+
+/// What each backend implements for [`IdempotencyStore`] (in `sqlite/`, `postgres/`,
+/// `mysql/` `idempotency.rs`).
+pub(crate) trait IdempotencyBackend: Store {
+    /// One statement: takes the key's claim for `tx` (without waiting) and reads the
+    /// committed record, if any (see [`IdempotencyStore::reserve`]). `lock_id` is
+    /// [`advisory_lock_id`] of the key.
+    async fn claim(
+        tx: &mut Self::Tx,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+        lock_id: i64,
+    ) -> Result<ClaimRow, sqlx::Error>;
+
+    /// Inserts `record` unless its primary key exists; `true` when it inserted.
+    async fn insert_record(tx: &mut Self::Tx, record: &NewRecord<'_>) -> Result<bool, sqlx::Error>;
+
+    /// The committed record, read outside any transaction.
+    async fn lookup(
+        &self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error>;
+
+    /// Deletes up to `batch` finished records expired before `now_ms`.
+    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error>;
 }
 
 impl ClaimRow {
@@ -208,7 +226,7 @@ impl RecordRow {
 /// 64-bit PostgreSQL advisory lock id for a key: the first 8 bytes of SHA-256 over the
 /// length-prefixed scope and key. The claim XORs it with a hash of the current schema, so
 /// deployments sharing one database in separate schemas never contend.
-fn advisory_lock_id(tenant: &str, operation: &str, key: &str) -> i64 {
+pub(crate) fn advisory_lock_id(tenant: &str, operation: &str, key: &str) -> i64 {
     let mut h = Sha256::new();
     for part in [tenant, operation, key] {
         h.update((part.len() as u64).to_be_bytes());
@@ -272,35 +290,14 @@ impl IdempotencyStore {
         let tenant = scope.tenant.as_str();
         let operation = scope.operation.as_str();
         let lock_id = advisory_lock_id(tenant, operation, key.as_str());
-        let row: ClaimRow = match tx {
-            Tx::MySql(t) => {
-                t.took_named_lock();
-                sqlx::query_as(CLAIM_MYSQL)
-                    .bind(format!("{lock_id:016x}"))
-                    .bind(tenant)
-                    .bind(operation)
-                    .bind(key.as_str())
-                    .fetch_one(&mut **t)
-                    .await?
-            }
-            Tx::Sqlite(t) => {
-                sqlx::query_as(CLAIM_SQLITE)
-                    .bind(tenant)
-                    .bind(operation)
-                    .bind(key.as_str())
-                    .fetch_one(&mut **t)
-                    .await?
-            }
-            Tx::Postgres(t) => {
-                sqlx::query_as(CLAIM_POSTGRES)
-                    .bind(tenant)
-                    .bind(operation)
-                    .bind(key.as_str())
-                    .bind(lock_id)
-                    .fetch_one(&mut **t)
-                    .await?
-            }
-        };
+        let row = with_tx!(tx, |t: S| S::claim(
+            t,
+            tenant,
+            operation,
+            key.as_str(),
+            lock_id
+        )
+        .await)?;
         let claimed = row.claimed;
         if let Some(record) = row.into_record_row() {
             return Ok(Reservation::Existing(record.into_record()?));
@@ -339,50 +336,28 @@ impl IdempotencyStore {
         let expires_at =
             now_ms.saturating_add(i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX));
         let headers = response.headers_json();
-        let (sql, ignores_conflict) = match tx {
-            Tx::MySql(_) => (INSERT_RECORD_MYSQL, false),
-            _ => (INSERT_RECORD, true),
+        let record = NewRecord {
+            tenant: &token.tenant,
+            operation: &token.operation,
+            key: &token.key,
+            fingerprint: &token.fingerprint.full()[..],
+            route_digest: &token.fingerprint.route()[..],
+            state: state.as_str(),
+            owner: &token.owner,
+            status: i32::from(response.status),
+            headers: &headers,
+            body: &response.body[..],
+            created_at: token.created_at,
+            completed_at: now_ms,
+            expires_at,
         };
-        let inserted = on_tx!(tx, |c| sqlx::query(sql)
-            .bind(&token.tenant)
-            .bind(&token.operation)
-            .bind(&token.key)
-            .bind(&token.fingerprint.full()[..])
-            .bind(&token.fingerprint.route()[..])
-            .bind(state.as_str())
-            .bind(&token.owner)
-            .bind(i32::from(response.status))
-            .bind(&headers)
-            .bind(&response.body)
-            .bind(token.created_at)
-            .bind(now_ms)
-            .bind(expires_at)
-            .execute(c)
-            .await
-            .map(|r| r.rows_affected()));
-        let n = match inserted {
-            Ok(n) => n,
-            // MySQL has no `ON CONFLICT DO NOTHING` that ignores only the key conflict
-            // (`INSERT IGNORE` also turns truncation and other errors into warnings), so
-            // the duplicate-key error itself is the "already recorded" signal. A deadlock
-            // (1213) or lock-wait timeout (1205) here means another transaction is writing
-            // the same key: this one has lost either way, so it rolls back and answers
-            // with the winner's record (replay) or, while that is uncommitted, 409.
-            Err(e)
-                if !ignores_conflict
-                    && (is_unique_violation(&e) || crate::error::is_mysql_lock_conflict(&e)) =>
-            {
-                0
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if n == 1 {
+        let inserted = with_tx!(tx, |t: S| S::insert_record(t, &record).await)?;
+        if inserted {
             Ok(())
         } else {
             Err(StoreError::NotHeld)
         }
     }
-
     /// Reads the committed record for `key` in `scope`, outside any transaction.
     ///
     /// # Errors
@@ -392,32 +367,10 @@ impl IdempotencyStore {
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> Result<Option<Record>, StoreError> {
-        let row: Option<RecordRow> = match &self.db {
-            Database::Sqlite(s) => {
-                sqlx::query_as(SELECT_RECORD)
-                    .bind(scope.tenant.as_str())
-                    .bind(scope.operation.as_str())
-                    .bind(key.as_str())
-                    .fetch_optional(s.reader())
-                    .await?
-            }
-            Database::Postgres(p) => {
-                sqlx::query_as(SELECT_RECORD)
-                    .bind(scope.tenant.as_str())
-                    .bind(scope.operation.as_str())
-                    .bind(key.as_str())
-                    .fetch_optional(p.pool())
-                    .await?
-            }
-            Database::MySql(p) => {
-                sqlx::query_as(SELECT_RECORD_MYSQL)
-                    .bind(scope.tenant.as_str())
-                    .bind(scope.operation.as_str())
-                    .bind(key.as_str())
-                    .fetch_optional(p.pool())
-                    .await?
-            }
-        };
+        let (tenant, operation) = (scope.tenant.as_str(), scope.operation.as_str());
+        let row = with_store!(&self.db, |s| s
+            .lookup(tenant, operation, key.as_str())
+            .await)?;
         row.map(RecordRow::into_record).transpose()
     }
 
@@ -432,44 +385,7 @@ impl IdempotencyStore {
     /// [`StoreError`] when the database fails.
     pub async fn collect_expired(&self, now_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let batch = i64::from(batch.max(1));
-        let n = match &self.db {
-            Database::Sqlite(s) => sqlx::query(
-                "DELETE FROM oncely_idempotency WHERE rowid IN (SELECT rowid FROM \
-                 oncely_idempotency WHERE expires_at < $1 AND state IN ('succeeded', 'failed') \
-                 LIMIT $2)",
-            )
-            .bind(now_ms)
-            .bind(batch)
-            .execute(s.writer())
-            .await?
-            .rows_affected(),
-            // Plan pinned and rows taken by TID (`crate::plan`).
-            Database::Postgres(p) => {
-                crate::execute_pinned(
-                    p.pool(),
-                    sqlx::query(
-                        "WITH doomed AS MATERIALIZED (SELECT ctid FROM oncely_idempotency \
-                         WHERE expires_at < $1 AND state IN ('succeeded', 'failed') LIMIT $2 \
-                         FOR UPDATE SKIP LOCKED) \
-                         DELETE FROM oncely_idempotency \
-                         WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
-                    )
-                    .bind(now_ms)
-                    .bind(batch),
-                )
-                .await?
-            }
-            // A single-table DELETE takes its own LIMIT.
-            Database::MySql(p) => sqlx::query(
-                "DELETE FROM oncely_idempotency WHERE expires_at < ? \
-                 AND state IN ('succeeded', 'failed') ORDER BY expires_at LIMIT ?",
-            )
-            .bind(now_ms)
-            .bind(batch)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
-        };
+        let n = with_store!(&self.db, |s| s.collect_expired(now_ms, batch).await)?;
         Ok(n)
     }
 }

@@ -1,6 +1,7 @@
 use oncely_core::MessageId;
 
-use crate::{on_tx, Database, StoreError, Tx};
+use crate::backend::{with_store, Store};
+use crate::{Database, StoreError, Tx};
 
 /// What [`InboxStore::record`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,36 +49,17 @@ impl InboxStore {
         now_ms: i64,
     ) -> Result<InboxOutcome, StoreError> {
         let id = id.to_string();
-        if let Tx::MySql(t) = tx {
-            // A plain insert: `ER_DUP_ENTRY` (1062, SQLSTATE 23000) is the redelivery signal
-            // (`INSERT IGNORE` would also silence unrelated errors).
-            let inserted = sqlx::query(
-                "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES (?, ?, ?)",
+        // The primary key tells a redelivery apart (MySQL: its duplicate-key error).
+        let inserted = tx
+            .insert_ignoring_duplicate(
+                crate::query(INSERT_ROW)
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(now_ms),
+                "(consumer, message_id)",
             )
-            .bind(consumer)
-            .bind(&id)
-            .bind(now_ms)
-            .execute(&mut **t)
-            .await;
-            return match inserted {
-                Ok(_) => Ok(InboxOutcome::New),
-                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
-                    Ok(InboxOutcome::Duplicate)
-                }
-                Err(e) => Err(e.into()),
-            };
-        }
-        let n = on_tx!(tx, |c| sqlx::query(
-            "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (consumer, message_id) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(&id)
-        .bind(now_ms)
-        .execute(c)
-        .await
-        .map(|r| r.rows_affected()))?;
-        Ok(if n == 1 {
+            .await?;
+        Ok(if inserted {
             InboxOutcome::New
         } else {
             InboxOutcome::Duplicate
@@ -94,40 +76,18 @@ impl InboxStore {
     /// [`StoreError`] when the database fails.
     pub async fn collect(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let batch = i64::from(batch.max(1));
-        let n = match &self.db {
-            Database::Sqlite(s) => sqlx::query(
-                "DELETE FROM oncely_inbox WHERE rowid IN (SELECT rowid FROM oncely_inbox \
-                 WHERE received_at < $1 LIMIT $2)",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(s.writer())
-            .await?
-            .rows_affected(),
-            // Plan pinned and rows taken by TID (`crate::plan`).
-            Database::Postgres(p) => {
-                crate::execute_pinned(
-                    p.pool(),
-                    sqlx::query(
-                        "WITH doomed AS MATERIALIZED (SELECT ctid FROM oncely_inbox \
-                         WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                         DELETE FROM oncely_inbox \
-                         WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
-                    )
-                    .bind(before_ms)
-                    .bind(batch),
-                )
-                .await?
-            }
-            Database::MySql(p) => sqlx::query(
-                "DELETE FROM oncely_inbox WHERE received_at < ? ORDER BY received_at LIMIT ?",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
-        };
+        let n = with_store!(&self.db, |s| s.collect(before_ms, batch).await)?;
         Ok(n)
     }
+}
+
+/// The inbox row insert (see [`InboxStore::record`]).
+const INSERT_ROW: &str =
+    "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3)";
+
+/// What each backend implements for [`InboxStore`] (in `sqlite/`, `postgres/`, `mysql/`
+/// `inbox.rs`).
+pub(crate) trait InboxBackend: Store {
+    /// Deletes up to `batch` rows received before `before_ms`.
+    async fn collect(&self, before_ms: i64, batch: i64) -> Result<u64, sqlx::Error>;
 }

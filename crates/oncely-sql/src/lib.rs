@@ -7,11 +7,15 @@
 //! response commit together or not at all.
 //!
 //! # Layout
-//! - `db` — [`Database`] (a pool per backend: [`SqliteStore`], [`PgStore`],
-//!   [`MySqlStore`]), [`Tx`] (a transaction on any of them), [`DbOptions`], connection and
-//!   embedded migrations.
+//! Portable modules (no backend named):
+//! - `db` — [`Database`]'s and [`Tx`]'s methods (connect, migrate, begin, commit, ping) and
+//!   [`DbOptions`].
+//! - `query` — [`query`], [`Query`], [`Value`]: a user's own SQL with `$n` placeholders on
+//!   any backend ([`Tx::execute`], [`Tx::insert_ignoring_duplicate`],
+//!   [`Tx::fetch_optional`], [`Database::fetch_all`], …) into any `T: sqlx::FromRow`
+//!   ([`FromBackendRow`]).
 //! - `dialect` — [`sql_text`]: one SQL text with `$n` placeholders for every backend
-//!   (rewritten to `?` on MySQL).
+//!   (rewritten to `?` on MySQL), for [`on_tx!`] bodies.
 //! - `idempotency` — [`IdempotencyStore`]: atomic reservation, lookup, completion and
 //!   the retention collector over table `oncely_idempotency`.
 //! - `outbox` — [`OutboxStore`]: the transactional outbox over table `oncely_outbox`
@@ -20,36 +24,55 @@
 //! - `inbox` — [`InboxStore`]: the consumer inbox over table `oncely_inbox` (record a
 //!   message id in the effect's transaction, retention collector).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
-//!   failures.
+//!   failures, and [`is_lock_conflict`].
 //! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
 //!   (not "refused this transaction")? Consumers hold a message through an outage instead
 //!   of counting an attempt.
 //! - `plan` — [`PINNED_PLAN`], [`execute_pinned`], [`fetch_all_pinned`]: PostgreSQL claims
 //!   and sweeps whose plans do not change when the statistics say the table is empty.
+//!
+//! The one module that chooses a backend:
+//! - `backend` — the [`Database`] and [`Tx`] enums, [`Backend`] (its name and
+//!   capabilities), [`Migrations`], connecting by URL scheme, and the dispatch macros:
+//!   [`on_tx!`], [`on_pool!`], [`on_writer!`] (public, the escape hatch for SQL the
+//!   portable API does not cover) and the internal `with_store!` / `with_tx!`, which reach
+//!   each store's per-backend trait (`IdempotencyBackend`, `OutboxBackend`, `InboxBackend`).
+//!
+//! Per backend, as sqlx's drivers: `sqlite/`, `postgres/`, `mysql/`, each a `mod.rs` with
+//! the store and transaction types ([`SqliteStore`] / [`SqliteTx`], [`PgStore`],
+//! [`MySqlStore`] / [`MySqlTx`]), connecting and migrations, and one file per store
+//! (`idempotency.rs`, `outbox.rs`, `inbox.rs`) implementing its trait.
 
+mod backend;
 mod db;
 mod dialect;
 mod error;
 mod idempotency;
 mod inbox;
+mod mysql;
 mod outage;
 mod outbox;
-mod outbox_mysql;
 mod plan;
+mod postgres;
+mod query;
+mod sqlite;
 
-pub use db::{
-    Backend, Database, DbOptions, MySqlStore, MySqlTx, PgStore, SqliteStore, SqliteTx, Tx,
-};
+pub use backend::{Backend, Database, Migrations, Tx};
+pub use db::DbOptions;
 pub use dialect::{in_list, sql_text, Dialect};
-pub use error::StoreError;
+pub use error::{is_lock_conflict, StoreError};
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};
+pub use mysql::{MySqlStore, MySqlTx};
 pub use outage::is_outage;
 pub use outbox::{
     ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, PublishFailure,
     RequeueTarget, Rescheduled, Settled,
 };
 pub use plan::{execute_pinned, fetch_all_pinned, PINNED_PLAN};
+pub use postgres::PgStore;
+pub use query::{query, FromBackendRow, Query, Value};
+pub use sqlite::{SqliteStore, SqliteTx};
 
 /// Re-exported so dependants name the same `sqlx` version.
 pub use sqlx;

@@ -1,10 +1,10 @@
-use crate::PINNED_PLAN;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use oncely_core::MessageId;
 
-use crate::{on_tx, outbox_mysql, sql_text, Database, StoreError, Tx};
+use crate::backend::{with_store, with_tx, Store};
+use crate::{sql_text, Database, StoreError, Tx};
 
 /// An event to publish, written with [`OutboxStore::enqueue`] in the transaction of the
 /// business change it announces.
@@ -113,7 +113,7 @@ pub struct OutboxRow {
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct Row {
-    id: i64,
+    pub(crate) id: i64,
     message_id: String,
     topic: String,
     partition_key: String,
@@ -128,95 +128,17 @@ pub(crate) struct Row {
     published_at: Option<i64>,
 }
 
-const COLUMNS: &str = "id, message_id, topic, partition_key, event_type, payload, headers, \
+pub(crate) const COLUMNS: &str =
+    "id, message_id, topic, partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
 
-/// The columns a row keeps when it moves between `oncely_outbox` and
-/// `oncely_outbox_published` (PostgreSQL): all but `state`, `published_at` and the lease.
-macro_rules! moved_columns {
-    () => {
-        "id, message_id, topic, partition_key, event_type, payload, headers, created_at, \
-         available_at, attempts, last_error"
-    };
-}
-
-/// [`COLUMNS`] read from `oncely_outbox_published` (PostgreSQL).
-const PUBLISHED_COLUMNS: &str = concat!(moved_columns!(), ", 'published' AS state, published_at");
-
-/// PostgreSQL: takes the transaction-scoped advisory lock of the partition of the row
-/// aliased `alias`, false when another transaction holds it. The key is a 64-bit hash of
-/// the partition key seeded with the outbox table's OID and 1869505381 (`"once"` in ASCII):
-/// advisory locks are one namespace per database, and with a key of the partition alone
-/// the relays of an outbox in another schema (another service, another test) held up this
-/// one's partitions of the same name — a claim skipped them while the other relay
-/// published. A `claim_batch` relay holds the partitions of
-/// its batch until the batch is settled, so no other relay takes a row of theirs — in
-/// particular not a row that committed late, after a newer row of its partition was
-/// claimed: the anti-join on lower ids cannot see that newer row (it looks pending), only
-/// its partition lock can. Two partition keys with the same hash only wait for each other.
-/// Each row a relay holds takes one entry of PostgreSQL's lock table: size
-/// `max_locks_per_transaction` for the batch size (`max_locks_per_transaction ×
-/// max_connections` slots in all; the defaults, 64 × 100, hold 25 batches of 256).
-///
-/// `alias` names the claim's materialised candidate CTE (columns `id`, `partition_key`,
-/// `table_oid`), never the outbox table itself: a lock-taking function in a `WHERE` clause
-/// over the table is evaluated on whatever rows the planner's scan visits, and a plan made
-/// while the table was believed empty (a seq scan of the outbox as the join's outer side)
-/// took a lock for every pending row's partition — 20,000 partitions exhausted the
-/// server-wide lock table (`out of shared memory`). A CTE with a volatile function is never
-/// inlined (PostgreSQL 12+ inlines only side-effect-free CTEs), so the lock is tried on the
-/// candidate rows alone, at most `LIMIT` of them, and no statement takes a lock for a row it
-/// does not return (a candidate whose partition lock fails is returned by neither).
-fn partition_lock(alias: &str) -> String {
-    format!(
-        "pg_try_advisory_xact_lock(hashtextextended({alias}.partition_key, \
-         {alias}.table_oid::bigint # 1869505381))"
-    )
-}
-
-/// The candidate partition heads of a PostgreSQL claim, as the body of a CTE with columns
-/// `id`, `partition_key`, `table_oid`: pending, available, not leased by a live lease, the
-/// oldest pending row of its partition, outside the `$skip` id multirange (`'{}'`: none),
-/// and of no partition with a live lease; `LIMIT $limit` of them in id order, locked
-/// `FOR UPDATE OF o SKIP LOCKED` (`LIMIT` applies after locking, so skipped rows do not
-/// count against it). `$now`, `$limit`, `$skip` are placeholders to substitute.
-const CLAIM_CANDIDATES: &str = "SELECT o.id, o.partition_key, o.tableoid AS table_oid \
-     FROM oncely_outbox o \
-     WHERE o.state = 'pending' AND o.available_at <= $now \
-     AND (o.locked_until IS NULL OR o.locked_until < $now) \
-     AND NOT (CAST($skip::text AS int8multirange) @> o.id) \
-     AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
-       WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
-       AND (p.partition_key, p.id) < (o.partition_key, o.id) OFFSET 0) \
-     AND o.partition_key NOT IN (SELECT l.partition_key FROM oncely_outbox l \
-       WHERE l.state = 'pending' AND l.locked_until >= $now) \
-     ORDER BY o.id LIMIT $limit FOR UPDATE OF o SKIP LOCKED";
-
-/// [`CLAIM_CANDIDATES`] with its placeholders bound to `now`, `limit` and `skip` (each a
-/// `$n` parameter of the statement).
-fn claim_candidates(now: &str, limit: &str, skip: &str) -> String {
-    CLAIM_CANDIDATES
-        .replace("$now", now)
-        .replace("$limit", limit)
-        .replace("$skip", skip)
-}
-
 /// `headers` as stored in the `headers` column (a JSON object).
-fn headers_json(headers: &BTreeMap<String, String>) -> Result<String, StoreError> {
+pub(crate) fn headers_json(headers: &BTreeMap<String, String>) -> Result<String, StoreError> {
     serde_json::to_string(headers).map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))
 }
 
-/// [`COLUMNS`] prefixed with a table alias.
-fn qualified(alias: &str) -> String {
-    COLUMNS
-        .split(", ")
-        .map(|c| format!("{alias}.{c}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl Row {
-    fn into_row(self) -> Result<OutboxRow, StoreError> {
+    pub(crate) fn into_row(self) -> Result<OutboxRow, StoreError> {
         let headers: BTreeMap<String, String> = serde_json::from_str(&self.headers)
             .map_err(|e| StoreError::Corrupt(format!("outbox headers: {e}")))?;
         Ok(OutboxRow {
@@ -289,6 +211,22 @@ impl Rescheduled {
 const RESCHEDULE_SET: &str = "attempts = attempts + 1, last_error = $1, available_at = $2, \
      state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END";
 
+/// The reschedule of a row (SQLite, PostgreSQL): binds `$1`–`$3` as [`RESCHEDULE_SET`],
+/// `$4` id, `$5` owner; returns the new state, no row when `owner` does not hold it.
+pub(crate) fn reschedule_sql() -> String {
+    format!(
+        "UPDATE oncely_outbox SET {RESCHEDULE_SET}, locked_by = NULL, locked_until = NULL \
+         WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state"
+    )
+}
+
+/// Pending and dead counts and the oldest pending row's time (SQLite, PostgreSQL).
+pub(crate) const STATS: &str = "SELECT \
+     COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0), \
+     MIN(CASE WHEN state = 'pending' THEN created_at END), \
+     COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0) \
+     FROM oncely_outbox WHERE state <> 'published'";
+
 /// Which dead rows [`OutboxStore::requeue_dead`] puts back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -302,11 +240,11 @@ pub enum RequeueTarget {
 /// Rows held by [`OutboxStore::claim_batch`] until they are settled.
 #[derive(Debug)]
 pub struct ClaimedBatch {
-    rows: Vec<OutboxRow>,
-    hold: Hold,
+    pub(crate) rows: Vec<OutboxRow>,
+    pub(crate) hold: Hold,
 }
 
-enum Hold {
+pub(crate) enum Hold {
     /// Nothing was claimed.
     Nothing,
     /// PostgreSQL: deleted, and so locked, by this open transaction; `keep`: record the
@@ -436,123 +374,21 @@ impl ClaimedBatch {
                     store.release(&owner, &rest).await?;
                 }
             }
-            Hold::Locked { mut tx, keep } => {
-                // The claim deleted the rows in this still-open transaction: a published row
-                // is recorded in the published table (or, without retention, nothing more);
-                // a failed one goes back with its attempt recorded, the rest go back as they
-                // were (same ids, so the partitions' order holds).
-                let published: std::collections::HashSet<i64> = published.iter().copied().collect();
-                let (done, rest): (Vec<&OutboxRow>, Vec<&OutboxRow>) =
-                    self.rows.iter().partition(|r| published.contains(&r.id));
-                let mut back: BTreeMap<i64, OutboxRow> =
-                    rest.into_iter().map(|r| (r.id, r.clone())).collect();
-                let max = max_attempts.max(1);
-                for f in failures {
-                    let Some(row) = back.get_mut(&f.id) else {
-                        settled.failures.push((f.id, Rescheduled::NotHeld));
-                        continue;
-                    };
-                    row.attempts = row.attempts.saturating_add(1);
-                    row.last_error = Some(f.error.chars().take(2000).collect());
-                    row.available_at = f.retry_at_ms;
-                    let outcome = if row.attempts >= max || f.permanent {
-                        row.state = OutboxState::Dead;
-                        Rescheduled::Dead
-                    } else {
-                        Rescheduled::Retry
-                    };
-                    settled.failures.push((f.id, outcome));
-                }
-                settled.published = done.len() as u64;
-                insert_rows(&mut tx, back.values(), Destination::Outbox).await?;
-                if keep {
-                    let to = Destination::Published {
-                        at_ms: published_at_ms,
-                    };
-                    insert_rows(&mut tx, done, to).await?;
-                }
-                tx.commit().await?;
+            Hold::Locked { tx, keep } => {
+                settled = crate::postgres::settle_locked(
+                    tx,
+                    keep,
+                    &self.rows,
+                    published,
+                    published_at_ms,
+                    failures,
+                    max_attempts,
+                )
+                .await?;
             }
         }
         Ok(settled)
     }
-}
-
-/// One column of `rows`, as an array parameter for `UNNEST`.
-fn column<'a, T>(rows: &[&'a OutboxRow], f: impl Fn(&'a OutboxRow) -> T) -> Vec<T> {
-    rows.iter().map(|r| f(r)).collect()
-}
-
-/// The `UNNEST` arguments of [`insert_rows`]: `moved_columns!`' arrays, `$1`–`$11`.
-const MOVED_ARRAYS: &str = "$1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
-     $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], $10::int[], $11::text[]";
-
-/// Where [`insert_rows`] writes.
-enum Destination {
-    /// Back into `oncely_outbox`, each row with its state.
-    Outbox,
-    /// Into `oncely_outbox_published`, published at `at_ms` (Unix ms). A message id recorded
-    /// already (a copy enqueued while its original was being published, published again
-    /// with the same id) keeps its first record.
-    Published { at_ms: i64 },
-}
-
-/// Inserts rows (PostgreSQL) with their ids and message ids, in one statement; nothing
-/// when there are none.
-async fn insert_rows<'a>(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-    rows: impl IntoIterator<Item = &'a OutboxRow>,
-    to: Destination,
-) -> Result<(), StoreError> {
-    let rows: Vec<&OutboxRow> = rows.into_iter().collect();
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let headers = rows
-        .iter()
-        .map(|r| headers_json(&r.event.headers))
-        .collect::<Result<Vec<_>, _>>()?;
-    let sql = match to {
-        Destination::Outbox => format!(
-            "INSERT INTO oncely_outbox ({}, state) SELECT * FROM UNNEST({MOVED_ARRAYS}, $12::text[])",
-            moved_columns!()
-        ),
-        Destination::Published { .. } => format!(
-            "INSERT INTO oncely_outbox_published ({}, published_at) \
-             SELECT u.*, $12 FROM UNNEST({MOVED_ARRAYS}) AS u ON CONFLICT DO NOTHING",
-            moved_columns!()
-        ),
-    };
-    let query = sqlx::query(&sql)
-        .bind(column(&rows, |r| r.id))
-        .bind(column(&rows, |r| r.event.message_id.to_string()))
-        .bind(column(&rows, |r| r.event.topic.as_str()))
-        .bind(column(&rows, |r| r.event.partition_key.as_str()))
-        .bind(column(&rows, |r| r.event.event_type.as_str()))
-        .bind(column(&rows, |r| r.event.payload.as_slice()))
-        .bind(headers)
-        .bind(column(&rows, |r| r.created_at))
-        .bind(column(&rows, |r| r.available_at))
-        .bind(column(&rows, |r| {
-            i32::try_from(r.attempts).unwrap_or(i32::MAX)
-        }))
-        .bind(column(&rows, |r| r.last_error.as_deref()));
-    let query = match to {
-        Destination::Outbox => query.bind(column(&rows, |r| r.state.as_str())),
-        Destination::Published { at_ms } => query.bind(at_ms),
-    };
-    query.execute(&mut **tx).await?;
-    Ok(())
-}
-
-/// `ranges` as a PostgreSQL `int8multirange` literal, e.g. `{[1,128],[200,311]}`.
-fn multirange(ranges: &[std::ops::RangeInclusive<i64>]) -> String {
-    let parts: Vec<String> = ranges
-        .iter()
-        .filter(|r| r.start() <= r.end())
-        .map(|r| format!("[{},{}]", r.start(), r.end()))
-        .collect();
-    format!("{{{}}}", parts.join(","))
 }
 
 /// The transactional outbox over table `oncely_outbox` (DESIGN.md "Outbox, relay, inbox").
@@ -623,65 +459,7 @@ impl OutboxStore {
     pub async fn enqueue(tx: &mut Tx, event: &OutboxEvent) -> Result<i64, StoreError> {
         let now = oncely_core::now_ms();
         let headers = headers_json(&event.headers)?;
-        if let Tx::MySql(t) = tx {
-            // No `INSERT … RETURNING` on MySQL: the id is the connection's last insert id.
-            let id = sqlx::query(
-                "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
-                 payload, headers, created_at, available_at, attempts, state) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, 'pending')",
-            )
-            .bind(event.message_id.to_string())
-            .bind(&event.topic)
-            .bind(&event.partition_key)
-            .bind(&event.event_type)
-            .bind(&event.payload)
-            .bind(&headers)
-            .bind(now)
-            .bind(now)
-            .execute(&mut **t)
-            .await?
-            .last_insert_id();
-            return i64::try_from(id).map_err(|_| StoreError::Corrupt(format!("outbox id {id}")));
-        }
-        if let Tx::Postgres(t) = tx {
-            // Published events live in `oncely_outbox_published`; the UNIQUE(message_id)
-            // there and the check here keep an id from being enqueued again while its
-            // published record is kept.
-            let id: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
-                 payload, headers, created_at, available_at, attempts, state) \
-                 SELECT $1, $2, $3, $4, $5, $6, $7, $7, 0, 'pending' \
-                 WHERE NOT EXISTS (SELECT 1 FROM oncely_outbox_published WHERE message_id = $1) \
-                 RETURNING id",
-            )
-            .bind(event.message_id.to_string())
-            .bind(&event.topic)
-            .bind(&event.partition_key)
-            .bind(&event.event_type)
-            .bind(&event.payload)
-            .bind(&headers)
-            .bind(now)
-            .fetch_optional(&mut **t)
-            .await?;
-            return id.ok_or_else(|| StoreError::AlreadyPublished(event.message_id.to_string()));
-        }
-        let id: i64 = on_tx!(tx, |c| {
-            sqlx::query_scalar(
-            "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, payload, \
-             headers, created_at, available_at, attempts, state) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, 0, 'pending') RETURNING id",
-        )
-        .bind(event.message_id.to_string())
-        .bind(&event.topic)
-        .bind(&event.partition_key)
-        .bind(&event.event_type)
-        .bind(&event.payload)
-        .bind(&headers)
-        .bind(now)
-        .fetch_one(c)
-        .await
-        })?;
-        Ok(id)
+        with_tx!(tx, |t: S| S::enqueue(t, event, &headers, now).await)
     }
 
     /// Leases up to `batch` rows for `owner` until `now_ms + lease` and returns them in id
@@ -706,58 +484,7 @@ impl OutboxStore {
     ) -> Result<Vec<OutboxRow>, StoreError> {
         let until = now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
         let batch = i64::from(batch.max(1));
-        // Candidates: pending, available, unleased heads of partitions with nothing leased.
-        let candidates = "SELECT o.id FROM oncely_outbox o \
-             WHERE o.state = 'pending' AND o.available_at <= $3 \
-             AND (o.locked_until IS NULL OR o.locked_until < $3) \
-             AND NOT EXISTS (SELECT 1 FROM oncely_outbox p \
-               WHERE p.partition_key = o.partition_key AND p.state = 'pending' \
-               AND (p.id < o.id OR p.locked_until >= $3)) \
-             ORDER BY o.id LIMIT $4";
-        let rows: Vec<Row> = match &self.db {
-            // One writer: the statement runs alone, the subquery once.
-            Database::Sqlite(s) => {
-                sqlx::query_as(&format!(
-                    "UPDATE oncely_outbox SET locked_by = $1, locked_until = $2 \
-                     WHERE id IN ({candidates}) RETURNING {COLUMNS}"
-                ))
-                .bind(owner)
-                .bind(until)
-                .bind(now_ms)
-                .bind(batch)
-                .fetch_all(s.writer())
-                .await?
-            }
-            // The locking subquery sits in a CTE so it runs exactly once: as an `IN (…)`
-            // subquery the planner may rescan it, and with SKIP LOCKED a rescan returns
-            // other rows (more than LIMIT in all). The partition locks are tried on its rows
-            // only ([`partition_lock`]), leaving out partitions a `claim_batch` relay
-            // holds; the UPDATE re-checks the lease on the row version the lock returned.
-            Database::Postgres(p) => {
-                let mut tx = p.pool().begin_with(format!("BEGIN; {PINNED_PLAN}")).await?;
-                let rows = sqlx::query_as(&format!(
-                    "WITH c AS ({}), h AS (SELECT c.id FROM c WHERE {}) \
-                     UPDATE oncely_outbox t SET locked_by = $1, locked_until = $2 \
-                     WHERE t.id = ANY (ARRAY(SELECT h.id FROM h)) AND t.state = 'pending' \
-                     AND (t.locked_until IS NULL OR t.locked_until < $3) \
-                     RETURNING {}",
-                    claim_candidates("$3", "$4", "'{}'"),
-                    partition_lock("c"),
-                    qualified("t")
-                ))
-                .bind(owner)
-                .bind(until)
-                .bind(now_ms)
-                .bind(batch)
-                .fetch_all(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                rows
-            }
-            Database::MySql(p) => {
-                outbox_mysql::claim(p.pool(), owner, until, now_ms, batch).await?
-            }
-        };
+        let rows = with_store!(&self.db, |s| s.claim(owner, until, now_ms, batch).await)?;
         let mut rows = rows
             .into_iter()
             .map(Row::into_row)
@@ -804,81 +531,18 @@ impl OutboxStore {
         now_ms: i64,
         skip: &[std::ops::RangeInclusive<i64>],
     ) -> Result<ClaimedBatch, StoreError> {
-        let Database::Postgres(p) = &self.db else {
-            let rows = self.claim(owner, batch, lease, now_ms).await?;
-            return Ok(ClaimedBatch {
-                rows,
-                hold: Hold::Leased {
-                    store: self.clone(),
-                    owner: owner.to_owned(),
-                },
-            });
-        };
-        let batch = i64::from(batch.max(1));
-        // The claim's plan is pinned ([`PINNED_PLAN`]: the statistics say the table is empty
-        // right when a backlog arrives; with the seq scans it took 7 s instead of 6 ms to
-        // claim 256 of 30,000 rows), set in the same round trip as `BEGIN`; the head check is
-        // an `OFFSET 0` subquery on a row comparison only `oncely_outbox_pending` can serve,
-        // and the ids are taken as `= ANY (ARRAY(…))`, so no join is left to plan.
-        //
-        // `plan_cache_mode = force_generic_plan`: the claim's plan does not depend on its
-        // parameters, but PostgreSQL 15 kept choosing a custom plan for it on every
-        // execution (`pg_prepared_statements`: 0 generic, 8 custom), planning it each time
-        // for about 1 ms — as long as the claim itself.
-        //
-        // `synchronous_commit = off` for this transaction only: its commit (the settle)
-        // returns before the WAL is flushed. A server crash in that window can only undo
-        // the settle — the rows come back `pending` and are republished with the same
-        // message ids, which at-least-once delivery already allows; no event is lost and no
-        // business data is in this transaction. It saves one WAL flush per batch on the
-        // relay's critical path.
-        let mut tx = p
-            .pool()
-            .begin_with(format!(
-                "BEGIN; {PINNED_PLAN}; \
-                 SET LOCAL plan_cache_mode = force_generic_plan; \
-                 SET LOCAL synchronous_commit = off"
-            ))
-            .await?;
-        // The claim *is* the delete: the candidates are locked `FOR UPDATE OF o SKIP
-        // LOCKED` and deleted in the same statement — those whose partition this
-        // transaction can lock ([`partition_lock`]); a candidate whose partition another
-        // relay holds stays locked by this transaction, untouched, until it ends. Until
-        // this transaction commits, other relays still see the rows (so a partition whose
-        // head is in flight stays blocked) and skip them (they are locked); a rollback —
-        // relay crash, lost connection, failed settle — puts them back untouched. A live
-        // lease (a relay using `claim`) is honoured as in `claim`.
-        let rows: Vec<Row> = sqlx::query_as(&format!(
-            "WITH c AS ({}), h AS (SELECT c.id FROM c WHERE {}) \
-             DELETE FROM oncely_outbox x WHERE x.id = ANY (ARRAY(SELECT h.id FROM h)) \
-             RETURNING {}",
-            claim_candidates("$1", "$2", "$3"),
-            partition_lock("c"),
-            qualified("x")
-        ))
-        .bind(now_ms)
-        .bind(batch)
-        .bind(multirange(skip))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut rows = rows
-            .into_iter()
-            .map(Row::into_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.sort_by_key(|r| r.id);
-        if rows.is_empty() {
-            // Nothing to hold: give the connection back now.
-            tx.rollback().await?;
-            return Ok(ClaimedBatch {
-                rows,
-                hold: Hold::Nothing,
-            });
+        let held = with_store!(&self.db, |s| s
+            .claim_held(batch, now_ms, skip, self.keep_published)
+            .await)?;
+        if let Some(held) = held {
+            return Ok(held);
         }
+        let rows = self.claim(owner, batch, lease, now_ms).await?;
         Ok(ClaimedBatch {
             rows,
-            hold: Hold::Locked {
-                tx: Box::new(tx),
-                keep: self.keep_published,
+            hold: Hold::Leased {
+                store: self.clone(),
+                owner: owner.to_owned(),
             },
         })
     }
@@ -899,56 +563,10 @@ impl OutboxStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        let n = match &self.db {
-            Database::Sqlite(s) => {
-                let list = serde_json::to_string(ids)
-                    .map_err(|e| StoreError::Corrupt(format!("id list: {e}")))?;
-                sqlx::query(
-                    "UPDATE oncely_outbox SET state = 'published', published_at = $1, \
-                     locked_by = NULL, locked_until = NULL \
-                     WHERE id IN (SELECT value FROM json_each($2)) AND locked_by = $3 \
-                     AND state = 'pending'",
-                )
-                .bind(now_ms)
-                .bind(list)
-                .bind(owner)
-                .execute(s.writer())
-                .await?
-                .rows_affected()
-            }
-            // The row moves to `oncely_outbox_published` (or goes, without retention).
-            // A message id recorded already keeps its first record (see `Destination`).
-            Database::Postgres(p) if self.keep_published => {
-                let n: i64 = sqlx::query_scalar(concat!(
-                    "WITH d AS (DELETE FROM oncely_outbox \
-                         WHERE id = ANY($2) AND locked_by = $3 AND state = 'pending' \
-                         RETURNING *), \
-                         i AS (INSERT INTO oncely_outbox_published (",
-                    moved_columns!(),
-                    ", published_at) SELECT ",
-                    moved_columns!(),
-                    ", $1 FROM d ON CONFLICT DO NOTHING) SELECT count(*) FROM d"
-                ))
-                .bind(now_ms)
-                .bind(ids)
-                .bind(owner)
-                .fetch_one(p.pool())
-                .await?;
-                u64::try_from(n).unwrap_or(0)
-            }
-            Database::Postgres(p) => sqlx::query(
-                "DELETE FROM oncely_outbox \
-                 WHERE id = ANY($1) AND locked_by = $2 AND state = 'pending'",
-            )
-            .bind(ids)
-            .bind(owner)
-            .execute(p.pool())
-            .await?
-            .rows_affected(),
-            Database::MySql(p) => {
-                outbox_mysql::mark_published(p.pool(), owner, ids, now_ms).await?
-            }
-        };
+        let keep = self.keep_published;
+        let n = with_store!(&self.db, |s| s
+            .mark_published(owner, ids, now_ms, keep)
+            .await)?;
         Ok(n)
     }
 
@@ -970,22 +588,8 @@ impl OutboxStore {
     ) -> Result<Rescheduled, StoreError> {
         let error: String = error.chars().take(2000).collect();
         let max = i64::from(max_attempts.max(1));
-        let sql = format!(
-            "UPDATE oncely_outbox SET {RESCHEDULE_SET}, locked_by = NULL, locked_until = NULL \
-             WHERE id = $4 AND locked_by = $5 AND state = 'pending' RETURNING state"
-        );
-        if let Database::MySql(p) = &self.db {
-            let state =
-                outbox_mysql::reschedule(p.pool(), owner, id, &error, retry_at_ms, max).await?;
-            return Ok(Rescheduled::from_state(state.as_deref()));
-        }
-        let state: Option<String> = crate::on_writer!(&self.db, |p| sqlx::query_scalar(&sql)
-            .bind(&error)
-            .bind(retry_at_ms)
-            .bind(max)
-            .bind(id)
-            .bind(owner)
-            .fetch_optional(p)
+        let state = with_store!(&self.db, |s| s
+            .reschedule(owner, id, &error, retry_at_ms, max)
             .await)?;
         Ok(Rescheduled::from_state(state.as_deref()))
     }
@@ -1015,20 +619,7 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        let sql = "SELECT \
-                   COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0), \
-                   MIN(CASE WHEN state = 'pending' THEN created_at END), \
-                   COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0) \
-                   FROM oncely_outbox WHERE state <> 'published'";
-        let (pending, oldest, dead): (i64, Option<i64>, i64) = match &self.db {
-            Database::Sqlite(s) => sqlx::query_as(sql).fetch_one(s.reader()).await?,
-            Database::Postgres(p) => sqlx::query_as(sql).fetch_one(p.pool()).await?,
-            Database::MySql(p) => {
-                sqlx::query_as(outbox_mysql::STATS)
-                    .fetch_one(p.pool())
-                    .await?
-            }
-        };
+        let (pending, oldest, dead) = with_store!(&self.db, |s| s.stats().await)?;
         Ok(OutboxStats {
             pending: u64::try_from(pending).unwrap_or(0),
             oldest_pending_created_at: oldest,
@@ -1041,35 +632,7 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails or the row is corrupt.
     pub async fn get(&self, id: i64) -> Result<Option<OutboxRow>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM oncely_outbox WHERE id = $1");
-        let row: Option<Row> = match &self.db {
-            Database::Sqlite(s) => {
-                sqlx::query_as(&sql)
-                    .bind(id)
-                    .fetch_optional(s.reader())
-                    .await?
-            }
-            Database::Postgres(p) => {
-                // A published row lives in `oncely_outbox_published` (migration 0005).
-                sqlx::query_as(&format!(
-                    "SELECT {COLUMNS} FROM oncely_outbox WHERE id = $1 \
-                     UNION ALL SELECT {PUBLISHED_COLUMNS} FROM oncely_outbox_published \
-                     WHERE id = $1"
-                ))
-                .bind(id)
-                .fetch_optional(p.pool())
-                .await?
-            }
-            Database::MySql(p) => {
-                sqlx::query_as(&format!(
-                    "SELECT {} FROM oncely_outbox WHERE id = ?",
-                    outbox_mysql::COLUMNS
-                ))
-                .bind(id)
-                .fetch_optional(p.pool())
-                .await?
-            }
-        };
+        let row = with_store!(&self.db, |s| s.get(id).await)?;
         row.map(Row::into_row).transpose()
     }
 
@@ -1078,38 +641,8 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails or a row is corrupt.
     pub async fn dead(&self, after_id: i64, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM oncely_outbox WHERE state = 'dead' AND id > $1 \
-             ORDER BY id LIMIT $2"
-        );
         let limit = i64::from(limit.max(1));
-        let rows: Vec<Row> = match &self.db {
-            Database::Sqlite(s) => {
-                sqlx::query_as(&sql)
-                    .bind(after_id)
-                    .bind(limit)
-                    .fetch_all(s.reader())
-                    .await?
-            }
-            Database::Postgres(p) => {
-                sqlx::query_as(&sql)
-                    .bind(after_id)
-                    .bind(limit)
-                    .fetch_all(p.pool())
-                    .await?
-            }
-            Database::MySql(p) => {
-                sqlx::query_as(&format!(
-                    "SELECT {} FROM oncely_outbox WHERE state = 'dead' AND id > ? \
-                     ORDER BY id LIMIT ?",
-                    outbox_mysql::COLUMNS
-                ))
-                .bind(after_id)
-                .bind(limit)
-                .fetch_all(p.pool())
-                .await?
-            }
-        };
+        let rows = with_store!(&self.db, |s| s.dead(after_id, limit).await)?;
         rows.into_iter().map(Row::into_row).collect()
     }
 
@@ -1155,39 +688,7 @@ impl OutboxStore {
     /// [`StoreError`] when the database fails.
     pub async fn delete_published(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let batch = i64::from(batch.max(1));
-        let n = match &self.db {
-            Database::Sqlite(s) => sqlx::query(
-                "DELETE FROM oncely_outbox WHERE id IN (SELECT id FROM oncely_outbox \
-                 WHERE state = 'published' AND published_at < $1 LIMIT $2)",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(s.writer())
-            .await?
-            .rows_affected(),
-            // Plan pinned, rows taken by TID (`crate::plan`).
-            Database::Postgres(p) => {
-                crate::plan::execute_planned(
-                    p.pool(),
-                    crate::plan::PINNED_PLAN_BRIN,
-                    sqlx::query(
-                        "WITH c AS (SELECT ctid FROM oncely_outbox_published \
-                         WHERE published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                         DELETE FROM oncely_outbox_published \
-                         WHERE ctid = ANY (ARRAY(SELECT c.ctid FROM c))",
-                    )
-                    .bind(before_ms)
-                    .bind(batch),
-                )
-                .await?
-            }
-            Database::MySql(p) => sqlx::query(outbox_mysql::DELETE_PUBLISHED)
-                .bind(before_ms)
-                .bind(batch)
-                .execute(p.pool())
-                .await?
-                .rows_affected(),
-        };
+        let n = with_store!(&self.db, |s| s.delete_published(before_ms, batch).await)?;
         Ok(n)
     }
 
@@ -1214,12 +715,81 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn vacuum(&self) -> Result<(), StoreError> {
-        if let Database::Postgres(p) = &self.db {
-            // Simple query protocol: VACUUM cannot run inside a transaction block.
-            sqlx::raw_sql("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) oncely_outbox")
-                .execute(p.pool())
-                .await?;
-        }
+        with_store!(&self.db, |s| s.vacuum().await)
+    }
+}
+
+/// What each backend implements for [`OutboxStore`] (in `sqlite/`, `postgres/`, `mysql/`
+/// `outbox.rs`). Statements whose text is the same everywhere (release, requeue) stay in
+/// [`OutboxStore`], through [`crate::on_writer!`] and [`sql_text`].
+pub(crate) trait OutboxBackend: Store {
+    /// Inserts `event` (headers already as JSON) in `tx` at `now` (Unix ms); the row id.
+    async fn enqueue(
+        tx: &mut Self::Tx,
+        event: &OutboxEvent,
+        headers: &str,
+        now: i64,
+    ) -> Result<i64, StoreError>;
+
+    /// Leases up to `batch` claimable rows to `owner` until `until` (see
+    /// [`OutboxStore::claim`]).
+    async fn claim(
+        &self,
+        owner: &str,
+        until: i64,
+        now_ms: i64,
+        batch: i64,
+    ) -> Result<Vec<Row>, StoreError>;
+
+    /// A claim held by an open transaction instead of a lease (see
+    /// [`OutboxStore::claim_batch`]); `None` where the backend leases (the default).
+    async fn claim_held(
+        &self,
+        batch: u32,
+        now_ms: i64,
+        skip: &[std::ops::RangeInclusive<i64>],
+        keep: bool,
+    ) -> Result<Option<ClaimedBatch>, StoreError> {
+        let _ = (batch, now_ms, skip, keep);
+        Ok(None)
+    }
+
+    /// Marks `ids` leased by `owner` published (`keep`: record them; see
+    /// [`OutboxStore::keep_published`]).
+    async fn mark_published(
+        &self,
+        owner: &str,
+        ids: &[i64],
+        now_ms: i64,
+        keep: bool,
+    ) -> Result<u64, StoreError>;
+
+    /// One failed attempt of row `id` held by `owner` (`error` already cut); the new state,
+    /// `None` when `owner` does not hold the row.
+    async fn reschedule(
+        &self,
+        owner: &str,
+        id: i64,
+        error: &str,
+        retry_at_ms: i64,
+        max: i64,
+    ) -> Result<Option<String>, StoreError>;
+
+    /// Pending count, oldest pending `created_at`, dead count.
+    async fn stats(&self) -> Result<(i64, Option<i64>, i64), StoreError>;
+
+    /// One row by id, published ones included.
+    async fn get(&self, id: i64) -> Result<Option<Row>, StoreError>;
+
+    /// Up to `limit` dead rows above `after_id`, in id order.
+    async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<Row>, StoreError>;
+
+    /// Deletes up to `batch` rows published before `before_ms`.
+    async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
+
+    /// Vacuums the outbox where that helps ([`crate::Backend::needs_vacuum`]); nothing by
+    /// default.
+    async fn vacuum(&self) -> Result<(), StoreError> {
         Ok(())
     }
 }

@@ -1,16 +1,109 @@
-//! The outbox statements MySQL / MariaDB spell differently: no `UPDATE … RETURNING`, no
-//! `= ANY($1)`, `?` placeholders bound by position, `_bin` columns selected through
-//! `CAST(… AS CHAR)` (sqlx decodes a binary-collated column as bytes, not text).
+//! [`OutboxBackend`] on MySQL / MariaDB: no `UPDATE … RETURNING`, no `= ANY($1)`, `?`
+//! placeholders bound by position, `_bin` columns selected through `CAST(… AS CHAR)` (sqlx
+//! decodes a binary-collated column as bytes, not text).
 
-use crate::dialect::in_list;
 use sqlx::mysql::MySqlPool;
 
-use crate::outbox::Row;
+use super::MySqlStore;
+use crate::dialect::in_list;
+use crate::outbox::{OutboxBackend, OutboxEvent, Row};
 use crate::StoreError;
+
+impl OutboxBackend for MySqlStore {
+    /// No `INSERT … RETURNING` on MySQL: the id is the connection's last insert id.
+    async fn enqueue(
+        tx: &mut Self::Tx,
+        event: &OutboxEvent,
+        headers: &str,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let id = sqlx::query(
+            "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
+             payload, headers, created_at, available_at, attempts, state) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, 'pending')",
+        )
+        .bind(event.message_id.to_string())
+        .bind(&event.topic)
+        .bind(&event.partition_key)
+        .bind(&event.event_type)
+        .bind(&event.payload)
+        .bind(headers)
+        .bind(now)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?
+        .last_insert_id();
+        i64::try_from(id).map_err(|_| StoreError::Corrupt(format!("outbox id {id}")))
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        until: i64,
+        now_ms: i64,
+        batch: i64,
+    ) -> Result<Vec<Row>, StoreError> {
+        claim(self.pool(), owner, until, now_ms, batch).await
+    }
+
+    async fn mark_published(
+        &self,
+        owner: &str,
+        ids: &[i64],
+        now_ms: i64,
+        _keep: bool,
+    ) -> Result<u64, StoreError> {
+        mark_published(self.pool(), owner, ids, now_ms).await
+    }
+
+    async fn reschedule(
+        &self,
+        owner: &str,
+        id: i64,
+        error: &str,
+        retry_at_ms: i64,
+        max: i64,
+    ) -> Result<Option<String>, StoreError> {
+        reschedule(self.pool(), owner, id, error, retry_at_ms, max).await
+    }
+
+    async fn stats(&self) -> Result<(i64, Option<i64>, i64), StoreError> {
+        Ok(sqlx::query_as(STATS).fetch_one(self.pool()).await?)
+    }
+
+    async fn get(&self, id: i64) -> Result<Option<Row>, StoreError> {
+        Ok(
+            sqlx::query_as(&format!("SELECT {COLUMNS} FROM oncely_outbox WHERE id = ?"))
+                .bind(id)
+                .fetch_optional(self.pool())
+                .await?,
+        )
+    }
+
+    async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<Row>, StoreError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM oncely_outbox WHERE state = 'dead' AND id > ? \
+             ORDER BY id LIMIT ?"
+        ))
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
+        Ok(sqlx::query(DELETE_PUBLISHED)
+            .bind(before_ms)
+            .bind(batch)
+            .execute(self.pool())
+            .await?
+            .rows_affected())
+    }
+}
 
 /// The outbox columns as [`Row`] decodes them; `topic` and `partition_key` are
 /// `utf8mb4_bin` (compared byte for byte like on the other backends).
-pub(crate) const COLUMNS: &str = "id, message_id, CAST(topic AS CHAR) AS topic, \
+const COLUMNS: &str = "id, message_id, CAST(topic AS CHAR) AS topic, \
      CAST(partition_key AS CHAR) AS partition_key, event_type, payload, headers, \
      created_at, available_at, attempts, last_error, state, published_at";
 
@@ -18,7 +111,7 @@ pub(crate) const COLUMNS: &str = "id, message_id, CAST(topic AS CHAR) AS topic, 
 /// candidates with `FOR UPDATE SKIP LOCKED` (MySQL 8.0+, MariaDB 10.6+), lease them, read
 /// them back (no `UPDATE … RETURNING` on MySQL). The lease re-checks the row the lock
 /// returned, as on PostgreSQL.
-pub(crate) async fn claim(
+async fn claim(
     pool: &MySqlPool,
     owner: &str,
     until: i64,
@@ -72,7 +165,7 @@ pub(crate) async fn claim(
 }
 
 /// `UPDATE … WHERE id IN (…)` in chunks of 1,000 ids.
-pub(crate) async fn mark_published(
+async fn mark_published(
     pool: &MySqlPool,
     owner: &str,
     ids: &[i64],
@@ -98,7 +191,7 @@ pub(crate) async fn mark_published(
 /// The reschedule as an `UPDATE` and a read of the new state in one transaction. MySQL
 /// evaluates single-table `SET` assignments left to right, each seeing the columns
 /// assigned before it, so `state` is computed *before* `attempts` is incremented.
-pub(crate) async fn reschedule(
+async fn reschedule(
     pool: &MySqlPool,
     owner: &str,
     id: i64,
@@ -135,12 +228,12 @@ pub(crate) async fn reschedule(
 }
 
 /// Pending and dead counts: `SUM` is `DECIMAL` on MySQL, so it is cast back to an integer.
-pub(crate) const STATS: &str = "SELECT \
+const STATS: &str = "SELECT \
      CAST(COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0) AS SIGNED), \
      MIN(CASE WHEN state = 'pending' THEN created_at END), \
      CAST(COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0) AS SIGNED) \
      FROM oncely_outbox WHERE state <> 'published'";
 
 /// A single-table `DELETE` takes its own `LIMIT`.
-pub(crate) const DELETE_PUBLISHED: &str = "DELETE FROM oncely_outbox \
+const DELETE_PUBLISHED: &str = "DELETE FROM oncely_outbox \
      WHERE state = 'published' AND published_at < ? ORDER BY published_at LIMIT ?";

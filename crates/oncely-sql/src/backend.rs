@@ -1,0 +1,342 @@
+//! The one place that chooses a backend: the [`Database`] and [`Tx`] enums, [`Backend`],
+//! connecting by URL scheme, and the dispatch macros. Every other portable module reaches
+//! a backend through [`with_store!`] / [`with_tx!`] and one internal trait per store
+//! (implemented in `sqlite/`, `postgres/` and `mysql/`), never by naming a variant.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+use crate::mysql::{MySqlStore, MySqlTx};
+use crate::postgres::PgStore;
+use crate::sqlite::{SqliteStore, SqliteTx};
+use crate::{DbOptions, StoreError};
+
+/// Which database a [`Database`] talks to. `Display` gives a human name ("SQLite",
+/// "PostgreSQL", "MySQL / MariaDB"); [`Backend::as_str`] the short one used in URLs, logs
+/// and metrics labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// SQLite, the embedded default.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8.0+ or MariaDB 10.6+.
+    MySql,
+}
+
+impl Backend {
+    /// The short, stable name: `sqlite`, `postgres` or `mysql`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+        }
+    }
+
+    /// `true` when deleted and updated rows leave dead row versions behind that only a
+    /// `VACUUM` removes, so a relay that deletes many rows should vacuum the outbox
+    /// ([`crate::OutboxStore::vacuum`]) rather than wait for autovacuum: PostgreSQL.
+    /// SQLite reuses freed pages and InnoDB purges by itself.
+    pub fn needs_vacuum(self) -> bool {
+        matches!(self, Self::Postgres)
+    }
+
+    /// `true` when placeholders are MySQL's positional `?` (SQL written with `$n` is
+    /// rewritten by [`crate::sql_text`] and [`crate::query`]).
+    pub fn uses_question_marks(self) -> bool {
+        matches!(self, Self::MySql)
+    }
+
+    /// A select-list item that reads `column` as text: `column` on SQLite and PostgreSQL;
+    /// `CAST(column AS CHAR) AS column` on MySQL, whose binary-collated (`utf8mb4_bin`,
+    /// compared byte for byte) columns sqlx decodes as bytes, not text.
+    pub fn text_column(self, column: &str) -> Cow<'_, str> {
+        match self {
+            Self::MySql => Cow::Owned(format!("CAST({column} AS CHAR) AS {column}")),
+            Self::Sqlite | Self::Postgres => Cow::Borrowed(column),
+        }
+    }
+
+    /// `insert` (an `INSERT … VALUES (…)` with `$n` placeholders) as this backend spells an
+    /// insert that does nothing when the row's `target` key (e.g. `"(consumer, message_id)"`,
+    /// or `""` for any unique key) exists: `… ON CONFLICT target DO NOTHING` on SQLite and
+    /// PostgreSQL; on MySQL the plain insert (placeholders rewritten), whose duplicate-key
+    /// error [`Backend::duplicate_ignored`] turns into "nothing inserted" (`INSERT IGNORE`
+    /// would also silence truncation and other errors).
+    pub(crate) fn insert_ignoring_duplicate_sql<'a>(
+        self,
+        insert: &'a str,
+        target: &str,
+    ) -> Cow<'a, str> {
+        match self {
+            Self::MySql => Cow::Owned(crate::dialect::question_marks(insert)),
+            Self::Sqlite | Self::Postgres => {
+                Cow::Owned(format!("{insert} ON CONFLICT {target} DO NOTHING"))
+            }
+        }
+    }
+
+    /// The outcome of a statement from [`Backend::insert_ignoring_duplicate_sql`] (its rows
+    /// affected): `true` when it inserted, `false` on a duplicate — MySQL's `ER_DUP_ENTRY`
+    /// (1062, SQLSTATE 23000) included.
+    pub(crate) fn duplicate_ignored(
+        self,
+        rows_affected: Result<u64, sqlx::Error>,
+    ) -> Result<bool, sqlx::Error> {
+        match rows_affected {
+            Ok(n) => Ok(n > 0),
+            Err(e) if self == Self::MySql && crate::error::is_unique_violation(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Sqlite => "SQLite",
+            Self::Postgres => "PostgreSQL",
+            Self::MySql => "MySQL / MariaDB",
+        })
+    }
+}
+
+/// A database oncely stores into. Cheap to clone (pools are reference counted).
+///
+/// Exhaustive on purpose: [`on_tx!`] and [`on_pool!`] expand one arm per backend, and a new
+/// backend must be a compile error wherever SQL is dispatched. Matching on the variants is
+/// the escape hatch for backend-specific SQL; the portable API ([`crate::query`],
+/// [`Database::fetch_optional`], [`Tx::execute`], …) covers the common cases.
+#[derive(Debug, Clone)]
+pub enum Database {
+    /// SQLite file.
+    Sqlite(SqliteStore),
+    /// PostgreSQL server.
+    Postgres(PgStore),
+    /// MySQL or MariaDB server.
+    MySql(MySqlStore),
+}
+
+/// An open transaction on either backend. Dropping it rolls back. Matching on the variants
+/// is the escape hatch, like [`Database`]'s.
+#[derive(Debug)]
+pub enum Tx {
+    /// SQLite transaction (holds the write lock).
+    Sqlite(SqliteTx),
+    /// PostgreSQL transaction.
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// MySQL / MariaDB transaction (`READ COMMITTED`).
+    MySql(MySqlTx),
+}
+
+/// An application's own migration sets, one per backend it supports, for
+/// [`Database::run_migrator`]: give only the sets of the backends the application runs on.
+///
+/// ```text
+/// db.run_migrator(Migrations::new().postgres(sqlx::migrate!("./migrations/postgres"))).await?;
+/// ```
+#[derive(Debug, Default)]
+pub struct Migrations {
+    sqlite: Option<sqlx::migrate::Migrator>,
+    postgres: Option<sqlx::migrate::Migrator>,
+    mysql: Option<sqlx::migrate::Migrator>,
+}
+
+impl Migrations {
+    /// No sets yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The set for SQLite.
+    #[must_use]
+    pub fn sqlite(mut self, migrator: sqlx::migrate::Migrator) -> Self {
+        self.sqlite = Some(migrator);
+        self
+    }
+
+    /// The set for PostgreSQL.
+    #[must_use]
+    pub fn postgres(mut self, migrator: sqlx::migrate::Migrator) -> Self {
+        self.postgres = Some(migrator);
+        self
+    }
+
+    /// The set for MySQL / MariaDB.
+    #[must_use]
+    pub fn mysql(mut self, migrator: sqlx::migrate::Migrator) -> Self {
+        self.mysql = Some(migrator);
+        self
+    }
+
+    /// The set for `backend`, if one was given.
+    pub(crate) fn into_set(self, backend: Backend) -> Option<sqlx::migrate::Migrator> {
+        match backend {
+            Backend::Sqlite => self.sqlite,
+            Backend::Postgres => self.postgres,
+            Backend::MySql => self.mysql,
+        }
+    }
+}
+
+/// What every backend's store provides to the portable [`Database`] and [`Tx`] methods.
+pub(crate) trait Store {
+    /// The backend's transaction type, as held by [`Tx`].
+    type Tx;
+    /// Which backend this is.
+    const BACKEND: Backend;
+    /// oncely's embedded migrations for this backend.
+    fn migrations() -> sqlx::migrate::Migrator;
+    /// One row, one `i64` column: 1 when sqlx's `_sqlx_migrations` table exists.
+    const MIGRATIONS_TABLE_EXISTS: &'static str;
+    /// The bound of [`Database::within_store_timeout`]; `None` for unbounded (SQLite).
+    fn store_timeout(&self) -> Option<Duration>;
+    /// Begins a transaction, unbounded by the store timeout.
+    async fn begin(&self) -> Result<Tx, StoreError>;
+    /// Ends `tx`, committing when `commit`.
+    async fn finish(tx: Self::Tx, commit: bool) -> Result<(), sqlx::Error>;
+    /// Why a new connection cannot be opened (one attempt, at most 1 s), if it cannot.
+    async fn connect_error(&self) -> Option<sqlx::Error>;
+    /// Runs `migrator` on the write side.
+    async fn run(
+        &self,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<(), sqlx::migrate::MigrateError>;
+    /// Closes every pooled connection.
+    async fn close(&self);
+}
+
+/// Runs `$body` with `$s` bound to the backend store inside a [`Database`].
+macro_rules! with_store {
+    ($db:expr, |$s:ident| $body:expr) => {
+        match $db {
+            $crate::Database::Sqlite($s) => $body,
+            $crate::Database::Postgres($s) => $body,
+            $crate::Database::MySql($s) => $body,
+        }
+    };
+}
+pub(crate) use with_store;
+
+/// Runs `$body` with `$t` bound to the backend transaction inside a [`Tx`] and `$S` naming
+/// that backend's store type (whose per-store traits take `&mut $S::Tx`).
+macro_rules! with_tx {
+    ($tx:expr, |$t:ident : $S:ident| $body:expr) => {
+        match $tx {
+            $crate::Tx::Sqlite($t) => {
+                type $S = $crate::SqliteStore;
+                $body
+            }
+            $crate::Tx::Postgres($t) => {
+                type $S = $crate::PgStore;
+                $body
+            }
+            $crate::Tx::MySql($t) => {
+                type $S = $crate::MySqlStore;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_tx;
+
+/// Connects to `url` by its scheme (see [`Database::connect`]).
+pub(crate) async fn connect(url: &str, options: &DbOptions) -> Result<Database, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Database::Sqlite(SqliteStore::connect(url, options).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        let opts: sqlx::postgres::PgConnectOptions = url.parse()?;
+        Database::connect_postgres(opts, options).await
+    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        let url = url
+            .strip_prefix("mariadb:")
+            .map_or_else(|| url.to_owned(), |rest| format!("mysql:{rest}"));
+        let opts: sqlx::mysql::MySqlConnectOptions = url.parse()?;
+        Database::connect_mysql(opts, options).await
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}
+
+/// Runs the same expression on whichever connection a [`Tx`] holds. The expression is
+/// compiled once per backend, so one SQL text serves all three: write it with `$1`-style
+/// placeholders (SQLite and PostgreSQL) and pass it through [`sql_text`](crate::sql_text),
+/// which turns them into MySQL's `?` on a MySQL connection.
+///
+/// The escape hatch for SQL the portable API ([`crate::query`] with [`Tx::execute`],
+/// [`Tx::fetch_optional`], …) does not cover, e.g. binding a type outside
+/// [`crate::Value`].
+///
+/// ```text
+/// let n = on_tx!(tx, |c| sqlx::query(&sql_text(c, "DELETE FROM t WHERE id = $1"))
+///     .bind(id).execute(c).await)?;
+/// ```
+#[macro_export]
+macro_rules! on_tx {
+    ($tx:expr, |$c:ident| $body:expr) => {
+        match $tx {
+            $crate::Tx::Sqlite(t) => {
+                let $c = &mut **t;
+                $body
+            }
+            $crate::Tx::Postgres(t) => {
+                let $c = &mut **t;
+                $body
+            }
+            $crate::Tx::MySql(t) => {
+                let $c = &mut **t;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs the same expression on a [`Database`]'s read pool (the SQLite reader pool, the
+/// PostgreSQL or the MySQL pool), compiled once per backend like [`on_tx!`]; the escape
+/// hatch next to [`Database::fetch_optional`] and [`Database::fetch_all`].
+#[macro_export]
+macro_rules! on_pool {
+    ($db:expr, |$p:ident| $body:expr) => {
+        match $db {
+            $crate::Database::Sqlite(s) => {
+                let $p = s.reader();
+                $body
+            }
+            $crate::Database::Postgres(s) => {
+                let $p = s.pool();
+                $body
+            }
+            $crate::Database::MySql(s) => {
+                let $p = s.pool();
+                $body
+            }
+        }
+    };
+}
+
+/// Runs the same expression on a [`Database`]'s *write* side (the SQLite single-writer pool,
+/// the PostgreSQL or the MySQL pool), compiled once per backend like [`on_tx!`]: for
+/// statements outside a caller's transaction whose SQL text is the same on every backend
+/// (placeholders through [`sql_text`](crate::sql_text)).
+#[macro_export]
+macro_rules! on_writer {
+    ($db:expr, |$p:ident| $body:expr) => {
+        match $db {
+            $crate::Database::Sqlite(s) => {
+                let $p = s.writer();
+                $body
+            }
+            $crate::Database::Postgres(s) => {
+                let $p = s.pool();
+                $body
+            }
+            $crate::Database::MySql(s) => {
+                let $p = s.pool();
+                $body
+            }
+        }
+    };
+}

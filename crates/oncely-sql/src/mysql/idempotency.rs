@@ -1,0 +1,95 @@
+//! [`IdempotencyBackend`] on MySQL / MariaDB (`key` is a reserved word there).
+
+use super::MySqlStore;
+use crate::backend::Store;
+use crate::idempotency::{bind_record, ClaimRow, IdempotencyBackend, NewRecord, RecordRow};
+
+/// The counterpart of PostgreSQL's claim: a *session*-scoped named lock taken without
+/// waiting (`GET_LOCK(name, 0)`: 1 when this session holds it, 0 when another does, NULL on
+/// an error — counted as not held: 409, never an unprotected run), named after the database
+/// and the key's hash (64 characters at most, as MySQL requires) so deployments in separate
+/// databases of one server never contend, plus the committed record if there is one.
+/// [`crate::MySqlTx`] releases the lock (`RELEASE_ALL_LOCKS()`) with the transaction's end,
+/// before the connection goes back to the pool, or closes the session if the transaction
+/// is dropped unfinished.
+///
+/// As on PostgreSQL the read may precede the lock within the statement, so a record
+/// committed by the previous holder in that instant can be missed: this request then runs,
+/// its record insert meets the primary key (`ER_DUP_ENTRY`), it rolls back and replays the
+/// winner — wasted work, never a second effect.
+const CLAIM: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
+     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) = 1 AS claimed, \
+     r.state, r.fingerprint, r.route_digest, r.response_status, r.response_headers, \
+     r.response_body, r.created_at, r.completed_at, r.expires_at \
+     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
+     ON r.tenant = ? AND r.operation = ? AND r.`key` = ?";
+
+/// A plain insert: `ER_DUP_ENTRY` (1062) tells the conflict.
+const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, `key`, \
+     fingerprint, route_digest, state, owner, response_status, response_headers, \
+     response_body, created_at, completed_at, expires_at) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+const SELECT_RECORD: &str = "SELECT state, fingerprint, route_digest, response_status, \
+     response_headers, response_body, created_at, completed_at, expires_at \
+     FROM oncely_idempotency WHERE tenant = ? AND operation = ? AND `key` = ?";
+
+impl IdempotencyBackend for MySqlStore {
+    async fn claim(
+        tx: &mut Self::Tx,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+        lock_id: i64,
+    ) -> Result<ClaimRow, sqlx::Error> {
+        tx.took_named_lock();
+        sqlx::query_as(CLAIM)
+            .bind(format!("{lock_id:016x}"))
+            .bind(tenant)
+            .bind(operation)
+            .bind(key)
+            .fetch_one(&mut **tx)
+            .await
+    }
+
+    async fn insert_record(tx: &mut Self::Tx, record: &NewRecord<'_>) -> Result<bool, sqlx::Error> {
+        let n = bind_record!(sqlx::query(INSERT_RECORD), record)
+            .execute(&mut **tx)
+            .await
+            .map(|r| r.rows_affected());
+        match Self::BACKEND.duplicate_ignored(n) {
+            // A deadlock (1213) or lock-wait timeout (1205) here means another transaction
+            // is writing the same key: this one has lost either way, so it rolls back and
+            // answers with the winner's record (replay) or, while that is uncommitted, 409.
+            Err(e) if crate::error::is_lock_conflict(&e) => Ok(false),
+            other => other,
+        }
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        sqlx::query_as(SELECT_RECORD)
+            .bind(tenant)
+            .bind(operation)
+            .bind(key)
+            .fetch_optional(self.pool())
+            .await
+    }
+
+    /// A single-table `DELETE` takes its own `LIMIT`.
+    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(
+            "DELETE FROM oncely_idempotency WHERE expires_at < ? \
+             AND state IN ('succeeded', 'failed') ORDER BY expires_at LIMIT ?",
+        )
+        .bind(now_ms)
+        .bind(batch)
+        .execute(self.pool())
+        .await?
+        .rows_affected())
+    }
+}

@@ -1,0 +1,81 @@
+//! [`IdempotencyBackend`] on PostgreSQL.
+
+use super::PgStore;
+use crate::backend::Store;
+use crate::idempotency::{
+    bind_record, ClaimRow, IdempotencyBackend, NewRecord, RecordRow, INSERT_RECORD, RECORD_COLUMNS,
+};
+
+/// The claim: whether this transaction holds the key (a transaction-scoped advisory
+/// *try*-lock, XORed with a hash of the current schema so deployments in separate schemas
+/// never contend), and the committed record if there is one. One row always (the
+/// `LEFT JOIN` against a one-row relation).
+const CLAIM: &str = "SELECT pg_try_advisory_xact_lock($4 # hashtextextended(current_schema(), 0)) \
+     AS claimed, r.state, \
+     r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
+     r.created_at, r.completed_at, r.expires_at \
+     FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
+     ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
+
+impl IdempotencyBackend for PgStore {
+    async fn claim(
+        tx: &mut Self::Tx,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+        lock_id: i64,
+    ) -> Result<ClaimRow, sqlx::Error> {
+        sqlx::query_as(CLAIM)
+            .bind(tenant)
+            .bind(operation)
+            .bind(key)
+            .bind(lock_id)
+            .fetch_one(&mut **tx)
+            .await
+    }
+
+    async fn insert_record(tx: &mut Self::Tx, record: &NewRecord<'_>) -> Result<bool, sqlx::Error> {
+        let sql = Self::BACKEND.insert_ignoring_duplicate_sql(INSERT_RECORD, "");
+        let n = bind_record!(sqlx::query(&sql), record)
+            .execute(&mut **tx)
+            .await
+            .map(|r| r.rows_affected());
+        Self::BACKEND.duplicate_ignored(n)
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT {RECORD_COLUMNS} FROM oncely_idempotency \
+             WHERE tenant = $1 AND operation = $2 AND key = $3"
+        ))
+        .bind(tenant)
+        .bind(operation)
+        .bind(key)
+        .fetch_optional(self.pool())
+        .await
+    }
+
+    /// The locked batch is a materialised CTE, so the `LIMIT` holds (an
+    /// `IN (SELECT … LIMIT … SKIP LOCKED)` subquery may be re-run and delete more); plan
+    /// pinned and rows taken by TID (`crate::plan`).
+    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error> {
+        crate::execute_pinned(
+            self.pool(),
+            sqlx::query(
+                "WITH doomed AS MATERIALIZED (SELECT ctid FROM oncely_idempotency \
+                 WHERE expires_at < $1 AND state IN ('succeeded', 'failed') LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM oncely_idempotency \
+                 WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
+            )
+            .bind(now_ms)
+            .bind(batch),
+        )
+        .await
+    }
+}
