@@ -1,19 +1,14 @@
-//! `oncely consume`, and the consumer settings `oncely serve` shares.
+//! `oncely consume`'s arguments, the consumer arguments `oncely serve` shares, and
+//! `oncely inbox …`.
 
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use oncely_broker::{
-    KafkaSubscriber, KafkaSubscriberConfig, NatsConfig, NatsPublisher, NatsSubscriber,
-    NatsSubscriberConfig, RabbitMqSubscriber, RabbitMqSubscriberConfig, SqlSubscriber,
-    SqlTransport, Subscriber,
-};
+use oncely_broker::{SqlTransport, Subscriber};
 use oncely_core::{MessageId, RetryPolicy};
 use oncely_inbox::{Consumer, ConsumerConfig};
+use oncely_runtime::{ConsumerFactory, ConsumerSettings};
 use oncely_sql::Database;
-use tokio_util::sync::CancellationToken;
-
-use crate::relay_cmd::{BrokerArgs, BrokerKind};
 
 /// The consumers this binary can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -23,7 +18,7 @@ pub(crate) enum ConsumerName {
 }
 
 /// Inbox consumer settings (shared by `serve` and `consume`); the broker comes from
-/// [`BrokerArgs`] (`--broker`, the relay's).
+/// `BrokerArgs` (`--broker`, the relay's).
 #[derive(Debug, Args)]
 pub(crate) struct ConsumerArgs {
     /// Topic the consumer reads (the order service's events topic). `oncely serve` ignores
@@ -71,90 +66,27 @@ impl ConsumerArgs {
         }
     }
 
-    /// Subscribes consumer `name` on the configured broker and starts it; cancel
-    /// `shutdown` and await the handle to stop it.
-    pub(crate) async fn spawn(
-        &self,
-        name: ConsumerName,
-        db: &Database,
-        broker: &BrokerArgs,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        let group = consumer_name(name);
-        let topic = self.consumer_topic.as_str();
-        let lease = Duration::from_secs(self.consumer_lease_secs.max(1));
-        let prefetch = self.consumer_concurrency.max(1);
-        match broker.broker {
-            BrokerKind::Sql => {
-                // Receiving only: the transport's publish limit does not apply.
-                let transport = SqlTransport::new(db.clone(), usize::MAX);
-                let sub = SqlSubscriber::new(transport, group, topic, lease);
-                self.start(name, db, sub, shutdown).await
-            }
-            BrokerKind::Rabbitmq => {
-                let mut c = RabbitMqSubscriberConfig::new(&broker.amqp_url, group, topic)
-                    .with_queue_prefix(&broker.amqp_queue_prefix);
-                c.exchange.clone_from(&broker.amqp_exchange);
-                c.prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
-                self.start(name, db, RabbitMqSubscriber::new(c), shutdown)
-                    .await
-            }
-            BrokerKind::Nats => {
-                anyhow::ensure!(
-                    !broker.nats_stream.is_empty(),
-                    "a NATS consumer needs --nats-stream (the stream the relay publishes to)"
-                );
-                // The stream may not exist yet when the consumer starts before the relay. A
-                // broker that is down is not fatal: the consumer keeps trying (as the relay).
-                let ensured = match NatsPublisher::connect(NatsConfig::new(&broker.nats_url)).await
-                {
-                    Ok(p) => broker.ensure_nats_stream(&p).await,
-                    Err(e) => Err(anyhow::Error::new(e).context("connecting to NATS")),
-                };
-                if let Err(e) = ensured {
-                    tracing::warn!(error = %format!("{e:#}"), "NATS stream not ensured; the consumer retries");
-                }
-                let mut c =
-                    NatsSubscriberConfig::new(&broker.nats_url, &broker.nats_stream, group, topic);
-                c.ack_wait = lease;
-                c.batch = prefetch;
-                self.start(name, db, NatsSubscriber::new(c), shutdown).await
-            }
-            BrokerKind::Kafka => {
-                let mut c = KafkaSubscriberConfig::new(&broker.kafka_brokers, group, topic);
-                if let Some(prefix) = &broker.kafka_group_prefix {
-                    c.group_id = format!("{prefix}.{group}");
-                }
-                self.start(name, db, KafkaSubscriber::new(c), shutdown)
-                    .await
-            }
+    /// The settings of consumer `name` these arguments describe.
+    pub(crate) fn settings(&self, name: ConsumerName) -> ConsumerSettings {
+        ConsumerSettings {
+            group: consumer_name(name).to_owned(),
+            topic: self.consumer_topic.clone(),
+            lease: Duration::from_secs(self.consumer_lease_secs.max(1)),
+            consumer: self.config(),
         }
     }
+}
 
-    async fn start<S: Subscriber>(
+impl ConsumerFactory for ConsumerName {
+    fn build<S: Subscriber>(
         &self,
-        name: ConsumerName,
         db: &Database,
         subscriber: S,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        let consumer: Consumer<S> = match name {
-            ConsumerName::Billing => {
-                orders::billing_consumer(db.clone(), subscriber, self.config())
-            }
-        };
-        // A broker that is down at start-up is not fatal (the relay starts without it too):
-        // the consumer's receive loop connects and subscribes once it is up.
-        if let Err(e) = consumer.subscribe().await {
-            tracing::warn!(consumer = consumer.name(), error = %e, "cannot subscribe yet; retrying in the background");
+        config: ConsumerConfig,
+    ) -> Consumer<S> {
+        match self {
+            Self::Billing => orders::billing_consumer(db.clone(), subscriber, config),
         }
-        tracing::info!(
-            consumer = consumer.name(),
-            broker = consumer.subscriber().broker(),
-            topic = %self.consumer_topic,
-            "inbox consumer starting"
-        );
-        Ok(tokio::spawn(consumer.run(shutdown)))
     }
 }
 

@@ -2,7 +2,6 @@
 //!
 //! - `oncely serve` — the reference order service (SQLite by default).
 //! - `oncely migrate` — applies the embedded migrations and exits.
-//! - `oncely bench intake` — measures the idempotency layer against the bare handler.
 //! - `oncely relay` — the outbox relay alone (`serve` runs one in-process by default).
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
 //! - `oncely consume billing` — an inbox consumer alone, on the SQL transport, RabbitMQ or
@@ -11,10 +10,9 @@
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
 //! - `oncely sim payments|shipping` — a provider simulator (logic in `provider-sim`).
+//!
+//! The benchmarks are their own binary: `cargo run --release -p oncely-bench -- intake|relay|inbox …`.
 
-mod bench;
-mod bench_inbox;
-mod bench_relay;
 mod consume_cmd;
 mod relay_cmd;
 mod sim_cmd;
@@ -24,8 +22,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use oncely_http::IdempotencyConfig;
+use oncely_runtime::{redact, shutdown_signal, LogFormat, MetricsEndpoint};
 use oncely_sql::{Database, DbOptions};
 use orders::AppConfig;
 
@@ -43,21 +42,12 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the order service.
     Serve(ServeArgs),
     /// Apply the embedded migrations and exit.
     Migrate(DbArgs),
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
     /// Run the outbox relay alone (publishes outbox events to the broker).
     Relay(RelayCmdArgs),
     /// Outbox operator commands.
@@ -218,149 +208,62 @@ struct ServeArgs {
 }
 
 impl DbArgs {
-    async fn connect(&self) -> anyhow::Result<Database> {
-        let db = self.connect_only().await?;
-        orders::migrate(&db).await.context("applying migrations")?;
-        Ok(db)
-    }
-
-    /// Connects and migrates nothing.
-    async fn connect_only(&self) -> anyhow::Result<Database> {
-        let opts = DbOptions {
+    fn options(&self) -> DbOptions {
+        DbOptions {
             max_connections: self.db_max_connections,
             store_timeout: Duration::from_secs(self.db_store_timeout_secs.max(1)),
             idle_transaction_timeout: Duration::from_secs(
                 self.db_idle_transaction_timeout_secs.max(1),
             ),
             ..DbOptions::default()
-        };
-        Database::connect(&self.database_url, &opts)
-            .await
-            .with_context(|| format!("connecting to {}", redact(&self.database_url)))
+        }
     }
 
-    /// The connection for operator commands, which read what a service wrote and migrate
-    /// nothing: a SQLite file that does not exist is an error (a wrong path or working
-    /// directory), and so is a database without oncely's schema — not a new empty schema
-    /// reporting that all is well, made with DDL rights an operator may not have.
-    async fn connect_existing(&self) -> anyhow::Result<Database> {
-        let url = redact(&self.database_url);
-        if let Some(path) = sqlite_path(&self.database_url) {
-            anyhow::ensure!(
-                path == ":memory:" || std::path::Path::new(path).exists(),
-                "no SQLite database at {path:?} (the service's --database-url, relative to \
-                 its working directory; `oncely migrate` creates one)"
-            );
-        }
-        let db = self.connect_only().await?;
-        db.check_schema().await.with_context(|| {
-            format!("no oncely schema in {url} — run `oncely migrate --database-url …` first")
-        })?;
+    /// Connects and applies oncely's and the order service's migrations (for the commands
+    /// that use the orders schema: `serve`, `migrate`, `consume billing`).
+    async fn connect_orders(&self) -> anyhow::Result<Database> {
+        let db = oncely_runtime::connect(&self.database_url, &self.options()).await?;
+        orders::migrate(&db).await.context("applying migrations")?;
         Ok(db)
     }
-}
 
-/// The file of a `sqlite:` URL (`sqlite://FILE`, `sqlite:FILE`, query string dropped);
-/// `None` for other databases.
-fn sqlite_path(url: &str) -> Option<&str> {
-    let rest = url.strip_prefix("sqlite:")?;
-    let rest = rest.strip_prefix("//").unwrap_or(rest);
-    Some(rest.split('?').next().unwrap_or(rest))
-}
+    /// Connects and applies oncely's own migrations only (the relay: outbox and queue).
+    async fn connect_oncely(&self) -> anyhow::Result<Database> {
+        let db = oncely_runtime::connect(&self.database_url, &self.options()).await?;
+        db.migrate().await.context("applying migrations")?;
+        Ok(db)
+    }
 
-/// Drops a password from a URL before logging it.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
-            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
-            None => url.to_owned(),
-        },
-        _ => url.to_owned(),
+    /// Connects to a database a service set up, migrating nothing (operator commands).
+    async fn connect_existing(&self) -> anyhow::Result<Database> {
+        Ok(oncely_runtime::connect_existing(&self.database_url, &self.options()).await?)
     }
 }
 
-/// The log filter when `ONCELY_LOG` is not set: `info`, without lapin's own lines. lapin
-/// logs every failed reconnection (three `ERROR` lines per attempt: "error doing IO",
-/// "Connection error", …) and dumps every message RabbitMQ returns as unroutable (`WARN`,
-/// about 2 KB each, payload included); what matters of both reaches our own errors, which
-/// the relay and the consumers log once per state change of the broker (down with the
-/// root cause, up with the outage's length) or per dead event (`no destination for topic
-/// …`, the row's `last_error`). `ONCELY_LOG=info,lapin=warn` brings lapin's lines back.
-const DEFAULT_LOG_FILTER: &str = "info,lapin=off";
-
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ONCELY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
-    // Colour codes only for a person at a terminal; a pipe or a file gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// Resolves at SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is
-/// called, not when the future is first polled: a server that announced it is ready and
-/// then met a SIGTERM before its accept loop first polled the future would otherwise die
-/// of the signal's default action instead of draining.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let signals = {
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        )
-    };
-    async move {
-        #[cfg(unix)]
-        match signals {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            _ => drop(tokio::signal::ctrl_c().await),
-        }
-        #[cfg(not(unix))]
-        drop(tokio::signal::ctrl_c().await);
-        tracing::info!("shutting down: draining in-flight requests");
-    }
+/// `GET /metrics` on `listen`, with the order service's recorder (installed on first use).
+fn metrics_endpoint(listen: Option<SocketAddr>) -> Option<MetricsEndpoint> {
+    listen.map(|listen| MetricsEndpoint {
+        listen,
+        handle: orders::metrics_handle(),
+    })
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    oncely_runtime::init_logging(cli.log_format);
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Migrate(args) => {
-            args.connect().await?;
+            args.connect_orders().await?;
             tracing::info!(database = %redact(&args.database_url), "migrations applied");
             Ok(())
         }
-        Command::Bench(cmd) => bench::run(cmd).await,
         Command::Relay(args) => {
-            let db = args.db.connect().await?;
-            let shutdown = shutdown_signal();
-            let stop = tokio_util::sync::CancellationToken::new();
-            let metrics = match args.metrics_listen {
-                Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
-                None => None,
-            };
-            let relay = args.relay.spawn(&db, stop.clone());
-            shutdown.await;
-            stop.cancel();
-            relay.await?;
-            if let Some(m) = metrics {
-                m.await?;
-            }
-            Ok(())
+            let db = args.db.connect_oncely().await?;
+            let metrics = metrics_endpoint(args.metrics_listen);
+            let relay = args.relay.supervisor();
+            Ok(oncely_runtime::run_relay(&db, &relay, metrics, shutdown_signal()).await?)
         }
         Command::Outbox(args) => {
             relay_cmd::outbox(args.db.connect_existing().await?, args.command).await
@@ -371,24 +274,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
         Command::Consume(args) => {
-            let db = args.db.connect().await?;
-            let shutdown = shutdown_signal();
-            let stop = tokio_util::sync::CancellationToken::new();
-            let metrics = match args.metrics_listen {
-                Some(addr) => Some(relay_cmd::serve_metrics(addr, stop.clone()).await?),
-                None => None,
-            };
-            let consumer = args
-                .consumer
-                .spawn(args.name, &db, &args.broker, stop.clone())
-                .await?;
-            shutdown.await;
-            stop.cancel();
-            consumer.await?;
-            if let Some(m) = metrics {
-                m.await?;
-            }
-            Ok(())
+            let db = args.db.connect_orders().await?;
+            let metrics = metrics_endpoint(args.metrics_listen);
+            let broker = args.broker.config();
+            let settings = args.consumer.settings(args.name);
+            Ok(oncely_runtime::run_consumer(
+                &db,
+                &broker,
+                &settings,
+                &args.name,
+                metrics,
+                shutdown_signal(),
+            )
+            .await?)
         }
     }
 }
@@ -418,7 +316,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
         ..AppConfig::default()
     };
-    let db = args.db.connect().await?;
+    let db = args.db.connect_orders().await?;
     let shutdown = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -436,7 +334,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let relay = if args.no_relay {
         None
     } else {
-        Some(args.relay.spawn(&db, stop_relay.clone()))
+        Some(args.relay.supervisor().spawn(&db, stop_relay.clone()))
     };
     // The in-process consumer reads what this service publishes.
     args.consumer.consumer_topic.clone_from(&args.events_topic);
@@ -445,10 +343,11 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Some(
             args.consumer
+                .settings(consume_cmd::ConsumerName::Billing)
                 .spawn(
-                    consume_cmd::ConsumerName::Billing,
+                    &args.relay.broker.config(),
                     &db,
-                    &args.relay.broker,
+                    &consume_cmd::ConsumerName::Billing,
                     stop_relay.clone(),
                 )
                 .await?,

@@ -1,31 +1,13 @@
-//! `oncely relay`, the relay settings `oncely serve` shares, and `oncely outbox …`.
+//! `oncely relay`'s arguments, the broker and relay arguments `oncely serve` shares, and
+//! `oncely outbox …`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use clap::{Args, Subcommand, ValueEnum};
-use oncely_broker::{
-    KafkaConfig, KafkaPublisher, NatsConfig, NatsPublisher, Publisher, RabbitMqConfig,
-    RabbitMqPublisher, SqlTransport,
-};
+use clap::{Args, Subcommand};
 use oncely_core::RetryPolicy;
-use oncely_outbox::{Relay, RelayConfig};
+use oncely_outbox::RelayConfig;
+use oncely_runtime::{BrokerConfig, BrokerKind, RelaySupervisor};
 use oncely_sql::{Database, OutboxStore, RequeueTarget};
-use tokio_util::sync::CancellationToken;
-
-/// Which broker the relay publishes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum BrokerKind {
-    /// The SQL transport: table `oncely_queue` in the same database (no broker needed).
-    Sql,
-    /// RabbitMQ (AMQP 0-9-1) with publisher confirms.
-    Rabbitmq,
-    /// NATS JetStream with `Nats-Msg-Id` de-duplication.
-    Nats,
-    /// Kafka: idempotent producer, `acks=all`, record key = partition key.
-    Kafka,
-}
 
 /// Which broker, and how to reach it (shared by the relay's publisher and the inbox
 /// consumers' subscriber).
@@ -33,7 +15,7 @@ pub(crate) enum BrokerKind {
 pub(crate) struct BrokerArgs {
     /// Broker the relay publishes to and the inbox consumers read from.
     #[arg(long, env = "ONCELY_BROKER", value_enum, default_value_t = BrokerKind::Sql)]
-    pub(crate) broker: BrokerKind,
+    broker: BrokerKind,
     /// RabbitMQ URL.
     #[arg(
         long,
@@ -41,20 +23,20 @@ pub(crate) struct BrokerArgs {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
         hide_env_values = true
     )]
-    pub(crate) amqp_url: String,
+    amqp_url: String,
     /// RabbitMQ exchange (declared durable, type topic); the event topic is the routing key.
     #[arg(long, env = "ONCELY_AMQP_EXCHANGE", default_value = "oncely")]
-    pub(crate) amqp_exchange: String,
+    amqp_exchange: String,
     /// Prefix of the consumer groups' RabbitMQ queues: `<prefix>.<group>`, `….retry`,
     /// `….dead`. Give each environment sharing a vhost its own.
     #[arg(long, env = "ONCELY_AMQP_QUEUE_PREFIX", default_value = "oncely")]
-    pub(crate) amqp_queue_prefix: String,
+    amqp_queue_prefix: String,
     /// NATS URL.
     #[arg(long, env = "ONCELY_NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub(crate) nats_url: String,
+    nats_url: String,
     /// JetStream stream created at start-up if missing (empty: create none).
     #[arg(long, env = "ONCELY_NATS_STREAM", default_value = "ONCELY")]
-    pub(crate) nats_stream: String,
+    nats_stream: String,
     /// Subjects of that stream, comma-separated.
     #[arg(
         long,
@@ -65,7 +47,7 @@ pub(crate) struct BrokerArgs {
     nats_subjects: Vec<String>,
     /// Kafka bootstrap servers, comma-separated `host:port`.
     #[arg(long, env = "ONCELY_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub(crate) kafka_brokers: String,
+    kafka_brokers: String,
     /// Kafka topics created at start-up if missing, comma-separated (empty: create none).
     #[arg(
         long,
@@ -80,32 +62,29 @@ pub(crate) struct BrokerArgs {
     /// Prefix of the consumer groups' Kafka group ids: `<prefix>.<group>` (unset: the group
     /// name alone, e.g. `billing`). Give each environment sharing a cluster its own.
     #[arg(long, env = "ONCELY_KAFKA_GROUP_PREFIX")]
-    pub(crate) kafka_group_prefix: Option<String>,
+    kafka_group_prefix: Option<String>,
     /// SQL transport: largest payload, in bytes.
     #[arg(long, env = "ONCELY_SQL_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
     sql_max_message_bytes: usize,
 }
 
 impl BrokerArgs {
-    /// Creates the configured Kafka topics if missing.
-    pub(crate) async fn ensure_kafka_topics(&self) -> anyhow::Result<()> {
-        for t in self.kafka_topics.iter().filter(|t| !t.is_empty()) {
-            oncely_broker::ensure_topic(&self.kafka_brokers, t, self.kafka_partitions.max(1))
-                .await
-                .with_context(|| format!("creating Kafka topic {t}"))?;
+    /// The broker configuration these arguments describe.
+    pub(crate) fn config(&self) -> BrokerConfig {
+        BrokerConfig {
+            kind: self.broker,
+            amqp_url: self.amqp_url.clone(),
+            amqp_exchange: self.amqp_exchange.clone(),
+            amqp_queue_prefix: self.amqp_queue_prefix.clone(),
+            nats_url: self.nats_url.clone(),
+            nats_stream: self.nats_stream.clone(),
+            nats_subjects: self.nats_subjects.clone(),
+            kafka_brokers: self.kafka_brokers.clone(),
+            kafka_topics: self.kafka_topics.clone(),
+            kafka_partitions: self.kafka_partitions,
+            kafka_group_prefix: self.kafka_group_prefix.clone(),
+            sql_max_message_bytes: self.sql_max_message_bytes,
         }
-        Ok(())
-    }
-
-    /// Creates the configured JetStream stream if missing (no-op when `--nats-stream` is
-    /// empty).
-    pub(crate) async fn ensure_nats_stream(&self, p: &NatsPublisher) -> anyhow::Result<()> {
-        if !self.nats_stream.is_empty() {
-            p.ensure_stream(&self.nats_stream, &self.nats_subjects)
-                .await
-                .with_context(|| format!("creating stream {}", self.nats_stream))?;
-        }
-        Ok(())
     }
 }
 
@@ -150,7 +129,7 @@ pub(crate) struct RelayArgs {
 
 impl RelayArgs {
     /// The relay configuration these arguments describe.
-    pub(crate) fn config(&self) -> RelayConfig {
+    fn config(&self) -> RelayConfig {
         RelayConfig {
             batch_size: self.relay_batch.max(1),
             poll_interval: Duration::from_millis(self.relay_poll_ms.max(1)),
@@ -166,115 +145,17 @@ impl RelayArgs {
         }
     }
 
-    /// Connects the configured broker.
-    pub(crate) async fn publisher(&self, db: &Database) -> anyhow::Result<Arc<dyn Publisher>> {
-        let b = &self.broker;
-        Ok(match b.broker {
-            BrokerKind::Sql => Arc::new(SqlTransport::new(db.clone(), b.sql_max_message_bytes)),
-            BrokerKind::Rabbitmq => {
-                let mut c = RabbitMqConfig::new(&b.amqp_url);
-                c.exchange.clone_from(&b.amqp_exchange);
-                Arc::new(
-                    RabbitMqPublisher::connect(c)
-                        .await
-                        .context("connecting to RabbitMQ")?,
-                )
-            }
-            BrokerKind::Nats => {
-                let p = NatsPublisher::connect(NatsConfig::new(&b.nats_url))
-                    .await
-                    .context("connecting to NATS")?;
-                b.ensure_nats_stream(&p).await?;
-                Arc::new(p)
-            }
-            BrokerKind::Kafka => {
-                b.ensure_kafka_topics().await?;
-                Arc::new(
-                    KafkaPublisher::new(KafkaConfig::new(&b.kafka_brokers))
-                        .context("creating the Kafka producer")?,
-                )
-            }
-        })
-    }
-
-    /// Starts a relay task; cancel `shutdown` and await the handle to stop it.
-    ///
-    /// A broker that cannot be reached at start-up does not stop the process: the outbox
-    /// keeps every event while the task retries the connection (1 s doubling to 30 s,
-    /// logged), then relays. Set `ONCELY_FAULT=relay-abort-after-confirm` (tests and chaos
-    /// drills only) to abort the process right after the broker confirmed a batch and
-    /// before the outbox records it — the crash window of at-least-once publishing.
-    pub(crate) fn spawn(
-        &self,
-        db: &Database,
-        shutdown: CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
-        let (args, db) = (self.clone(), db.clone());
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_secs(1);
-            let publisher = loop {
-                match args.publisher(&db).await {
-                    Ok(p) => break p,
-                    Err(e) => {
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            retry_in_s = backoff.as_secs(),
-                            "broker unreachable; events wait in the outbox"
-                        );
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
-                    }
-                }
-            };
-            tracing::info!(broker = publisher.name(), "outbox relay starting");
-            let mut relay = Relay::new(db, publisher.clone(), args.config());
-            if std::env::var("ONCELY_FAULT").as_deref() == Ok("relay-abort-after-confirm") {
-                tracing::warn!("fault injection: aborting after the first confirmed batch");
-                relay = relay.with_fault_after_confirm(Arc::new(|rows| {
-                    if !rows.is_empty() {
-                        eprintln!(
-                            "ONCELY_FAULT: aborting after confirm of {} rows",
-                            rows.len()
-                        );
-                        std::process::abort();
-                    }
-                }));
-            }
-            relay.run(shutdown).await;
-            publisher.close().await;
-        })
-    }
-}
-
-/// Serves `GET /metrics` (the process's metrics in the Prometheus text format) on `addr`
-/// until `shutdown` is cancelled.
-pub(crate) async fn serve_metrics(
-    addr: std::net::SocketAddr,
-    shutdown: CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let handle = orders::metrics_handle();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let handle = handle.clone();
-            async move { handle.render() }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(listen = %listener.local_addr()?, "metrics on /metrics");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-        {
-            tracing::warn!(error = %e, "metrics listener failed");
+    /// The supervised relay these arguments describe. `ONCELY_FAULT=relay-abort-after-confirm`
+    /// (tests and chaos drills only) aborts the process right after the broker confirmed a
+    /// batch and before the outbox records it.
+    pub(crate) fn supervisor(&self) -> RelaySupervisor {
+        RelaySupervisor {
+            broker: self.broker.config(),
+            relay: self.config(),
+            abort_after_confirm: std::env::var("ONCELY_FAULT").as_deref()
+                == Ok("relay-abort-after-confirm"),
         }
-    }))
+    }
 }
 
 /// `oncely outbox …`: operator commands.

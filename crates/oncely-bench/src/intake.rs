@@ -1,28 +1,14 @@
-//! `oncely bench …`: benchmark programs. Each prints its figure beside a baseline measured
-//! in the same run, as a ratio (DESIGN.md "Measuring").
+//! `oncely-bench intake`: order intake through the idempotency layer beside the same handler
+//! without it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use oncely_sql::DbOptions;
 use oncely_testkit::TestDb;
 use orders::AppConfig;
-
-/// Benchmarks.
-#[derive(Debug, Subcommand)]
-pub(crate) enum BenchCommand {
-    /// Order intake: creates/s through the idempotency layer vs the same handler without
-    /// it, and replays/s.
-    Intake(IntakeArgs),
-    /// Outbox relay: events/s to RabbitMQ and NATS beside the raw client with the same
-    /// confirmation window, and commit-to-publish latency p50/p99 at a steady rate.
-    Relay(crate::bench_relay::RelayBenchArgs),
-    /// Inbox consumer: consumed messages/s through the inbox (`billing`) beside the same
-    /// handler acknowledging without the inbox.
-    Inbox(crate::bench_inbox::InboxBenchArgs),
-}
 
 #[derive(Debug, Args)]
 pub(crate) struct IntakeArgs {
@@ -45,14 +31,6 @@ pub(crate) struct IntakeArgs {
 }
 
 const API_KEY: &str = "bench-key-0123456789abcdef";
-
-pub(crate) async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {
-        BenchCommand::Intake(args) => intake(args).await,
-        BenchCommand::Relay(args) => crate::bench_relay::run(args).await,
-        BenchCommand::Inbox(args) => crate::bench_inbox::run(args).await,
-    }
-}
 
 async fn start(router: axum::Router) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -130,7 +108,7 @@ async fn load(
     Ok(ok.load(Ordering::Relaxed) as f64 / elapsed)
 }
 
-async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: IntakeArgs) -> anyhow::Result<()> {
     let options = DbOptions {
         max_connections: 32,
         ..DbOptions::default()
@@ -176,7 +154,7 @@ async fn intake(args: IntakeArgs) -> anyhow::Result<()> {
 
     let backend = format!("{:?}", test_db.db.backend());
     println!(
-        "oncely bench intake — {backend}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
+        "oncely-bench intake — {backend}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
         args.concurrency, args.rounds, args.seconds
     );
     let (mut bare, mut layer, mut replay, mut replay_store) = (0.0, 0.0, 0.0, 0.0);

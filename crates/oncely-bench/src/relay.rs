@@ -1,4 +1,4 @@
-//! `oncely bench relay`: relay throughput against the raw broker client with the same
+//! `oncely-bench relay`: relay throughput against the raw broker client with the same
 //! confirmation mode, and commit-to-publish latency at a steady event rate.
 
 use std::collections::HashMap;

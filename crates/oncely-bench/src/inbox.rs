@@ -1,4 +1,4 @@
-//! `oncely bench inbox`: consumed messages/s through the inbox (the `billing` consumer)
+//! `oncely-bench inbox`: consumed messages/s through the inbox (the `billing` consumer)
 //! beside the same handler acknowledging without the inbox, in one run.
 
 use std::sync::Arc;
@@ -64,8 +64,8 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
     billing.subscribe().await?;
     publish(&transport, args.messages).await?;
     println!(
-        "inbox bench on {}: {} messages, concurrency {}, batch {}",
-        backend(&t.db),
+        "inbox bench on {:?}: {} messages, concurrency {}, batch {}",
+        t.db.backend(),
         args.messages,
         config.concurrency,
         config.batch
@@ -89,14 +89,6 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
     println!("through the inbox:                 {inbox:>9.0} msg/s");
     println!("ratio inbox / bare:                {:>9.2}", inbox / bare);
     Ok(())
-}
-
-fn backend(db: &Database) -> &'static str {
-    match db {
-        Database::Sqlite(_) => "SQLite",
-        Database::Postgres(_) => "PostgreSQL",
-        Database::MySql(_) => "MySQL/MariaDB",
-    }
 }
 
 async fn publish(transport: &SqlTransport, n: u32) -> anyhow::Result<()> {

@@ -1,0 +1,78 @@
+//! `oncely-bench`: the benchmark programs, out of the shipped `oncely` binary so that it
+//! links neither the test kit nor the raw broker clients the baselines use. Each prints its
+//! figure beside a baseline measured in the same run, as a ratio, so that a
+//! loaded machine moves both.
+//!
+//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox> …` (these were
+//! `oncely bench …`; the subcommands and flags are unchanged).
+//!
+//! Layout:
+//! - `intake` — `oncely-bench intake`: creates/s through the idempotency layer vs the bare
+//!   handler, and replays/s.
+//! - `relay` — `oncely-bench relay`: relay events/s beside the raw broker client with the
+//!   same confirmation window, and commit-to-publish latency.
+//! - `inbox` — `oncely-bench inbox`: consumed messages/s through the inbox vs the bare
+//!   handler.
+
+mod inbox;
+mod intake;
+mod relay;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "oncely-bench", version, about = "oncely's benchmarks.")]
+struct Cli {
+    /// Log format.
+    #[arg(long, env = "ONCELY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Order intake: creates/s through the idempotency layer vs the same handler without
+    /// it, and replays/s.
+    Intake(intake::IntakeArgs),
+    /// Outbox relay: events/s to RabbitMQ and NATS beside the raw client with the same
+    /// confirmation window, and commit-to-publish latency p50/p99 at a steady rate.
+    Relay(relay::RelayBenchArgs),
+    /// Inbox consumer: consumed messages/s through the inbox (`billing`) beside the same
+    /// handler acknowledging without the inbox.
+    Inbox(inbox::InboxBenchArgs),
+}
+
+/// The `oncely` binary's log set-up: `ONCELY_LOG` or `info` without lapin's own lines,
+/// to stderr.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ONCELY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        BenchCommand::Intake(args) => intake::run(args).await,
+        BenchCommand::Relay(args) => relay::run(args).await,
+        BenchCommand::Inbox(args) => inbox::run(args).await,
+    }
+}

@@ -1,0 +1,110 @@
+//! The supervised outbox relay.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncely_outbox::{Relay, RelayConfig};
+use oncely_sql::Database;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{serve_metrics, BrokerConfig, MetricsEndpoint, RuntimeError};
+
+/// First wait before retrying a broker that cannot be reached at start-up; it doubles.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// Longest wait between two connection attempts.
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+/// An outbox relay on a configured broker, supervised: a broker that cannot be reached at
+/// start-up does not stop it.
+#[derive(Debug, Clone, Default)]
+pub struct RelaySupervisor {
+    /// The broker the relay publishes to.
+    pub broker: BrokerConfig,
+    /// The relay's settings (batch, polling, lease, retries, retention).
+    pub relay: RelayConfig,
+    /// Fault injection (tests and chaos drills only): abort the process right after the
+    /// broker confirmed a non-empty batch and before the outbox records it — the crash
+    /// window of at-least-once publishing. The `oncely` binary sets it from
+    /// `ONCELY_FAULT=relay-abort-after-confirm`.
+    pub abort_after_confirm: bool,
+}
+
+impl RelaySupervisor {
+    /// Starts the relay task on `db` (migrated); cancel `shutdown` and await the handle to
+    /// stop it (in-flight batches settle first, then the publisher is closed).
+    ///
+    /// A broker that cannot be reached at start-up (or a broker this build lacks) does not
+    /// end the task: the outbox keeps every event while the task retries the connection
+    /// (1 s doubling to 30 s, each failure logged at `WARN` with its cause), then relays.
+    ///
+    /// Must be called within a Tokio runtime.
+    pub fn spawn(&self, db: &Database, shutdown: CancellationToken) -> JoinHandle<()> {
+        let (this, db) = (self.clone(), db.clone());
+        tokio::spawn(async move {
+            let mut backoff = FIRST_RETRY;
+            let publisher = loop {
+                match this.broker.publisher(&db).await {
+                    Ok(p) => break p,
+                    Err(e) => {
+                        tracing::warn!(
+                            error = oncely_broker::error_chain(&e),
+                            retry_in_s = backoff.as_secs(),
+                            "broker unreachable; events wait in the outbox"
+                        );
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(MAX_RETRY);
+                    }
+                }
+            };
+            tracing::info!(broker = publisher.name(), "outbox relay starting");
+            let mut relay = Relay::new(db, publisher.clone(), this.relay.clone());
+            if this.abort_after_confirm {
+                tracing::warn!("fault injection: aborting after the first confirmed batch");
+                relay = relay.with_fault_after_confirm(Arc::new(|rows| {
+                    if !rows.is_empty() {
+                        eprintln!(
+                            "ONCELY_FAULT: aborting after confirm of {} rows",
+                            rows.len()
+                        );
+                        std::process::abort();
+                    }
+                }));
+            }
+            relay.run(shutdown).await;
+            publisher.close().await;
+        })
+    }
+}
+
+/// Runs `relay` on `db` (migrated) until `shutdown` resolves, with `GET /metrics` on
+/// `metrics` when given; then stops the relay (in-flight batches settle) and the metrics
+/// listener, and returns.
+///
+/// # Errors
+/// [`RuntimeError::Bind`] when the metrics address cannot be bound (before the relay
+/// starts); [`RuntimeError::Task`] when the relay or the listener task panicked.
+pub async fn run_relay(
+    db: &Database,
+    relay: &RelaySupervisor,
+    metrics: Option<MetricsEndpoint>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RuntimeError> {
+    let stop = CancellationToken::new();
+    let metrics = match metrics {
+        Some(endpoint) => Some(serve_metrics(endpoint, stop.clone()).await?),
+        None => None,
+    };
+    let task = relay.spawn(db, stop.clone());
+    shutdown.await;
+    stop.cancel();
+    task.await?;
+    if let Some((_, m)) = metrics {
+        m.await?;
+    }
+    Ok(())
+}
