@@ -1,7 +1,7 @@
 //! `oncely-bench`: the benchmark programs, out of the shipped `oncely` binary so that it
 //! links neither the test kit nor the raw broker clients the baselines use. Each prints its
 //! figure beside a baseline measured in the same run, as a ratio, so that a
-//! loaded machine moves both.
+//! loaded machine moves both (docs/DESIGN.md "Measuring").
 //!
 //! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox> …` (these were
 //! `oncely bench …`; the subcommands and flags are unchanged).
