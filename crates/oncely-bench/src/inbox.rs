@@ -64,7 +64,7 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
     billing.subscribe().await?;
     publish(&transport, args.messages).await?;
     println!(
-        "inbox bench on {:?}: {} messages, concurrency {}, batch {}",
+        "inbox bench on {}: {} messages, concurrency {}, batch {}",
         t.db.backend(),
         args.messages,
         config.concurrency,

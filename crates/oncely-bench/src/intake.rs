@@ -152,7 +152,7 @@ pub(crate) async fn run(args: IntakeArgs) -> anyhow::Result<()> {
         anyhow::ensure!(r.status() == 201, "seeding replay set: {}", r.status());
     }
 
-    let backend = format!("{:?}", test_db.db.backend());
+    let backend = test_db.db.backend();
     println!(
         "oncely-bench intake — {backend}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
         args.concurrency, args.rounds, args.seconds
