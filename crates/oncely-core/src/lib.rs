@@ -16,8 +16,12 @@
 //! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses.
 //! - `message` — [`MessageId`]: message identity, derived from the operation's key when an
 //!   idempotent operation produces the message.
-//! - `retry` — [`RetryPolicy`]: exponential backoff with full jitter, cap, attempt limit.
+//! - `retry` — [`RetryPolicy`]: exponential backoff with full jitter, cap, attempt limit,
+//!   deadline and `Retry-After`; [`OutcomeClass`] of a failed attempt and the
+//!   [`RetryDecision`] it leads to; [`parse_retry_after`] (RFC 9110 §10.2.3).
+//! - `budget` — [`RetryBudget`]: a per-dependency retry token bucket (the AWS SDKs' model).
 
+mod budget;
 mod fingerprint;
 mod key;
 mod message;
@@ -26,12 +30,15 @@ mod retry;
 mod scope;
 mod time;
 
+pub use budget::RetryBudget;
 pub use fingerprint::{Fingerprint, FingerprintError, FingerprintMismatch};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use message::{MessageId, MessageIdError};
 pub use record::{
     is_replayable_header, RecordState, StoredResponse, StoredResponseError, REPLAYABLE_HEADERS,
 };
-pub use retry::RetryPolicy;
+pub use retry::{
+    parse_retry_after, Failure, GiveUpReason, OutcomeClass, RetryDecision, RetryPolicy,
+};
 pub use scope::{Operation, Scope, TenantError, TenantId};
 pub use time::now_ms;

@@ -1,12 +1,17 @@
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-/// Exponential backoff with full jitter, a cap and an attempt limit (DESIGN.md "Retries
-/// with judgement"; the "Full Jitter" of the AWS architecture blog's *Exponential Backoff
-/// and Jitter*).
+use crate::budget::RetryBudget;
+
+/// The one retry policy of oncely, used by the outbox relay, the inbox consumers and the
+/// effect runner: exponential backoff with full jitter, a cap, an attempt limit and a
+/// deadline; `Retry-After` honoured up to a ceiling; and, through [`RetryPolicy::decide`],
+/// a per-dependency [`RetryBudget`] and the [`OutcomeClass`] of the failed attempt
+/// (docs/DESIGN.md "Retries with judgement"; the "Full Jitter" of the AWS architecture
+/// blog's *Exponential Backoff and Jitter*).
 ///
 /// After the `n`-th failed attempt (`n` ≥ 1) the next attempt waits a uniformly random time
-/// in `[0, min(cap, base · 2^(n-1))]`; after `max_attempts` failures the work is given up
-/// (dead-lettered).
+/// in `[0, min(cap, base · 2^(n-1))]`; after `max_attempts` failures, or once `deadline` has
+/// passed since the first attempt, the work is given up (dead-lettered or parked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Upper bound of the first wait. Default 500 ms.
@@ -15,6 +20,12 @@ pub struct RetryPolicy {
     pub cap: Duration,
     /// Failed attempts after which the work is dead. Default 10; at least 1.
     pub max_attempts: u32,
+    /// Time since the first attempt after which no retry starts, `None` for no deadline.
+    /// Default `None`.
+    pub deadline: Option<Duration>,
+    /// The longest `Retry-After` honoured (RFC 9110 §10.2.3): a server asking for more is
+    /// waited for this long at most. Default 5 min.
+    pub retry_after_ceiling: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -23,13 +34,93 @@ impl Default for RetryPolicy {
             base: Duration::from_millis(500),
             cap: Duration::from_secs(300),
             max_attempts: 10,
+            deadline: None,
+            retry_after_ceiling: Duration::from_secs(300),
         }
     }
 }
 
+/// What a failed attempt says about whether the work happened — the question every retry
+/// must answer first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutcomeClass {
+    /// Failed before the request left (connect refused, DNS, pool closed, a broker that
+    /// is down): nothing happened, a retry is safe.
+    NotSent,
+    /// Sent, and no answer says what happened (timeout after sending, connection dropped
+    /// mid-answer, a 500/502/504): the effect may exist. The status is checked before any
+    /// new attempt; never a blind retry.
+    Unknown,
+    /// The other side answered that it did not act and asks to retry (429, 503, 408, 425).
+    Retryable,
+    /// A definitive answer (success, or a refusal such as 400/402/404/409/422): retrying
+    /// cannot change it.
+    Final,
+}
+
+impl OutcomeClass {
+    /// The class of an HTTP answer with `status` (RFC 9110 §15), for a provider that gives
+    /// no better signal: 408, 425, 429 and 503 are [`Retryable`](Self::Retryable) (the
+    /// server did not act); 500, 502 and 504 are [`Unknown`](Self::Unknown) (a server or a
+    /// gateway failed after the request may have been acted on); everything else is
+    /// [`Final`](Self::Final).
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            408 | 425 | 429 | 503 => Self::Retryable,
+            500 | 502 | 504 => Self::Unknown,
+            _ => Self::Final,
+        }
+    }
+}
+
+/// What to do after a failed attempt: [`RetryPolicy::decide`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryDecision {
+    /// Attempt again after this wait.
+    RetryAfter(Duration),
+    /// The outcome is unknown: ask the other side for the status of this attempt (by its
+    /// key or stable reference) before anything else.
+    CheckStatus,
+    /// Stop: no further attempt.
+    GiveUp(GiveUpReason),
+}
+
+/// Why [`RetryPolicy::decide`] gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GiveUpReason {
+    /// The answer was definitive.
+    Final,
+    /// `max_attempts` failures.
+    AttemptsExhausted,
+    /// The deadline passed, or the next wait would end after it.
+    DeadlinePassed,
+    /// The dependency's retry budget is spent: the dependency is failing broadly, and more
+    /// retries would only add load to it.
+    BudgetExhausted,
+}
+
+/// The facts of one failed attempt that [`RetryPolicy::decide`] weighs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Failure {
+    /// Failed attempts so far, this one included (≥ 1).
+    pub failures: u32,
+    /// What the failure says about the effect.
+    pub class: OutcomeClass,
+    /// The wait the other side asked for (`Retry-After`, parsed by [`parse_retry_after`]).
+    pub retry_after: Option<Duration>,
+    /// Time since the first attempt.
+    pub elapsed: Duration,
+    /// `true` when the attempt timed out (it costs the budget more).
+    pub timed_out: bool,
+}
+
 impl RetryPolicy {
     /// The largest wait after `failures` failed attempts: `min(cap, base · 2^(failures-1))`
-    /// (zero for `failures == 0`).
+    /// (zero for `failures == 0`). Never overflows: the factor saturates and the product
+    /// is capped.
     pub fn ceiling(&self, failures: u32) -> Duration {
         if failures == 0 {
             return Duration::ZERO;
@@ -40,28 +131,103 @@ impl RetryPolicy {
 
     /// The wait after `failures` failed attempts, full jitter: `unit` (a uniform sample in
     /// `[0, 1)`, supplied by the caller so this type stays deterministic and I/O-free)
-    /// times [`RetryPolicy::ceiling`].
+    /// times [`RetryPolicy::ceiling`]. Always within `[0, cap]`.
     pub fn delay(&self, failures: u32, unit: f64) -> Duration {
-        self.ceiling(failures).mul_f64(unit.clamp(0.0, 1.0))
+        let unit = if unit.is_finite() {
+            unit.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self.ceiling(failures).mul_f64(unit)
+    }
+
+    /// [`RetryPolicy::delay`], but never shorter than the `Retry-After` the other side sent,
+    /// itself honoured up to `retry_after_ceiling`.
+    pub fn delay_honouring(
+        &self,
+        failures: u32,
+        unit: f64,
+        retry_after: Option<Duration>,
+    ) -> Duration {
+        let backoff = self.delay(failures, unit);
+        match retry_after {
+            Some(asked) => backoff.max(asked.min(self.retry_after_ceiling)),
+            None => backoff,
+        }
     }
 
     /// `true` when `failures` failed attempts exhaust the policy.
     pub fn exhausted(&self, failures: u32) -> bool {
         failures >= self.max_attempts.max(1)
     }
+
+    /// What to do after `failure`: give up on a final answer, an exhausted attempt limit,
+    /// a passed deadline or a spent `budget` (when one is given; withdrawing is the cost of
+    /// the retry); check the status when the outcome is unknown; else retry after
+    /// [`RetryPolicy::delay_honouring`]. `unit` is a uniform sample in `[0, 1)`.
+    ///
+    /// A [`CheckStatus`](RetryDecision::CheckStatus) answer withdraws nothing: the status
+    /// check is not a retry of the effect. Once it says the effect is absent, the caller
+    /// decides again with [`OutcomeClass::NotSent`].
+    pub fn decide(
+        &self,
+        failure: &Failure,
+        budget: Option<&RetryBudget>,
+        unit: f64,
+    ) -> RetryDecision {
+        match failure.class {
+            OutcomeClass::Final => return RetryDecision::GiveUp(GiveUpReason::Final),
+            OutcomeClass::Unknown => return RetryDecision::CheckStatus,
+            OutcomeClass::NotSent | OutcomeClass::Retryable => {}
+        }
+        if self.exhausted(failure.failures) {
+            return RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted);
+        }
+        let wait = self.delay_honouring(failure.failures, unit, failure.retry_after);
+        if let Some(deadline) = self.deadline {
+            if failure.elapsed.saturating_add(wait) >= deadline {
+                return RetryDecision::GiveUp(GiveUpReason::DeadlinePassed);
+            }
+        }
+        if let Some(budget) = budget {
+            if !budget.try_withdraw(failure.timed_out) {
+                return RetryDecision::GiveUp(GiveUpReason::BudgetExhausted);
+            }
+        }
+        RetryDecision::RetryAfter(wait)
+    }
+}
+
+/// A `Retry-After` value (RFC 9110 §10.2.3) as a wait from `now`: `delay-seconds`, or an
+/// HTTP-date (IMF-fixdate, and the obsolete RFC 850 and asctime forms a recipient must
+/// accept, §5.6.7) — a date in the past is a wait of zero. `None` when the value is
+/// neither.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Seconds beyond u64 are "very long": saturate rather than refuse.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn ceiling_doubles_up_to_the_cap_and_jitter_stays_below_it() {
-        let p = RetryPolicy {
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
             base: Duration::from_millis(100),
             cap: Duration::from_secs(1),
             max_attempts: 3,
-        };
+            ..RetryPolicy::default()
+        }
+    }
+
+    #[test]
+    fn ceiling_doubles_up_to_the_cap_and_jitter_stays_below_it() {
+        let p = policy();
         assert_eq!(p.ceiling(0), Duration::ZERO);
         assert_eq!(p.ceiling(1), Duration::from_millis(100));
         assert_eq!(p.ceiling(2), Duration::from_millis(200));
@@ -70,7 +236,165 @@ mod tests {
         assert_eq!(p.ceiling(200), Duration::from_secs(1));
         assert_eq!(p.delay(2, 0.5), Duration::from_millis(100));
         assert_eq!(p.delay(2, 7.0), Duration::from_millis(200));
+        assert_eq!(p.delay(2, f64::NAN), Duration::ZERO);
         assert!(!p.exhausted(2));
         assert!(p.exhausted(3));
+    }
+
+    /// 10,000 drawn delays for attempt numbers 0..=1000 (and the extremes of `u32`) lie in
+    /// `[0, cap]`, with no overflow, also for a huge base and cap.
+    #[test]
+    fn ten_thousand_drawn_delays_for_attempts_up_to_1000_lie_within_zero_and_the_cap() {
+        let policies = [
+            RetryPolicy::default(),
+            policy(),
+            RetryPolicy {
+                base: Duration::MAX,
+                cap: Duration::MAX,
+                ..RetryPolicy::default()
+            },
+            RetryPolicy {
+                base: Duration::from_nanos(1),
+                cap: Duration::from_secs(u64::MAX / 2),
+                ..RetryPolicy::default()
+            },
+        ];
+        // A fixed-seed xorshift: reproducible draws without a dependency.
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut unit = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1_u64 << 53) as f64
+        };
+        for p in policies {
+            for i in 0..10_000_u32 {
+                let attempt = if i % 100 == 0 { u32::MAX - i } else { i % 1001 };
+                let d = p.delay(attempt, unit());
+                assert!(
+                    d <= p.cap,
+                    "{d:?} over the cap {:?} at attempt {attempt}",
+                    p.cap
+                );
+                assert!(d <= p.ceiling(attempt));
+            }
+        }
+    }
+
+    #[test]
+    fn retry_after_is_honoured_up_to_the_ceiling() {
+        let p = RetryPolicy {
+            retry_after_ceiling: Duration::from_secs(30),
+            ..policy()
+        };
+        // Longer than the backoff: waited for.
+        assert_eq!(
+            p.delay_honouring(1, 0.0, Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
+        // Over the ceiling: the ceiling.
+        assert_eq!(
+            p.delay_honouring(1, 0.0, Some(Duration::from_secs(3600))),
+            Duration::from_secs(30)
+        );
+        // Shorter than the backoff: the backoff.
+        assert_eq!(
+            p.delay_honouring(4, 1.0, Some(Duration::from_millis(1))),
+            Duration::from_millis(800)
+        );
+        let failure = Failure {
+            failures: 1,
+            class: OutcomeClass::Retryable,
+            retry_after: Some(Duration::from_secs(3600)),
+            elapsed: Duration::ZERO,
+            timed_out: false,
+        };
+        assert_eq!(
+            p.decide(&failure, None, 0.5),
+            RetryDecision::RetryAfter(Duration::from_secs(30))
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_every_http_date_form() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("99999999999999999999999", now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        for later in [
+            "Sun, 06 Nov 1994 08:50:37 GMT",
+            "Sunday, 06-Nov-94 08:50:37 GMT",
+            "Sun Nov  6 08:50:37 1994",
+        ] {
+            assert_eq!(
+                parse_retry_after(later, now),
+                Some(Duration::from_secs(60)),
+                "{later}"
+            );
+        }
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("", now), None);
+    }
+
+    #[test]
+    fn unknown_outcomes_check_the_status_and_final_ones_give_up() {
+        let p = policy();
+        let mut failure = Failure {
+            failures: 1,
+            class: OutcomeClass::Unknown,
+            retry_after: None,
+            elapsed: Duration::ZERO,
+            timed_out: true,
+        };
+        assert_eq!(p.decide(&failure, None, 0.5), RetryDecision::CheckStatus);
+        failure.class = OutcomeClass::Final;
+        assert_eq!(
+            p.decide(&failure, None, 0.5),
+            RetryDecision::GiveUp(GiveUpReason::Final)
+        );
+        failure.class = OutcomeClass::NotSent;
+        failure.failures = 3;
+        assert_eq!(
+            p.decide(&failure, None, 0.5),
+            RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted)
+        );
+        assert_eq!(OutcomeClass::of_status(429), OutcomeClass::Retryable);
+        assert_eq!(OutcomeClass::of_status(500), OutcomeClass::Unknown);
+        assert_eq!(OutcomeClass::of_status(402), OutcomeClass::Final);
+    }
+
+    #[test]
+    fn no_retry_starts_that_would_end_after_the_deadline() {
+        let p = RetryPolicy {
+            deadline: Some(Duration::from_secs(10)),
+            max_attempts: 100,
+            ..policy()
+        };
+        let failure = |elapsed| Failure {
+            failures: 2,
+            class: OutcomeClass::NotSent,
+            retry_after: None,
+            elapsed,
+            timed_out: false,
+        };
+        assert_eq!(
+            p.decide(&failure(Duration::from_secs(9)), None, 1.0),
+            RetryDecision::RetryAfter(Duration::from_millis(200))
+        );
+        assert_eq!(
+            p.decide(&failure(Duration::from_millis(9_900)), None, 1.0),
+            RetryDecision::GiveUp(GiveUpReason::DeadlinePassed)
+        );
     }
 }
