@@ -1042,63 +1042,6 @@ async fn shipping_faults_are_seen_by_the_client_exactly_as_specified() {
     assert_eq!(shipments_for(&base, "ref-after").await.len(), 1);
 }
 
-/// A `localstripe` process (PyPI's fake Stripe server), killed on drop.
-struct LocalStripe {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for LocalStripe {
-    fn drop(&mut self) {
-        drop(self.child.kill());
-        drop(self.child.wait());
-    }
-}
-
-/// A free port below 32768 (the ephemeral range is left to the kernel's own picks).
-fn free_low_port() -> u16 {
-    let start = 20_000 + (std::process::id() % 10_000) as u16;
-    (start..32_000)
-        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .expect("a free port below 32768")
-}
-
-/// Starts `localstripe --port N --from-scratch`, or `None` (skip) when it is not installed —
-/// a failure instead under `ONCELY_TEST_REQUIRE_SERVICES=1`.
-async fn start_localstripe() -> Option<LocalStripe> {
-    let port = free_low_port();
-    let spawned = std::process::Command::new("localstripe")
-        .args(["--port", &port.to_string(), "--from-scratch"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    let child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            assert!(
-                !oncely_testkit::require_services(),
-                "localstripe is not installed (pip install localstripe): {e}"
-            );
-            eprintln!("SKIPPED: localstripe is not installed (pip install localstripe): {e}");
-            return None;
-        }
-    };
-    let ls = LocalStripe {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    for _ in 0..100 {
-        if reqwest::get(format!("{}/v1/payment_intents", ls.base))
-            .await
-            .is_ok()
-        {
-            return Some(ls);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("localstripe did not listen on {port} within 10 s");
-}
-
 /// The JSON type of `v`, and the value itself for the fields whose values must agree.
 fn shape(v: &Value, fields: &[&str], values: &[&str]) -> Value {
     let kind = |v: &Value| match v {
@@ -1249,11 +1192,11 @@ async fn stripe_sequence(base: &str, sk: &str) -> Vec<(&'static str, u16, Value)
 
 #[tokio::test]
 async fn payments_simulator_answers_the_adapters_requests_in_the_shapes_localstripe_gives() {
-    let Some(ls) = start_localstripe().await else {
+    let Some(ls) = oncely_testkit::LocalStripe::start().await else {
         return;
     };
     let (_sim, base) = payments().await;
-    let theirs = stripe_sequence(&ls.base, "sk_test_anything").await;
+    let theirs = stripe_sequence(ls.base_url(), "sk_test_anything").await;
     let ours = stripe_sequence(&base, SK).await;
     for (a, b) in theirs.iter().zip(&ours) {
         assert_eq!(a, b, "localstripe vs provider-sim");

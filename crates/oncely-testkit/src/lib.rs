@@ -15,14 +15,17 @@
 //! - [`matrix`] — [`matrix!`]: one list of tests run on every backend (× every broker), with
 //!   the combinations that cannot apply listed once; [`TestBroker`] and the broker types
 //!   ([`MatrixBroker`]) the runners are instantiated with.
+//! - `localstripe` — [`LocalStripe`]: a `localstripe` process (PyPI's fake Stripe) per test.
 
 mod brokers;
 mod db;
+mod localstripe;
 pub mod matrix;
 mod proxy;
 
 pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
 pub use db::{mysql_url, postgres_url, require_services, TestBackend, TestDb};
+pub use localstripe::LocalStripe;
 pub use matrix::{MatrixBroker, TestBroker};
 pub use proxy::{without_statement_cache, Fault, FaultProxy};
 

@@ -1,0 +1,144 @@
+//! How HTTP failures and answers map to outcome classes, shared by the adapters.
+
+use std::time::SystemTime;
+
+use oncely_core::{parse_retry_after, OutcomeClass};
+
+use crate::{CallOutcome, ProviderError};
+
+/// An HTTP answer read whole: status, `Retry-After`, whether the provider marked it an
+/// idempotent replay, and the JSON body (`Null` when it was not JSON).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) retry_after: Option<std::time::Duration>,
+    pub(crate) replayed: bool,
+    pub(crate) body: serde_json::Value,
+}
+
+/// Sends `request` and reads the whole answer. A failure is the call's outcome: before any
+/// byte left (connect refused, no such host) it is [`CallOutcome::NotSent`]; after (a
+/// timeout, a reset, a body cut short) [`CallOutcome::Unknown`], because the provider may
+/// have acted.
+pub(crate) async fn send(request: reqwest::RequestBuilder) -> Result<Answer, CallOutcome> {
+    let response = request.send().await.map_err(|e| transport(&e))?;
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let retry_after = header("retry-after").and_then(|v| parse_retry_after(&v, SystemTime::now()));
+    let replayed = header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let bytes = response.bytes().await.map_err(|e| transport(&e))?;
+    let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    Ok(Answer {
+        status,
+        retry_after,
+        replayed,
+        body,
+    })
+}
+
+/// The outcome of a transport failure (see [`send`]).
+pub(crate) fn transport(e: &reqwest::Error) -> CallOutcome {
+    // is_connect: the connection was never established, so the request never left. A
+    // builder error is our own bad request, which never left either.
+    if e.is_connect() || e.is_builder() {
+        CallOutcome::NotSent { reason: chain(e) }
+    } else {
+        CallOutcome::Unknown {
+            status: None,
+            reason: chain(e),
+        }
+    }
+}
+
+/// The outcome of a non-2xx answer, by its status class (RFC 9110 §15): 408/425/429/503
+/// retryable, 500/502/504 unknown, other statuses definitive refusals.
+pub(crate) fn refusal(
+    answer: &Answer,
+    code: Option<String>,
+    message: String,
+    object: Option<crate::RemoteObject>,
+) -> CallOutcome {
+    match OutcomeClass::of_status(answer.status) {
+        OutcomeClass::Retryable => CallOutcome::Retryable {
+            status: answer.status,
+            retry_after: answer.retry_after,
+        },
+        OutcomeClass::Unknown => CallOutcome::Unknown {
+            status: Some(answer.status),
+            reason: if answer.replayed {
+                format!("a replayed {} under the key: {message}", answer.status)
+            } else {
+                message
+            },
+        },
+        _ => CallOutcome::Failed {
+            status: answer.status,
+            code,
+            message,
+            object,
+        },
+    }
+}
+
+/// A lookup (status check, list) that failed: unavailable when the provider could not
+/// answer (transport, 5xx, 429), invalid otherwise.
+pub(crate) fn lookup_failure(provider: &str, outcome: &CallOutcome) -> ProviderError {
+    let reason = match outcome {
+        CallOutcome::NotSent { reason } | CallOutcome::Unknown { reason, .. } => reason.clone(),
+        CallOutcome::Retryable { status, .. } => format!("HTTP {status}"),
+        CallOutcome::Failed {
+            status, message, ..
+        } => {
+            return ProviderError::Invalid {
+                provider: provider.to_owned(),
+                reason: format!("HTTP {status}: {message}"),
+            }
+        }
+        CallOutcome::Succeeded(_) => "an unexpected answer".to_owned(),
+    };
+    ProviderError::Unavailable {
+        provider: provider.to_owned(),
+        reason,
+    }
+}
+
+/// Sends a lookup and returns its JSON body on 2xx.
+pub(crate) async fn lookup(
+    provider: &str,
+    request: reqwest::RequestBuilder,
+) -> Result<Answer, ProviderError> {
+    let answer = send(request)
+        .await
+        .map_err(|o| lookup_failure(provider, &o))?;
+    if (200..300).contains(&answer.status) {
+        return Ok(answer);
+    }
+    let message = answer.body["error"]["message"]
+        .as_str()
+        .or_else(|| answer.body["detail"].as_str())
+        .unwrap_or("no message")
+        .to_owned();
+    Err(lookup_failure(
+        provider,
+        &refusal(&answer, None, message, None),
+    ))
+}
+
+/// An error with its causes, for the evidence ("error sending request: … : Connection
+/// refused").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,34 @@
+//! Outgoing calls that leave the local transaction — a card charged, a shipment booked —
+//! made so that a retry never becomes a second effect (docs/DESIGN.md "External effects",
+//! "Provider contracts").
+//!
+//! Every provider sits behind one trait, [`Provider`]: **call** with the key derived from
+//! the parent operation ([`derive_key`], never minted per attempt), ask the **status** of an
+//! earlier attempt by its stable business reference, and **list** the provider's objects
+//! over a window (for reconciliation). A call's answer is a [`CallOutcome`] whose
+//! [`OutcomeClass`](oncely_core::OutcomeClass) says what it proves: nothing was sent, it
+//! may have happened (ask the status before anything else), retry later, or final.
+//!
+//! # Layout
+//! - `provider` — [`Provider`], [`EffectRequest`], [`CallOutcome`], [`StatusQuery`],
+//!   [`StatusOutcome`], [`RemoteObject`], [`ListPage`], [`ProviderError`].
+//! - `key` — [`derive_key`]: the effect's idempotency key from its parent's scope, key and
+//!   step.
+//! - `http` — how a `reqwest` failure or an HTTP answer maps to an outcome class.
+//! - `stripe` — [`StripePayments`]: PaymentIntents and Refunds on Stripe's API v1.
+//! - `shipping` — [`ShippingClient`]: the keyless shipping contract, booked by
+//!   `merchant_reference`.
+
+mod http;
+mod key;
+mod provider;
+mod shipping;
+mod stripe;
+
+pub use key::derive_key;
+pub use provider::{
+    CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
+    StatusQuery,
+};
+pub use shipping::{ShippingClient, ShippingConfig};
+pub use stripe::{StripeConfig, StripePayments};
