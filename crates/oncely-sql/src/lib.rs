@@ -23,6 +23,9 @@
 //!   dead rows, stats, retention).
 //! - `inbox` — [`InboxStore`]: the consumer inbox over table `oncely_inbox` (record a
 //!   message id in the effect's transaction, retention collector).
+//! - `effects` — [`EffectStore`]: outgoing effects over table `oncely_effects` (the intent
+//!   recorded in the caller's transaction, claims under a fenced lease, settle with the
+//!   evidence in `oncely_effect_attempts`).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures, and [`is_lock_conflict`].
 //! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
@@ -46,6 +49,7 @@
 mod backend;
 mod db;
 mod dialect;
+mod effects;
 mod error;
 mod idempotency;
 mod inbox;
@@ -60,6 +64,10 @@ mod sqlite;
 pub use backend::{Backend, Database, Migrations, Tx};
 pub use db::DbOptions;
 pub use dialect::{in_list, sql_text, Dialect};
+pub use effects::{
+    Effect, EffectState, EffectStore, Enqueued, Evidence, EvidenceKind, EvidenceRow, NewEffect,
+    Settle,
+};
 pub use error::{is_lock_conflict, StoreError};
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};

@@ -9,6 +9,9 @@ use oncely_core::{
 use oncely_sql::{
     on_pool, on_tx, Database, IdempotencyStore, InboxOutcome, InboxStore, Reservation, StoreError,
 };
+#[path = "conformance/effects.rs"]
+mod effects;
+
 use oncely_testkit::{on_every_backend, TestDb};
 
 fn scope(tenant: &str) -> Scope {

@@ -3,6 +3,7 @@
 //! bound by position, `_bin` columns selected through `CAST(… AS CHAR)` because sqlx
 //! decodes a binary-collated column as bytes).
 
+mod effects;
 mod idempotency;
 mod inbox;
 mod outbox;

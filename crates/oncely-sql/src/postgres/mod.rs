@@ -1,6 +1,7 @@
 //! PostgreSQL: [`PgStore`], connecting and migrations, and the stores' PostgreSQL
 //! statements.
 
+mod effects;
 mod idempotency;
 mod inbox;
 mod outbox;

@@ -1,6 +1,7 @@
 //! SQLite: [`SqliteStore`] (one writer, a pool of readers over WAL), [`SqliteTx`], connecting
 //! and migrations, and the stores' SQLite statements.
 
+mod effects;
 mod idempotency;
 mod inbox;
 mod outbox;

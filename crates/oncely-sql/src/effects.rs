@@ -1,0 +1,659 @@
+use std::time::Duration;
+
+use crate::backend::{with_store, Store};
+use crate::{query, Database, StoreError, Tx};
+
+/// The states of an outgoing effect (docs/DESIGN.md "External effects"):
+/// `pending` → `in_flight` (attempt n, under a lease) → `succeeded` | `failed` |
+/// `unknown` → resolution by status check → `succeeded` | `absent` (sent again with the
+/// same key) | still `unknown` → `needs_review`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EffectState {
+    /// Recorded, not attempted yet (or waiting out a provider's unavailability).
+    Pending,
+    /// An attempt was started under a lease: the request may be on its way.
+    InFlight,
+    /// The provider made the object (its id is recorded).
+    Succeeded,
+    /// The provider refused for good (a declined card, an undeliverable shipment).
+    Failed,
+    /// The request may have reached the provider: its status must be checked before
+    /// anything is sent again.
+    Unknown,
+    /// A status check proved the provider has no such object: it may be sent again with
+    /// the same key.
+    Absent,
+    /// The resolution budget is spent and the outcome is still not known: a person decides,
+    /// with the evidence.
+    NeedsReview,
+}
+
+impl EffectState {
+    /// Every state, in the order above.
+    pub const ALL: [EffectState; 7] = [
+        Self::Pending,
+        Self::InFlight,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Unknown,
+        Self::Absent,
+        Self::NeedsReview,
+    ];
+
+    /// The stored word: `pending`, `in_flight`, `succeeded`, `failed`, `unknown`, `absent`,
+    /// `needs_review`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::InFlight => "in_flight",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+            Self::Absent => "absent",
+            Self::NeedsReview => "needs_review",
+        }
+    }
+
+    /// The state a stored word names.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for another word.
+    pub fn parse(s: &str) -> Result<Self, StoreError> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown effect state {s:?}")))
+    }
+
+    /// `true` for the states no runner touches again (succeeded, failed; needs_review until
+    /// a person acts).
+    pub fn is_settled(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::NeedsReview)
+    }
+}
+
+impl std::fmt::Display for EffectState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The intent of one outgoing call, recorded with [`EffectStore::enqueue`] in the caller's
+/// business transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEffect<'a> {
+    /// The tenant the effect acts for (never shown to another).
+    pub tenant: &'a str,
+    /// The provider's name (`payments`, `shipping`).
+    pub provider: &'a str,
+    /// The provider's operation (`charge`, `refund`, `book`, `cancel`).
+    pub operation: &'a str,
+    /// The stable reference of the business object (invoice id, order id): at most one
+    /// effect per provider, operation and reference.
+    pub reference: &'a str,
+    /// The idempotency key, derived from the parent operation — never minted per attempt.
+    pub key: &'a str,
+    /// The operation's parameters (a JSON object).
+    pub request: &'a serde_json::Value,
+}
+
+/// An effect as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Effect {
+    /// Its id (UUIDv7).
+    pub id: String,
+    /// The tenant it acts for.
+    pub tenant: String,
+    /// The provider's name.
+    pub provider: String,
+    /// The provider's operation.
+    pub operation: String,
+    /// The business reference.
+    pub reference: String,
+    /// The idempotency key sent on every attempt.
+    #[sqlx(rename = "idem_key")]
+    pub key: String,
+    /// Raised only when a status check proved a stored failure under the old key took no
+    /// effect (see `oncely_effects::derive_key`).
+    pub key_generation: i32,
+    /// The parameters, JSON text.
+    pub request: String,
+    /// The state's stored word ([`Effect::state`] parses it).
+    #[sqlx(rename = "state")]
+    pub state_word: String,
+    /// Calls started that counted (a provider being unavailable does not count).
+    pub attempts: i32,
+    /// Status checks made.
+    pub checks: i32,
+    /// When the effect is next due, Unix ms.
+    pub available_at: i64,
+    /// The provider's object id, once known.
+    pub provider_id: Option<String>,
+    /// The provider's answer (JSON text), once known.
+    pub response: Option<String>,
+    /// What the latest attempt or check found, when it was not a success.
+    pub last_error: Option<String>,
+    /// The lease's version: every claim raises it, every settle names it.
+    pub lease_version: i64,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+impl Effect {
+    /// The effect's state.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for a word no state has.
+    pub fn state(&self) -> Result<EffectState, StoreError> {
+        EffectState::parse(&self.state_word)
+    }
+
+    /// The parameters, parsed.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the stored text is not JSON.
+    pub fn params(&self) -> Result<serde_json::Value, StoreError> {
+        serde_json::from_str(&self.request)
+            .map_err(|e| StoreError::Corrupt(format!("effect {} request: {e}", self.id)))
+    }
+}
+
+/// What [`EffectStore::enqueue`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Enqueued {
+    /// A new effect, with its id.
+    Created(String),
+    /// An effect for this provider, operation and reference (or key) already exists: a
+    /// redelivered message or a retried request records nothing new.
+    Existing,
+}
+
+/// The state an effect settles into, with what is known.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Settle {
+    /// The provider's object exists.
+    Succeeded {
+        /// Its id.
+        provider_id: String,
+        /// The provider's answer, JSON text.
+        response: String,
+    },
+    /// Refused for good.
+    Failed {
+        /// What was refused, and why.
+        error: String,
+        /// The provider's answer, when it left an object (a declined PaymentIntent).
+        response: Option<String>,
+    },
+    /// Try the call again at `at` (Unix ms), same key. `counts`: whether the attempt just
+    /// made counts toward the limit (`false` when the provider was unavailable).
+    Retry {
+        /// When, Unix ms.
+        at: i64,
+        /// What failed.
+        error: String,
+        /// Whether the attempt counts.
+        counts: bool,
+    },
+    /// The outcome is unknown: check the status at `at` (Unix ms).
+    Unknown {
+        /// When, Unix ms.
+        at: i64,
+        /// What was seen.
+        error: String,
+    },
+    /// A status check proved the provider has nothing: send again at `at` with key
+    /// `key` (the same one, or — when a provider replays a stored failure under it — the
+    /// next generation's).
+    Absent {
+        /// When, Unix ms.
+        at: i64,
+        /// The key of the next attempt.
+        key: String,
+        /// Its generation.
+        key_generation: i32,
+    },
+    /// Park for a person, with the reason.
+    NeedsReview {
+        /// Why.
+        error: String,
+    },
+}
+
+/// The evidence of one call or status check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    /// `call` or `status`.
+    pub kind: EvidenceKind,
+    /// The key sent (or asked about).
+    pub key: String,
+    /// Unix ms.
+    pub started_at: i64,
+    /// Unix ms.
+    pub finished_at: i64,
+    /// The outcome class or finding (`succeeded`, `not_sent`, `unknown`, `retryable`,
+    /// `failed`, `found`, `absent`, `not_yet_visible`, `unavailable`).
+    pub outcome: String,
+    /// The HTTP status, when there was an answer.
+    pub http_status: Option<u16>,
+    /// The provider ids seen.
+    pub provider_ids: Vec<String>,
+    /// What else was seen (the error, the reason).
+    pub detail: String,
+}
+
+/// Whether [`Evidence`] is of a call or of a status check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvidenceKind {
+    /// A call to the provider.
+    Call,
+    /// A status check.
+    Status,
+}
+
+/// One row of an effect's evidence, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct EvidenceRow {
+    /// 1, 2, … in the order they were recorded.
+    pub n: i32,
+    /// `call` or `status`.
+    pub kind: String,
+    /// The key sent.
+    #[sqlx(rename = "idem_key")]
+    pub key: String,
+    /// Unix ms.
+    pub started_at: i64,
+    /// Unix ms.
+    pub finished_at: i64,
+    /// See [`Evidence::outcome`].
+    pub outcome: String,
+    /// HTTP status.
+    pub http_status: Option<i32>,
+    /// Provider ids seen, comma-separated.
+    pub provider_ids: String,
+    /// See [`Evidence::detail`].
+    pub detail: String,
+}
+
+/// The effect store over tables `oncely_effects` (one row per intent: `UNIQUE(provider,
+/// operation, reference)` and `UNIQUE(provider, idem_key)`), `oncely_effect_attempts` (the
+/// evidence) and `oncely_effect_audit` (operators' actions). Timestamps are Unix ms.
+///
+/// Runners claim due effects with a lease ([`EffectStore::claim`]: SKIP LOCKED on
+/// PostgreSQL and MySQL, the single writer on SQLite); the claim that starts a call commits
+/// `in_flight` *before* the call goes out, so a runner that dies mid-call leaves an
+/// `in_flight` row whose lease runs out — the next claim turns it `unknown`, never
+/// `pending`. Every settle names the lease's version, so a runner that lost its lease
+/// cannot overwrite its successor's work.
+#[derive(Debug, Clone)]
+pub struct EffectStore {
+    db: Database,
+}
+
+const INSERT_EFFECT: &str = "INSERT INTO oncely_effects (id, tenant, provider, operation, \
+    reference, idem_key, request, available_at, created_at, updated_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// The columns of [`Effect`], for `SELECT`s and `RETURNING`.
+pub(crate) const EFFECT_COLUMNS: &str = "id, tenant, provider, operation, reference, \
+    idem_key, key_generation, request, state, attempts, checks, available_at, provider_id, \
+    response, last_error, lease_version, created_at, updated_at";
+
+impl EffectStore {
+    /// The store on `db` (migrated with [`Database::migrate`]).
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+
+    /// The database.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// The backend's select list for [`Effect`].
+    fn columns(&self) -> &'static str {
+        fn of<S: EffectsBackend>(_: &S) -> &'static str {
+            S::COLUMNS
+        }
+        with_store!(&self.db, |s| of(s))
+    }
+
+    /// Records the intent in the caller's transaction `tx`, due at once. A second intent
+    /// with the same provider, operation and reference — or the same key — records nothing
+    /// ([`Enqueued::Existing`]): the unique keys, not a lookup, decide.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails (the caller rolls back).
+    pub async fn enqueue(
+        tx: &mut Tx,
+        new: &NewEffect<'_>,
+        now_ms: i64,
+    ) -> Result<Enqueued, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let inserted = tx
+            .insert_ignoring_duplicate(
+                query(INSERT_EFFECT)
+                    .bind(id.as_str())
+                    .bind(new.tenant)
+                    .bind(new.provider)
+                    .bind(new.operation)
+                    .bind(new.reference)
+                    .bind(new.key)
+                    .bind(new.request.to_string())
+                    .bind(now_ms)
+                    .bind(now_ms)
+                    .bind(now_ms),
+                "",
+            )
+            .await?;
+        Ok(if inserted {
+            Enqueued::Created(id)
+        } else {
+            Enqueued::Existing
+        })
+    }
+
+    /// Claims up to `limit` due effects of `provider` for `runner`, each under a lease of
+    /// `lease`, in one transaction:
+    /// - `pending` and `absent` effects become `in_flight` with one more attempt: the call
+    ///   may go out once this returns;
+    /// - `unknown` effects are leased for a status check;
+    /// - `in_flight` effects whose lease ran out (their runner died or hung mid-call)
+    ///   become `unknown`: the call may have reached the provider.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is claimed then.
+    pub async fn claim(
+        &self,
+        provider: &str,
+        runner: &str,
+        limit: u32,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let lease_until =
+            now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        let claim = Claim {
+            provider,
+            runner,
+            limit: i64::from(limit.max(1)),
+            lease_until,
+            now_ms,
+        };
+        let rows = with_store!(&self.db, |s| s.claim(&claim).await)?;
+        Ok(rows)
+    }
+
+    /// Settles `effect` (as claimed, lease version included) into `settle` and records
+    /// `evidence`, in `tx` — the caller adds the business update and the next outbox event
+    /// to the same transaction and commits.
+    ///
+    /// # Errors
+    /// [`StoreError::NotHeld`] when the lease was lost (another runner claimed the effect
+    /// since): the caller rolls back. Other [`StoreError`]s when the database fails.
+    pub async fn settle(
+        tx: &mut Tx,
+        effect: &Effect,
+        settle: &Settle,
+        evidence: &Evidence,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let fields = SettleFields::of(effect, settle);
+        let n = tx
+            .execute(
+                query(
+                    "UPDATE oncely_effects SET attempts = attempts - $1, checks = checks + $2, \
+                     state = $3, available_at = $4, provider_id = $5, response = $6, \
+                     last_error = $7, idem_key = $8, key_generation = $9, locked_by = NULL, \
+                     locked_until = NULL, updated_at = $10 WHERE id = $11 AND lease_version = $12",
+                )
+                .bind(fields.uncount)
+                .bind(i64::from(evidence.kind == EvidenceKind::Status))
+                .bind(fields.state.as_str())
+                .bind(fields.available_at.unwrap_or(effect.available_at))
+                .bind(fields.provider_id)
+                .bind(fields.response)
+                .bind(fields.error)
+                .bind(fields.key)
+                .bind(fields.key_generation)
+                .bind(now_ms)
+                .bind(effect.id.as_str())
+                .bind(effect.lease_version),
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::NotHeld);
+        }
+        Self::record_evidence(tx, &effect.id, evidence).await
+    }
+
+    async fn record_evidence(tx: &mut Tx, effect_id: &str, e: &Evidence) -> Result<(), StoreError> {
+        // COUNT is a 64-bit integer on every backend (MAX(n) keeps n's own width). Only the
+        // lease holder records, so counting cannot race.
+        let (last,): (i64,) = tx
+            .fetch_one(
+                query("SELECT COUNT(*) FROM oncely_effect_attempts WHERE effect_id = $1")
+                    .bind(effect_id),
+            )
+            .await?;
+        tx.execute(
+            query(
+                "INSERT INTO oncely_effect_attempts (effect_id, n, kind, idem_key, started_at, \
+                 finished_at, outcome, http_status, provider_ids, detail) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(effect_id)
+            .bind(last + 1)
+            .bind(match e.kind {
+                EvidenceKind::Call => "call",
+                EvidenceKind::Status => "status",
+            })
+            .bind(e.key.as_str())
+            .bind(e.started_at)
+            .bind(e.finished_at)
+            .bind(e.outcome.as_str())
+            .bind(e.http_status.map(i64::from))
+            .bind(e.provider_ids.join(","))
+            .bind(e.detail.as_str()),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The effect with `id`, if any.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn get(&self, id: &str) -> Result<Option<Effect>, StoreError> {
+        let columns = self.columns();
+        self.db
+            .fetch_optional(
+                query(format!(
+                    "SELECT {columns} FROM oncely_effects WHERE id = $1"
+                ))
+                .bind(id),
+            )
+            .await
+    }
+
+    /// The effect of `provider`'s `operation` for `reference`, if any.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn find(
+        &self,
+        provider: &str,
+        operation: &str,
+        reference: &str,
+    ) -> Result<Option<Effect>, StoreError> {
+        let columns = self.columns();
+        self.db
+            .fetch_optional(
+                query(format!(
+                    "SELECT {columns} FROM oncely_effects \
+                     WHERE provider = $1 AND operation = $2 AND reference = $3"
+                ))
+                .bind(provider)
+                .bind(operation)
+                .bind(reference),
+            )
+            .await
+    }
+
+    /// Up to `limit` effects, in `state` when given, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn list(
+        &self,
+        state: Option<EffectState>,
+        limit: u32,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let columns = self.columns();
+        let q = match state {
+            Some(st) => query(format!(
+                "SELECT {columns} FROM oncely_effects WHERE state = $1 \
+                 ORDER BY created_at, id LIMIT $2"
+            ))
+            .bind(st.as_str()),
+            None => query(format!(
+                "SELECT {columns} FROM oncely_effects ORDER BY created_at, id LIMIT $1"
+            )),
+        };
+        self.db.fetch_all(q.bind(i64::from(limit))).await
+    }
+
+    /// The evidence of effect `id`, in order.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn evidence(&self, id: &str) -> Result<Vec<EvidenceRow>, StoreError> {
+        self.db
+            .fetch_all(
+                query(
+                    "SELECT n, kind, idem_key, started_at, finished_at, outcome, http_status, \
+                     provider_ids, detail FROM oncely_effect_attempts WHERE effect_id = $1 \
+                     ORDER BY n",
+                )
+                .bind(id),
+            )
+            .await
+    }
+
+    /// Effects per provider and state.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn counts(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
+        self.db
+            .fetch_all(query(
+                "SELECT provider, state, COUNT(*) FROM oncely_effects GROUP BY provider, state \
+                 ORDER BY provider, state",
+            ))
+            .await
+    }
+}
+
+/// The column values a [`Settle`] writes.
+struct SettleFields {
+    state: EffectState,
+    available_at: Option<i64>,
+    provider_id: Option<String>,
+    response: Option<String>,
+    error: Option<String>,
+    key: String,
+    key_generation: i64,
+    /// 1 when the attempt the claim counted is taken back (the provider was unavailable).
+    uncount: i64,
+}
+
+impl SettleFields {
+    fn of(effect: &Effect, settle: &Settle) -> Self {
+        let mut f = Self {
+            state: EffectState::Pending,
+            available_at: None,
+            provider_id: effect.provider_id.clone(),
+            response: effect.response.clone(),
+            error: None,
+            key: effect.key.clone(),
+            key_generation: i64::from(effect.key_generation),
+            uncount: 0,
+        };
+        match settle {
+            Settle::Succeeded {
+                provider_id,
+                response,
+            } => {
+                f.state = EffectState::Succeeded;
+                f.provider_id = Some(provider_id.clone());
+                f.response = Some(response.clone());
+            }
+            Settle::Failed { error, response } => {
+                f.state = EffectState::Failed;
+                f.error = Some(error.clone());
+                if response.is_some() {
+                    f.response.clone_from(response);
+                }
+            }
+            Settle::Retry { at, error, counts } => {
+                f.available_at = Some(*at);
+                f.error = Some(error.clone());
+                f.uncount = i64::from(!counts && effect.state_word == "in_flight");
+            }
+            Settle::Unknown { at, error } => {
+                f.state = EffectState::Unknown;
+                f.available_at = Some(*at);
+                f.error = Some(error.clone());
+            }
+            Settle::Absent {
+                at,
+                key,
+                key_generation,
+            } => {
+                f.state = EffectState::Absent;
+                f.available_at = Some(*at);
+                f.key.clone_from(key);
+                f.key_generation = i64::from(*key_generation);
+            }
+            Settle::NeedsReview { error } => {
+                f.state = EffectState::NeedsReview;
+                f.error = Some(error.clone());
+            }
+        }
+        f
+    }
+}
+
+/// A claim's parameters, handed to each backend.
+pub(crate) struct Claim<'a> {
+    pub(crate) provider: &'a str,
+    pub(crate) runner: &'a str,
+    pub(crate) limit: i64,
+    pub(crate) lease_until: i64,
+    pub(crate) now_ms: i64,
+}
+
+/// The `SET` list of a claim, shared by every backend. `attempts` comes first: MySQL
+/// evaluates assignments left to right, so a later one would see the new `state`.
+pub(crate) const CLAIM_SET: &str = "attempts = CASE WHEN state IN ('pending', 'absent') \
+    THEN attempts + 1 ELSE attempts END, \
+    state = CASE WHEN state IN ('pending', 'absent') THEN 'in_flight' ELSE 'unknown' END, \
+    locked_by = $1, locked_until = $2, lease_version = lease_version + 1, updated_at = $3";
+
+/// The due-rows condition of a claim (`$4` provider, `$3` now).
+pub(crate) const CLAIM_DUE: &str = "provider = $4 AND state IN ('pending', 'absent', 'unknown', \
+    'in_flight') AND available_at <= $3 AND (locked_until IS NULL OR locked_until < $3)";
+
+/// The effect store's per-backend half: the claim (its locking differs per backend).
+pub(crate) trait EffectsBackend: Store {
+    /// The select list that decodes into [`Effect`] on this backend.
+    const COLUMNS: &'static str = EFFECT_COLUMNS;
+
+    /// Claims as [`EffectStore::claim`] documents, returning the claimed rows as updated.
+    async fn claim(&self, claim: &Claim<'_>) -> Result<Vec<Effect>, StoreError>;
+}

@@ -1,0 +1,389 @@
+//! The effect store on every backend: one intent per reference, claims under a fenced
+//! lease, a dead runner's `in_flight` turned `unknown` (never `pending`), and concurrent
+//! runners never claiming one effect twice.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use oncely_sql::{
+    EffectState, EffectStore, Enqueued, Evidence, EvidenceKind, NewEffect, Settle, StoreError,
+};
+use oncely_testkit::TestDb;
+use serde_json::json;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn store(t: &TestDb) -> EffectStore {
+    t.db.migrate().await.unwrap();
+    EffectStore::new(t.db.clone())
+}
+
+async fn enqueue(s: &EffectStore, reference: &str, key: &str) -> Enqueued {
+    let request = json!({"amount": 1250, "currency": "eur"});
+    let mut tx = s.database().begin().await.unwrap();
+    let new = NewEffect {
+        tenant: "acme",
+        provider: "payments",
+        operation: "charge",
+        reference,
+        key,
+        request: &request,
+    };
+    let done = EffectStore::enqueue(&mut tx, &new, 1_000).await.unwrap();
+    tx.commit().await.unwrap();
+    done
+}
+
+fn evidence(kind: EvidenceKind, outcome: &str) -> Evidence {
+    Evidence {
+        kind,
+        key: "k".into(),
+        started_at: 1_000,
+        finished_at: 1_010,
+        outcome: outcome.into(),
+        http_status: Some(200),
+        provider_ids: vec!["pi_1".into()],
+        detail: String::new(),
+    }
+}
+
+pub(crate) async fn one_intent_per_reference_and_key(t: TestDb) {
+    let s = store(&t).await;
+    assert!(matches!(
+        enqueue(&s, "inv-1", "key-1").await,
+        Enqueued::Created(_)
+    ));
+    assert_eq!(enqueue(&s, "inv-1", "key-1").await, Enqueued::Existing);
+    assert_eq!(enqueue(&s, "inv-1", "key-other").await, Enqueued::Existing);
+    assert_eq!(enqueue(&s, "inv-2", "key-1").await, Enqueued::Existing);
+    let all = s.list(None, 10).await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        (
+            all[0].state().unwrap(),
+            all[0].attempts,
+            all[0].key.as_str()
+        ),
+        (EffectState::Pending, 0, "key-1")
+    );
+}
+
+pub(crate) async fn a_claim_starts_the_attempt_before_the_call_and_a_dead_runners_call_is_unknown(
+    t: TestDb,
+) {
+    let s = store(&t).await;
+    enqueue(&s, "inv-1", "key-1").await;
+    let claimed = s
+        .claim("payments", "runner-a", 10, LEASE, 2_000)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        (claimed[0].state().unwrap(), claimed[0].attempts),
+        (EffectState::InFlight, 1)
+    );
+    // Leased: nobody else gets it, and another provider's runner sees nothing.
+    assert!(s
+        .claim("payments", "runner-b", 10, LEASE, 3_000)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(s
+        .claim("shipping", "runner-b", 10, LEASE, 99_000)
+        .await
+        .unwrap()
+        .is_empty());
+    // runner-a died mid-call: after its lease the effect is unknown, not pending, and the
+    // attempt it started stays counted.
+    let taken = s
+        .claim("payments", "runner-b", 10, LEASE, 40_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        (taken[0].state().unwrap(), taken[0].attempts),
+        (EffectState::Unknown, 1)
+    );
+    // runner-a's late settle is fenced off.
+    let late = Settle::Succeeded {
+        provider_id: "pi_late".into(),
+        response: "{}".into(),
+    };
+    let mut tx = t.db.begin().await.unwrap();
+    let err = EffectStore::settle(
+        &mut tx,
+        &claimed[0],
+        &late,
+        &evidence(EvidenceKind::Call, "succeeded"),
+        41_000,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::NotHeld), "{err}");
+    drop(tx);
+    // runner-b's status check finds it.
+    let mut tx = t.db.begin().await.unwrap();
+    let found = Settle::Succeeded {
+        provider_id: "pi_1".into(),
+        response: "{\"id\":\"pi_1\"}".into(),
+    };
+    EffectStore::settle(
+        &mut tx,
+        &taken[0],
+        &found,
+        &evidence(EvidenceKind::Status, "found"),
+        41_000,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let done = s.get(&taken[0].id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            done.state().unwrap(),
+            done.provider_id.as_deref(),
+            done.checks
+        ),
+        (EffectState::Succeeded, Some("pi_1"), 1)
+    );
+    // Settled effects are never claimed again.
+    assert!(s
+        .claim("payments", "runner-c", 10, LEASE, 999_000)
+        .await
+        .unwrap()
+        .is_empty());
+    let ev = s.evidence(&done.id).await.unwrap();
+    assert_eq!(
+        ev.iter()
+            .map(|e| (e.n, e.kind.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "status")]
+    );
+}
+
+pub(crate) async fn an_unavailable_provider_does_not_count_and_absent_resends_with_the_given_key(
+    t: TestDb,
+) {
+    let s = store(&t).await;
+    enqueue(&s, "inv-1", "key-1").await;
+    let c = s
+        .claim("payments", "r", 10, LEASE, 2_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut tx = t.db.begin().await.unwrap();
+    let wait = Settle::Retry {
+        at: 5_000,
+        error: "connection refused".into(),
+        counts: false,
+    };
+    EffectStore::settle(
+        &mut tx,
+        &c,
+        &wait,
+        &evidence(EvidenceKind::Call, "not_sent"),
+        2_100,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let e = s.get(&c.id).await.unwrap().unwrap();
+    assert_eq!(
+        (e.state().unwrap(), e.attempts, e.available_at),
+        (EffectState::Pending, 0, 5_000)
+    );
+    assert!(
+        s.claim("payments", "r", 10, LEASE, 4_999)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due yet"
+    );
+    let c = s
+        .claim("payments", "r", 10, LEASE, 5_000)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(c.attempts, 1);
+    // Unknown, then a status check proves absence: sent again with the next key.
+    let mut tx = t.db.begin().await.unwrap();
+    let unknown = Settle::Unknown {
+        at: 6_000,
+        error: "timeout".into(),
+    };
+    EffectStore::settle(
+        &mut tx,
+        &c,
+        &unknown,
+        &evidence(EvidenceKind::Call, "unknown"),
+        5_100,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let c = s
+        .claim("payments", "r", 10, LEASE, 6_000)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(c.state().unwrap(), EffectState::Unknown);
+    let mut tx = t.db.begin().await.unwrap();
+    let absent = Settle::Absent {
+        at: 6_000,
+        key: "key-1-g1".into(),
+        key_generation: 1,
+    };
+    EffectStore::settle(
+        &mut tx,
+        &c,
+        &absent,
+        &evidence(EvidenceKind::Status, "absent"),
+        6_000,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let c = s
+        .claim("payments", "r", 10, LEASE, 6_000)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (
+            c.state().unwrap(),
+            c.attempts,
+            c.key.as_str(),
+            c.key_generation,
+            c.checks
+        ),
+        (EffectState::InFlight, 2, "key-1-g1", 1, 1)
+    );
+    let kinds: Vec<_> = s
+        .evidence(&c.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.outcome)
+        .collect();
+    assert_eq!(kinds, ["not_sent", "unknown", "absent"]);
+}
+
+/// Four runners claim 120 effects at once, in batches of 8: each effect is claimed
+/// exactly once (SKIP LOCKED on PostgreSQL and MySQL; SQLite's single writer).
+pub(crate) async fn concurrent_runners_never_claim_one_effect_twice(t: TestDb) {
+    let s = store(&t).await;
+    for i in 0..120 {
+        enqueue(&s, &format!("inv-{i}"), &format!("key-{i}")).await;
+    }
+    let runners: Vec<_> = (0..4)
+        .map(|r| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let got = s
+                        .claim("payments", &format!("runner-{r}"), 8, LEASE, 2_000)
+                        .await
+                        .unwrap();
+                    if got.is_empty() {
+                        break mine;
+                    }
+                    mine.extend(got.into_iter().map(|e| e.id));
+                }
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for r in runners {
+        for id in r.await.unwrap() {
+            total += 1;
+            assert!(seen.insert(id), "an effect was claimed twice");
+        }
+    }
+    assert_eq!((total, seen.len()), (120, 120));
+}
+
+/// 20,000 due effects inserted after `VACUUM ANALYZE` saw the table empty: the claim's plan
+/// (pinned) still reads the due index, never the whole table under lock.
+pub(crate) async fn claims_on_a_backlog_believed_empty_never_seq_scan(t: TestDb) {
+    // One connection: the statistics counted are the ones it flushes.
+    let options = oncely_sql::DbOptions {
+        max_connections: 1,
+        ..oncely_sql::DbOptions::default()
+    };
+    let db = oncely_sql::Database::connect(&t.url, &options)
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    let s = EffectStore::new(db.clone());
+    let pool = db.as_postgres().expect("PostgreSQL").clone();
+    sqlx::query("VACUUM ANALYZE oncely_effects")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO oncely_effects (id, tenant, provider, operation, reference, idem_key, \
+         request, available_at, created_at, updated_at) \
+         SELECT 'e' || g, 'acme', 'payments', 'charge', 'inv-' || g, 'key-' || g, '{}', g, g, g \
+         FROM generate_series(1, 20000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let believed: f64 = sqlx::query_scalar(
+        "SELECT reltuples::float8 FROM pg_class WHERE oid = 'oncely_effects'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        believed <= 0.0,
+        "the statistics must still say empty, say {believed}"
+    );
+    // The plan a long-running runner ends up with: generic, made once from these statistics.
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let before = seq_scans(&pool).await;
+    for _ in 0..3 {
+        let got = s.claim("payments", "r", 8, LEASE, 30_000).await.unwrap();
+        assert_eq!(got.len(), 8);
+    }
+    assert_eq!(
+        seq_scans(&pool).await,
+        before,
+        "a claim seq-scanned oncely_effects"
+    );
+}
+
+/// Seq scans of `oncely_effects` so far, after flushing this connection's pending counts.
+async fn seq_scans(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query_scalar(
+        "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'oncely_effects'::regclass",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+oncely_testkit::matrix! {
+    tests: [
+        one_intent_per_reference_and_key,
+        a_claim_starts_the_attempt_before_the_call_and_a_dead_runners_call_is_unknown,
+        an_unavailable_provider_does_not_count_and_absent_resends_with_the_given_key,
+        concurrent_runners_never_claim_one_effect_twice,
+        claims_on_a_backlog_believed_empty_never_seq_scan,
+    ],
+    cannot_apply: [
+        // Plans from statistics: SQLite's claim is one statement on its single writer, and
+        // MySQL's optimizer does not plan from a stale "empty" the way PostgreSQL's
+        // generic plans do; the check reads PostgreSQL's pg_stat views.
+        claims_on_a_backlog_believed_empty_never_seq_scan on sqlite,
+        claims_on_a_backlog_believed_empty_never_seq_scan on mysql,
+    ],
+}
