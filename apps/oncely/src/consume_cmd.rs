@@ -60,6 +60,7 @@ impl ConsumerArgs {
                 base: Duration::from_millis(self.consumer_backoff_base_ms),
                 cap: Duration::from_secs(self.consumer_backoff_cap_secs),
                 max_attempts: self.consumer_max_attempts.max(1),
+                ..RetryPolicy::default()
             },
             inbox_retention: Duration::from_secs(self.inbox_retention_secs),
             ..ConsumerConfig::default()

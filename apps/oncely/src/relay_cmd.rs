@@ -138,6 +138,7 @@ impl RelayArgs {
                 base: Duration::from_millis(self.relay_backoff_base_ms),
                 cap: Duration::from_secs(self.relay_backoff_cap_secs),
                 max_attempts: self.relay_max_attempts.max(1),
+                ..RetryPolicy::default()
             },
             retention: Duration::from_secs(self.outbox_retention_secs),
             vacuum_after_rows: self.outbox_vacuum_after_rows,

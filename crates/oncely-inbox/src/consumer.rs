@@ -92,6 +92,7 @@ impl Default for ConsumerConfig {
                 base: Duration::from_millis(100),
                 cap: Duration::from_secs(5),
                 max_attempts: u32::MAX,
+                ..RetryPolicy::default()
             },
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             collect_interval: Duration::from_secs(60),

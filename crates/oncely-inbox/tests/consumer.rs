@@ -141,6 +141,7 @@ fn config() -> ConsumerConfig {
             base: Duration::from_millis(50),
             cap: Duration::from_millis(200),
             max_attempts: 5,
+            ..RetryPolicy::default()
         },
         ..ConsumerConfig::default()
     }
@@ -345,6 +346,7 @@ async fn handler_failing_twice_then_succeeding_creates_one_invoice_after_two_del
             base: Duration::from_millis(300),
             cap: Duration::from_secs(1),
             max_attempts: 5,
+            ..RetryPolicy::default()
         },
         ..config()
     };
@@ -415,6 +417,7 @@ async fn always_failing_handler_ends_dead_with_its_error_while_other_messages_fl
                 base: Duration::from_millis(20),
                 cap: Duration::from_millis(100),
                 max_attempts: 3,
+                ..RetryPolicy::default()
             },
             ..config()
         },
@@ -737,6 +740,7 @@ async fn panicking_handler_counts_as_a_failed_attempt_and_ends_dead(t: TestDb) {
                 base: Duration::from_millis(10),
                 cap: Duration::from_millis(10),
                 max_attempts: 2,
+                ..RetryPolicy::default()
             },
             ..config()
         },
@@ -1533,6 +1537,7 @@ mod conformance {
             base: Duration::from_millis(300),
             cap: Duration::from_secs(1),
             max_attempts: 5,
+            ..RetryPolicy::default()
         };
         let billing_handler = Arc::new(Billing {
             fail_first: AtomicU32::new(2),
@@ -1582,6 +1587,7 @@ mod conformance {
             base: Duration::from_millis(20),
             cap: Duration::from_millis(100),
             max_attempts: 3,
+            ..RetryPolicy::default()
         };
         let handler = Arc::new(Billing::new("billing"));
         let c = consumer(
@@ -1625,6 +1631,7 @@ mod conformance {
             base: Duration::from_millis(20),
             cap: Duration::from_millis(100),
             max_attempts: 5,
+            ..RetryPolicy::default()
         };
         // The order service's billing handler rejects an order.created it cannot decode.
         let c = Consumer::new(
@@ -1679,6 +1686,7 @@ mod conformance {
             base: Duration::from_millis(20),
             cap: Duration::from_millis(100),
             max_attempts: 3,
+            ..RetryPolicy::default()
         };
         let (proxy, via) = FaultProxy::in_front_of(f.url()).await;
         let options = DbOptions {

@@ -84,6 +84,7 @@ impl Default for RelayConfig {
                 base: Duration::from_millis(100),
                 cap: Duration::from_secs(5),
                 max_attempts: u32::MAX,
+                ..RetryPolicy::default()
             },
             retention: Duration::ZERO,
             cleanup_interval: Duration::from_secs(60),

@@ -235,6 +235,7 @@ impl Harness {
                 base: Duration::from_millis(20),
                 cap: Duration::from_millis(200),
                 max_attempts: 1000,
+                ..RetryPolicy::default()
             },
             // Keep published rows, so scenarios can read their state.
             retention: Duration::from_secs(3600),
@@ -1029,6 +1030,7 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
             base: Duration::from_millis(50),
             cap: Duration::from_secs(1),
             max_attempts: 3,
+            ..RetryPolicy::default()
         };
         c.outage.cap = Duration::from_millis(500);
     }));
@@ -1969,6 +1971,7 @@ fn claim_test_config(i: usize, keep: bool) -> RelayConfig {
             base: Duration::from_millis(1),
             cap: Duration::from_millis(20),
             max_attempts: 10_000,
+            ..RetryPolicy::default()
         },
         retention: if keep {
             Duration::from_secs(3600)
