@@ -16,12 +16,16 @@
 //!   step.
 //! - `http` — how a `reqwest` failure or an HTTP answer maps to an outcome class.
 //! - `stripe` — [`StripePayments`]: PaymentIntents and Refunds on Stripe's API v1.
+//! - `runner` — [`EffectRunner`], [`RunnerConfig`], [`EffectHandler`], [`Settled`]: the
+//!   library runtime that claims due effects, calls or checks each, and settles it with the
+//!   business update in one transaction.
 //! - `shipping` — [`ShippingClient`]: the keyless shipping contract, booked by
 //!   `merchant_reference`.
 
 mod http;
 mod key;
 mod provider;
+mod runner;
 mod shipping;
 mod stripe;
 
@@ -30,5 +34,6 @@ pub use provider::{
     CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
     StatusQuery,
 };
+pub use runner::{EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
 pub use shipping::{ShippingClient, ShippingConfig};
 pub use stripe::{StripeConfig, StripePayments};

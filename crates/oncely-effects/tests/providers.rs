@@ -17,7 +17,10 @@ use oncely_testkit::LocalStripe;
 use provider_sim::{serve, FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::json;
 
-const SK: &str = "sk_test_oncely_effects";
+#[path = "providers/s6.rs"]
+mod s6;
+
+pub(crate) const SK: &str = "sk_test_oncely_effects";
 
 async fn listen(router: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -28,7 +31,7 @@ async fn listen(router: axum::Router) -> String {
 
 /// A payments simulator whose search lags by `search_lag` and whose late answers come
 /// after 1.5 s.
-async fn payments_sim(search_lag: Duration) -> (PaymentsSim, String) {
+pub(crate) async fn payments_sim(search_lag: Duration) -> (PaymentsSim, String) {
     let sim = PaymentsSim::new(PaymentsConfig {
         secret_keys: vec![SK.into()],
         search_lag,
@@ -66,7 +69,7 @@ fn charge(invoice: &str, key: &str) -> EffectRequest {
 }
 
 /// Arms one fault of `kind` for the simulator's next effect.
-async fn next_fault(base: &str, kind: &str) {
+pub(crate) async fn next_fault(base: &str, kind: &str) {
     let res = reqwest::Client::new()
         .post(format!("{base}/_sim/faults/next"))
         .json(&json!({"kind": kind}))

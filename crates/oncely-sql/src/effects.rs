@@ -445,7 +445,7 @@ impl EffectStore {
             query(
                 "INSERT INTO oncely_effect_attempts (effect_id, n, kind, idem_key, started_at, \
                  finished_at, outcome, http_status, provider_ids, detail) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), $9, $10)",
             )
             .bind(effect_id)
             .bind(last + 1)
@@ -457,7 +457,9 @@ impl EffectStore {
             .bind(e.started_at)
             .bind(e.finished_at)
             .bind(e.outcome.as_str())
-            .bind(e.http_status.map(i64::from))
+            // No status is bound as 0 and stored NULL: a bound NULL is text on PostgreSQL, which
+            // an integer column refuses.
+            .bind(e.http_status.map_or(0, i64::from))
             .bind(e.provider_ids.join(","))
             .bind(e.detail.as_str()),
         )

@@ -1,0 +1,648 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::BoxFuture;
+use oncely_core::{Failure, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
+use oncely_sql::{
+    Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, StoreError, Tx,
+};
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::{CallOutcome, EffectRequest, Provider, RemoteObject, StatusOutcome, StatusQuery};
+
+/// How an effect ended, handed to [`EffectHandler::settled`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Settled<'a> {
+    /// The provider's object exists (made by the call, or found by the status check).
+    Succeeded(&'a RemoteObject),
+    /// Refused for good.
+    Failed {
+        /// Why.
+        error: &'a str,
+    },
+    /// Parked for a person: the outcome could not be determined within the budget.
+    NeedsReview {
+        /// Why.
+        error: &'a str,
+    },
+}
+
+/// The service's part of an effect's completion: runs in the transaction that settles the
+/// effect, so the effect's result, the business update (an invoice marked paid) and the
+/// next outbox event commit together — or, on an error, none of them (the effect is then
+/// checked again after its lease, never called blindly).
+pub trait EffectHandler: Send + Sync {
+    /// Called once per settled effect, inside `tx`.
+    ///
+    /// # Errors
+    /// A [`StoreError`] rolls the settle back.
+    fn settled<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        effect: &'a Effect,
+        outcome: Settled<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+/// A handler that does nothing beyond settling the effect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHandler;
+
+impl EffectHandler for NoHandler {
+    fn settled<'a>(
+        &'a self,
+        _tx: &'a mut Tx,
+        _effect: &'a Effect,
+        _outcome: Settled<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Settings of an [`EffectRunner`].
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// This runner's name in leases (unique per process). Default a UUIDv4.
+    pub runner_id: String,
+    /// How long a claimed effect stays this runner's; must exceed the provider's timeout.
+    /// Default 60 s.
+    pub lease: Duration,
+    /// Pause between claims when nothing was due. Default 200 ms.
+    pub poll: Duration,
+    /// Effects claimed per provider per round, at most. Default 16.
+    pub batch: u32,
+    /// Calls in flight per provider, at most. Default 8.
+    pub concurrency: usize,
+    /// Calls whose attempt counts: backoff, attempt limit, deadline (from the intent's
+    /// creation), `Retry-After` ceiling. Default: 500 ms base, 5 min cap, 10 attempts.
+    pub retry: RetryPolicy,
+    /// Waits while a provider is unavailable (refused connections, 429, 503); these never
+    /// count as attempts. Default: 1 s base, 1 min cap.
+    pub outage: RetryPolicy,
+    /// First status check after an unknown outcome. Default 1 s.
+    pub check_delay: Duration,
+    /// Status checks after which a still-unknown effect goes to `needs_review`.
+    /// Default 20.
+    pub max_checks: u32,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            runner_id: uuid::Uuid::new_v4().to_string(),
+            lease: Duration::from_secs(60),
+            poll: Duration::from_millis(200),
+            batch: 16,
+            concurrency: 8,
+            retry: RetryPolicy::default(),
+            outage: RetryPolicy {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(60),
+                max_attempts: u32::MAX,
+                ..RetryPolicy::default()
+            },
+            check_delay: Duration::from_secs(1),
+            max_checks: 20,
+        }
+    }
+}
+
+/// One provider as the runner holds it: the adapter, its retry budget, its concurrency.
+struct Lane {
+    provider: Arc<dyn Provider>,
+    budget: Arc<RetryBudget>,
+    permits: Arc<Semaphore>,
+}
+
+/// The effect runner, a library runtime like the outbox relay: claims due effects per
+/// provider, calls or checks each once, and settles it with its evidence — the effect's
+/// result, the handler's business update and its next event in one transaction. Any number
+/// of runners may share a store: leases keep each effect with one of them.
+///
+/// Per claimed effect:
+/// - `in_flight` (a call may go out): call once with the recorded key. Success or a final
+///   refusal settles it; an unknown outcome makes it `unknown`; an unavailable provider
+///   (refused, 429, 503) waits (`Retry-After` honoured) without counting an attempt, and
+///   the provider's [`RetryBudget`] spaces the waits out when it fails broadly.
+/// - `unknown`: ask the status by reference — never call. Found: settled from the
+///   provider's object. Absent: sent again with the same key (a provider that replays a
+///   stored 500 under it gets the key's next generation, which cannot duplicate: nothing
+///   exists). Not yet visible: asked again when the lookup settles. After `max_checks`:
+///   `needs_review`.
+pub struct EffectRunner {
+    store: EffectStore,
+    lanes: HashMap<String, Lane>,
+    handler: Arc<dyn EffectHandler>,
+    config: RunnerConfig,
+}
+
+impl std::fmt::Debug for EffectRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EffectRunner")
+            .field("providers", &self.lanes.keys().collect::<Vec<_>>())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    oncely_core::now_ms()
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl EffectRunner {
+    /// A runner over `store` for `providers` (by [`Provider::name`]), completing effects
+    /// through `handler`.
+    pub fn new(
+        store: EffectStore,
+        providers: Vec<Arc<dyn Provider>>,
+        handler: Arc<dyn EffectHandler>,
+        config: RunnerConfig,
+    ) -> Self {
+        let lanes = providers
+            .into_iter()
+            .map(|p| {
+                let lane = Lane {
+                    provider: p.clone(),
+                    budget: Arc::new(RetryBudget::default()),
+                    permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
+                };
+                (p.name().to_owned(), lane)
+            })
+            .collect();
+        Self {
+            store,
+            lanes,
+            handler,
+            config,
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then waits for the calls in flight to settle.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let tasks = tokio_util::task::TaskTracker::new();
+        while !shutdown.is_cancelled() {
+            let started = match self.claim_round(&tasks).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "effect claim failed; the store may be down");
+                    0
+                }
+            };
+            if started == 0 {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(self.config.poll) => {}
+                }
+            }
+        }
+        tasks.close();
+        tasks.wait().await;
+    }
+
+    /// One round: claims what each provider has room for and runs it to completion.
+    /// Returns how many effects were processed (for tests and one-shot operator runs).
+    ///
+    /// # Errors
+    /// [`StoreError`] when a claim fails.
+    pub async fn run_once(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let tasks = tokio_util::task::TaskTracker::new();
+        let n = self.claim_round(&tasks).await?;
+        tasks.close();
+        tasks.wait().await;
+        Ok(n)
+    }
+
+    async fn claim_round(
+        self: &Arc<Self>,
+        tasks: &tokio_util::task::TaskTracker,
+    ) -> Result<usize, StoreError> {
+        let mut started = 0;
+        for (name, lane) in &self.lanes {
+            let room = lane
+                .permits
+                .available_permits()
+                .min(self.config.batch as usize);
+            if room == 0 {
+                continue;
+            }
+            let claimed = self
+                .store
+                .claim(
+                    name,
+                    &self.config.runner_id,
+                    room as u32,
+                    self.config.lease,
+                    now_ms(),
+                )
+                .await?;
+            for effect in claimed {
+                let Ok(permit) = lane.permits.clone().acquire_owned().await else {
+                    continue;
+                };
+                let runner = self.clone();
+                started += 1;
+                tasks.spawn(async move {
+                    runner.process(effect).await;
+                    drop(permit);
+                });
+            }
+        }
+        Ok(started)
+    }
+
+    /// Calls or checks one claimed effect and settles it. A failure to settle leaves the
+    /// effect leased; after the lease it is checked again, so nothing is lost or repeated.
+    async fn process(&self, effect: Effect) {
+        let Some(lane) = self.lanes.get(&effect.provider) else {
+            return;
+        };
+        let result = match effect.state() {
+            Ok(EffectState::InFlight) => self.call(lane, &effect).await,
+            Ok(EffectState::Unknown) => self.check(lane, &effect).await,
+            Ok(other) => {
+                tracing::warn!(effect = %effect.id, state = %other, "claimed in an unexpected state");
+                return;
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(effect = %effect.id, error = %e, "effect not settled; checked again after its lease");
+        }
+    }
+
+    fn request(effect: &Effect) -> Result<EffectRequest, StoreError> {
+        Ok(EffectRequest {
+            operation: effect.operation.clone(),
+            reference: effect.reference.clone(),
+            key: effect.key.clone(),
+            params: effect.params()?,
+        })
+    }
+
+    async fn call(&self, lane: &Lane, effect: &Effect) -> Result<(), StoreError> {
+        let started = now_ms();
+        let request = Self::request(effect)?;
+        if u32::try_from(effect.attempts).unwrap_or(u32::MAX) > self.config.retry.max_attempts {
+            let error = format!("{} attempts without an answer", effect.attempts - 1);
+            let evidence = evidence(
+                EvidenceKind::Call,
+                &effect.key,
+                started,
+                "not_attempted",
+                None,
+                &[],
+                &error,
+            );
+            return self
+                .settle(
+                    effect,
+                    &Settle::NeedsReview {
+                        error: error.clone(),
+                    },
+                    &evidence,
+                    Some(Settled::NeedsReview { error: &error }),
+                )
+                .await;
+        }
+        let outcome = lane.provider.call(&request).await;
+        let (class_word, status, ids, detail) = describe_call(&outcome);
+        let evidence = evidence(
+            EvidenceKind::Call,
+            &effect.key,
+            started,
+            class_word,
+            status,
+            &ids,
+            &detail,
+        );
+        match &outcome {
+            CallOutcome::Succeeded(object) => {
+                lane.budget
+                    .on_success((effect.attempts > 1).then_some(false));
+                let settle = Settle::Succeeded {
+                    provider_id: object.id.clone(),
+                    response: object.raw.to_string(),
+                };
+                self.settle(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
+                    .await
+            }
+            CallOutcome::Failed {
+                message, object, ..
+            } => {
+                let error = format!("{class_word}: {message}");
+                let settle = Settle::Failed {
+                    error: error.clone(),
+                    response: object.as_ref().map(|o| o.raw.to_string()),
+                };
+                self.settle(
+                    effect,
+                    &settle,
+                    &evidence,
+                    Some(Settled::Failed { error: &error }),
+                )
+                .await
+            }
+            CallOutcome::Unknown { reason, .. } => {
+                let settle = Settle::Unknown {
+                    at: now_ms() + ms(self.config.check_delay),
+                    error: reason.clone(),
+                };
+                self.settle(effect, &settle, &evidence, None).await
+            }
+            CallOutcome::Retryable { .. } | CallOutcome::NotSent { .. } => {
+                let at = self.outage_wait(lane, effect, &outcome);
+                let settle = Settle::Retry {
+                    at,
+                    error: detail.clone(),
+                    counts: false,
+                };
+                self.settle(effect, &settle, &evidence, None).await
+            }
+        }
+    }
+
+    /// When to try again after the provider was unavailable: the outage backoff (its
+    /// `Retry-After` honoured), and longer once its retry budget is spent.
+    fn outage_wait(&self, lane: &Lane, effect: &Effect, outcome: &CallOutcome) -> i64 {
+        let failure = Failure {
+            failures: u32::try_from(effect.attempts.max(1)).unwrap_or(1),
+            class: if outcome.class() == OutcomeClass::Retryable {
+                OutcomeClass::Retryable
+            } else {
+                OutcomeClass::NotSent
+            },
+            retry_after: outcome.retry_after(),
+            elapsed: Duration::ZERO,
+            timed_out: false,
+        };
+        let unit = jitter();
+        let wait = match self
+            .config
+            .outage
+            .decide(&failure, Some(&lane.budget), unit)
+        {
+            RetryDecision::RetryAfter(wait) => wait,
+            _ => self.config.outage.cap,
+        };
+        now_ms() + ms(wait)
+    }
+
+    async fn check(&self, lane: &Lane, effect: &Effect) -> Result<(), StoreError> {
+        let started = now_ms();
+        let request = Self::request(effect)?;
+        let to_time =
+            |ms: i64| UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
+        let query = StatusQuery {
+            request: &request,
+            last_sent: Some(to_time(effect.updated_at)),
+            since: to_time(effect.created_at - 300_000),
+        };
+        let found = lane.provider.status(query).await;
+        let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
+        match found {
+            Ok(StatusOutcome::Found(objects)) => {
+                let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
+                let object = objects.iter().find(|o| o.effective).unwrap_or(&objects[0]);
+                let detail = if objects.len() > 1 {
+                    format!(
+                        "{} objects at the provider for one reference",
+                        objects.len()
+                    )
+                } else {
+                    String::new()
+                };
+                let evidence = evidence(
+                    EvidenceKind::Status,
+                    &effect.key,
+                    started,
+                    "found",
+                    None,
+                    &ids,
+                    &detail,
+                );
+                if object.effective {
+                    let settle = Settle::Succeeded {
+                        provider_id: object.id.clone(),
+                        response: object.raw.to_string(),
+                    };
+                    self.settle(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
+                        .await
+                } else {
+                    let error = format!("found {} {}", object.id, object.status);
+                    let settle = Settle::Failed {
+                        error: error.clone(),
+                        response: Some(object.raw.to_string()),
+                    };
+                    self.settle(
+                        effect,
+                        &settle,
+                        &evidence,
+                        Some(Settled::Failed { error: &error }),
+                    )
+                    .await
+                }
+            }
+            Ok(StatusOutcome::Absent) => {
+                let replayed_failure = lane.provider.honours_keys()
+                    && effect
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("replayed"));
+                let (key, generation) = if replayed_failure {
+                    (
+                        next_generation_key(&effect.key, effect.key_generation + 1),
+                        effect.key_generation + 1,
+                    )
+                } else {
+                    (effect.key.clone(), effect.key_generation)
+                };
+                let evidence = evidence(
+                    EvidenceKind::Status,
+                    &effect.key,
+                    started,
+                    "absent",
+                    None,
+                    &[],
+                    "",
+                );
+                let settle = Settle::Absent {
+                    at: now_ms(),
+                    key,
+                    key_generation: generation,
+                };
+                self.settle(effect, &settle, &evidence, None).await
+            }
+            Ok(StatusOutcome::NotYetVisible { settles_at }) => {
+                let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
+                self.still_unknown(
+                    effect,
+                    started,
+                    checks,
+                    "not_yet_visible",
+                    at,
+                    "the lookup may lag",
+                )
+                .await
+            }
+            Err(e) if e.is_unavailable() => {
+                let at = now_ms() + ms(self.config.outage.delay(checks, jitter()));
+                self.still_unknown(effect, started, checks, "unavailable", at, &e.to_string())
+                    .await
+            }
+            Err(e) => {
+                let error = e.to_string();
+                let evidence = evidence(
+                    EvidenceKind::Status,
+                    &effect.key,
+                    started,
+                    "invalid",
+                    None,
+                    &[],
+                    &error,
+                );
+                self.settle(
+                    effect,
+                    &Settle::NeedsReview {
+                        error: error.clone(),
+                    },
+                    &evidence,
+                    Some(Settled::NeedsReview { error: &error }),
+                )
+                .await
+            }
+        }
+    }
+
+    async fn still_unknown(
+        &self,
+        effect: &Effect,
+        started: i64,
+        checks: u32,
+        outcome: &str,
+        at: i64,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        let evidence = evidence(
+            EvidenceKind::Status,
+            &effect.key,
+            started,
+            outcome,
+            None,
+            &[],
+            detail,
+        );
+        if checks >= self.config.max_checks {
+            let error = format!("outcome still unknown after {checks} status checks: {detail}");
+            return self
+                .settle(
+                    effect,
+                    &Settle::NeedsReview {
+                        error: error.clone(),
+                    },
+                    &evidence,
+                    Some(Settled::NeedsReview { error: &error }),
+                )
+                .await;
+        }
+        let settle = Settle::Unknown {
+            at,
+            error: detail.to_owned(),
+        };
+        self.settle(effect, &settle, &evidence, None).await
+    }
+
+    async fn settle(
+        &self,
+        effect: &Effect,
+        settle: &Settle,
+        evidence: &Evidence,
+        settled: Option<Settled<'_>>,
+    ) -> Result<(), StoreError> {
+        let db = self.store.database();
+        let mut tx = db.begin().await?;
+        EffectStore::settle(&mut tx, effect, settle, evidence, now_ms()).await?;
+        if let Some(outcome) = settled {
+            self.handler.settled(&mut tx, effect, outcome).await?;
+        }
+        tx.commit().await
+    }
+}
+
+/// The key of an effect's `generation`-th key generation: UUIDv8 over the previous key and
+/// the generation (see `derive_key` for when a generation is raised).
+fn next_generation_key(previous: &str, generation: i32) -> String {
+    let digest = Sha256::new()
+        .chain_update(previous.as_bytes())
+        .chain_update(generation.to_be_bytes())
+        .finalize();
+    let mut bytes = [0_u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}
+
+/// A uniform sample in `[0, 1)` for full jitter.
+fn jitter() -> f64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    f64::from(nanos % 1_000_000) / 1_000_000.0
+}
+
+fn describe_call(outcome: &CallOutcome) -> (&'static str, Option<u16>, Vec<String>, String) {
+    match outcome {
+        CallOutcome::Succeeded(o) => ("succeeded", None, vec![o.id.clone()], String::new()),
+        CallOutcome::Failed {
+            status,
+            code,
+            message,
+            object,
+        } => (
+            "failed",
+            Some(*status),
+            object.iter().map(|o| o.id.clone()).collect(),
+            format!("{}: {message}", code.as_deref().unwrap_or("refused")),
+        ),
+        CallOutcome::Retryable {
+            status,
+            retry_after,
+        } => (
+            "retryable",
+            Some(*status),
+            Vec::new(),
+            format!("HTTP {status}, Retry-After {retry_after:?}"),
+        ),
+        CallOutcome::Unknown { status, reason } => ("unknown", *status, Vec::new(), reason.clone()),
+        CallOutcome::NotSent { reason } => ("not_sent", None, Vec::new(), reason.clone()),
+    }
+}
+
+fn evidence(
+    kind: EvidenceKind,
+    key: &str,
+    started_at: i64,
+    outcome: &str,
+    http_status: Option<u16>,
+    provider_ids: &[String],
+    detail: &str,
+) -> Evidence {
+    Evidence {
+        kind,
+        key: key.to_owned(),
+        started_at,
+        finished_at: now_ms(),
+        outcome: outcome.to_owned(),
+        http_status,
+        provider_ids: provider_ids.to_vec(),
+        detail: detail.to_owned(),
+    }
+}

@@ -1,0 +1,282 @@
+//! S6 (docs/ACCEPTANCE.md): let the external service time out — the system first asks the
+//! service for the status of the earlier attempt; no blind second call. The effect runner
+//! on every backend, against the payments simulator with each fault fired once and against
+//! localstripe (which ignores keys, so only the status check can keep it at one charge),
+//! and with the runner's settle failing right after the provider committed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use oncely_effects::{
+    EffectHandler, EffectRunner, Provider, RunnerConfig, Settled, StripeConfig, StripePayments,
+};
+use oncely_sql::{Effect, EffectState, EffectStore, NewEffect, StoreError, Tx};
+use oncely_testkit::{LocalStripe, TestDb};
+use serde_json::json;
+
+use super::{next_fault, payments_sim, SK};
+
+/// Fails its first `failures` settles — the runner "dies" after the provider committed and
+/// before the outcome was recorded — then counts the successes it sees.
+#[derive(Default)]
+struct CrashOnSettle {
+    failures: usize,
+    seen: AtomicUsize,
+    succeeded: AtomicUsize,
+}
+
+impl EffectHandler for CrashOnSettle {
+    fn settled<'a>(
+        &'a self,
+        _tx: &'a mut Tx,
+        _effect: &'a Effect,
+        outcome: Settled<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if self.seen.fetch_add(1, Ordering::SeqCst) < self.failures {
+                return Err(StoreError::Corrupt(
+                    "the runner died before recording".into(),
+                ));
+            }
+            if matches!(outcome, Settled::Succeeded(_)) {
+                self.succeeded.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    }
+}
+
+fn config() -> RunnerConfig {
+    RunnerConfig {
+        lease: Duration::from_millis(1_500),
+        poll: Duration::from_millis(50),
+        check_delay: Duration::from_millis(100),
+        ..RunnerConfig::default()
+    }
+}
+
+async fn enqueue(db: &oncely_sql::Database, invoice: &str) -> String {
+    let request = json!({"amount": 4200, "currency": "eur", "metadata": {"order_id": "ord"}});
+    let mut tx = db.begin().await.unwrap();
+    let new = NewEffect {
+        tenant: "acme",
+        provider: "payments",
+        operation: "charge",
+        reference: invoice,
+        key: &format!("key-{invoice}"),
+        request: &request,
+    };
+    let created = EffectStore::enqueue(&mut tx, &new, oncely_core::now_ms())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    match created {
+        oncely_sql::Enqueued::Created(id) => id,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Runs rounds until the effect is settled (at most 15 s).
+async fn settle(runner: &Arc<EffectRunner>, store: &EffectStore, id: &str) -> Effect {
+    for _ in 0..300 {
+        runner.run_once().await.unwrap();
+        let effect = store.get(id).await.unwrap().unwrap();
+        if effect.state().unwrap().is_settled() {
+            return effect;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "effect {id} did not settle: {:?}",
+        store.get(id).await.unwrap()
+    );
+}
+
+fn calls(evidence: &[oncely_sql::EvidenceRow]) -> usize {
+    evidence.iter().filter(|e| e.kind == "call").count()
+}
+
+/// Every fault of the payments simulator, once each, on this backend: each ends with one
+/// PaymentIntent for the invoice, the effect succeeded with its id, and — where the first
+/// call's outcome was unknown — a status check before anything else.
+pub(crate) async fn every_payments_fault_ends_with_one_charge_and_the_status_asked_first(
+    t: TestDb,
+) {
+    t.db.migrate().await.unwrap();
+    let store = EffectStore::new(t.db.clone());
+    let (sim, base) = payments_sim(Duration::from_millis(600)).await;
+    let stripe = |search| {
+        Arc::new(
+            StripePayments::new(StripeConfig {
+                base_url: base.clone(),
+                secret_key: SK.into(),
+                timeout: Duration::from_millis(800),
+                search,
+                settle_time: Duration::from_millis(1_000),
+                ..StripeConfig::default()
+            })
+            .unwrap(),
+        ) as Arc<dyn Provider>
+    };
+    // (fault, use search): late and dropped answers, a 500 after the charge replayed under
+    // the key, a 500 before it (stored under the key: the next key generation goes out once
+    // the status proved nothing exists), a rate limit, and a search that lags.
+    for (fault, search) in [
+        ("late_after", false),
+        ("drop_after", false),
+        ("error_after", false),
+        ("error_before", false),
+        ("rate_limit", false),
+        ("drop_after", true),
+    ] {
+        let invoice = format!("inv-{fault}-{search}");
+        let runner = Arc::new(EffectRunner::new(
+            store.clone(),
+            vec![stripe(search)],
+            Arc::new(CrashOnSettle::default()),
+            config(),
+        ));
+        let id = enqueue(&t.db, &invoice).await;
+        next_fault(&base, fault).await;
+        let effect = settle(&runner, &store, &id).await;
+        let intents = sim.stats().payment_intents_by_metadata["invoice_id"][&invoice];
+        assert_eq!(
+            (effect.state().unwrap(), intents.total, intents.succeeded),
+            (EffectState::Succeeded, 1, 1),
+            "{fault}: {effect:?}"
+        );
+        let evidence = store.evidence(&id).await.unwrap();
+        let outcomes: Vec<_> = evidence
+            .iter()
+            .map(|e| format!("{}:{}", e.kind, e.outcome))
+            .collect();
+        if fault != "rate_limit" {
+            assert_eq!(evidence[0].outcome, "unknown", "{fault}: {outcomes:?}");
+            assert_eq!(
+                evidence[1].kind, "status",
+                "{fault}: the status is asked first: {outcomes:?}"
+            );
+        }
+        if fault == "error_before" {
+            // Same key: the stored 500 again; then a new generation once absence is proven.
+            assert!(effect.key_generation >= 1, "{outcomes:?}");
+        } else if fault != "rate_limit" {
+            assert_eq!(calls(&evidence), 1, "{fault}: no second call: {outcomes:?}");
+        }
+        if search {
+            assert!(
+                outcomes.iter().any(|o| o == "status:not_yet_visible"),
+                "the lagging search is waited out: {outcomes:?}"
+            );
+        }
+    }
+}
+
+/// The runner's settle fails right after the provider committed (the process "dies" there):
+/// the effect stays in flight until its lease runs out, then the status check finds the
+/// charge — one charge at the provider, recorded.
+pub(crate) async fn a_runner_dying_after_the_provider_committed_leaves_one_charge(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let store = EffectStore::new(t.db.clone());
+    let (sim, base) = payments_sim(Duration::ZERO).await;
+    let provider = Arc::new(
+        StripePayments::new(StripeConfig {
+            base_url: base.clone(),
+            secret_key: SK.into(),
+            search: false,
+            ..StripeConfig::default()
+        })
+        .unwrap(),
+    );
+    let handler = Arc::new(CrashOnSettle {
+        failures: 1,
+        ..CrashOnSettle::default()
+    });
+    let runner = Arc::new(EffectRunner::new(
+        store.clone(),
+        vec![provider],
+        handler.clone(),
+        config(),
+    ));
+    let id = enqueue(&t.db, "inv-crash").await;
+    let effect = settle(&runner, &store, &id).await;
+    assert_eq!(effect.state().unwrap(), EffectState::Succeeded);
+    assert_eq!(sim.stats().payment_intents, 1);
+    assert_eq!(handler.succeeded.load(Ordering::SeqCst), 1);
+    let evidence = store.evidence(&id).await.unwrap();
+    assert_eq!(
+        evidence
+            .iter()
+            .map(|e| (e.kind.as_str(), e.outcome.as_str()))
+            .collect::<Vec<_>>(),
+        [("status", "found")],
+        "the lost call left no evidence; the status check found its charge"
+    );
+}
+
+/// The same against localstripe, which ignores `Idempotency-Key`: a blind re-send would
+/// charge twice there, so one charge proves the status check decided.
+pub(crate) async fn against_localstripe_a_runner_dying_after_the_charge_leaves_one_charge(
+    t: TestDb,
+) {
+    let Some(ls) = LocalStripe::start().await else {
+        return;
+    };
+    t.db.migrate().await.unwrap();
+    let store = EffectStore::new(t.db.clone());
+    let provider = Arc::new(
+        StripePayments::new(StripeConfig {
+            base_url: ls.base_url().to_owned(),
+            secret_key: "sk_test_localstripe".into(),
+            search: false,
+            timeout: Duration::from_secs(5),
+            ..StripeConfig::default()
+        })
+        .unwrap(),
+    );
+    let handler = Arc::new(CrashOnSettle {
+        failures: 1,
+        ..CrashOnSettle::default()
+    });
+    let runner = Arc::new(EffectRunner::new(
+        store.clone(),
+        vec![provider.clone()],
+        handler,
+        config(),
+    ));
+    let id = enqueue(&t.db, "inv-ls-crash").await;
+    let effect = settle(&runner, &store, &id).await;
+    assert_eq!(effect.state().unwrap(), EffectState::Succeeded);
+    let request = oncely_effects::EffectRequest {
+        operation: "charge".into(),
+        reference: "inv-ls-crash".into(),
+        key: effect.key.clone(),
+        params: json!({}),
+    };
+    let found = provider
+        .status(oncely_effects::StatusQuery {
+            request: &request,
+            last_sent: None,
+            since: std::time::SystemTime::now() - Duration::from_secs(600),
+        })
+        .await
+        .unwrap();
+    match found {
+        oncely_effects::StatusOutcome::Found(objects) => {
+            assert_eq!(objects.len(), 1, "one charge at localstripe");
+            assert_eq!(effect.provider_id.as_deref(), Some(objects[0].id.as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+oncely_testkit::matrix! {
+    tests: [
+        every_payments_fault_ends_with_one_charge_and_the_status_asked_first,
+        a_runner_dying_after_the_provider_committed_leaves_one_charge,
+        against_localstripe_a_runner_dying_after_the_charge_leaves_one_charge,
+    ],
+    cannot_apply: [],
+}
