@@ -114,7 +114,7 @@ pub(crate) async fn every_payments_fault_ends_with_one_charge_and_the_status_ask
                 secret_key: SK.into(),
                 timeout: Duration::from_millis(800),
                 search,
-                settle_time: Duration::from_millis(1_000),
+                settle_time: Duration::from_secs(1),
                 ..StripeConfig::default()
             })
             .unwrap(),
