@@ -7,16 +7,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::response::Response;
-use http::Request;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Request, StatusCode};
 use oncely_core::TenantId;
 use tower::{Layer, Service};
+
+use crate::problem::kind;
+use crate::Problem;
 
 /// Puts the request's [`TenantId`] into its extensions, where
 /// [`IdempotencyLayer`](crate::IdempotencyLayer) reads it, using a function of the request
 /// head that the service supplies — typically "which tenant does this credential belong
-/// to". The function answers `Err(response)` to refuse the request (e.g. a 401 problem);
-/// the inner service is then not called.
+/// to". When it answers `None` the request is refused with a 401 problem
+/// (`urn:oncely:problem:unauthenticated`, RFC 9457) and the inner service is not called.
 ///
 /// Apply it *outside* the idempotency layer (in axum: the later `.layer` /
 /// `.route_layer` call), so authentication runs first and an unauthenticated request never
@@ -24,21 +27,12 @@ use tower::{Layer, Service};
 /// names two operations, and neither sees the other's record.
 ///
 /// ```
-/// use axum::response::IntoResponse;
-/// use http::StatusCode;
 /// use oncely_core::TenantId;
-/// use oncely_http::{Problem, TenantLayer};
+/// use oncely_http::TenantLayer;
 ///
 /// let layer = TenantLayer::new(|parts: &http::request::Parts| {
-///     parts
-///         .headers
-///         .get("x-tenant")
-///         .and_then(|v| v.to_str().ok())
-///         .and_then(|v| TenantId::parse(v).ok())
-///         .ok_or_else(|| {
-///             Problem::new(StatusCode::UNAUTHORIZED, "unauthenticated", "Who are you?")
-///                 .into_response()
-///         })
+///     let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
+///     TenantId::parse(tenant).ok()
 /// });
 /// # let _ = layer;
 /// ```
@@ -48,7 +42,7 @@ pub struct TenantLayer<F> {
 
 impl<F> TenantLayer<F>
 where
-    F: Fn(&http::request::Parts) -> Result<TenantId, Response> + Send + Sync + 'static,
+    F: Fn(&http::request::Parts) -> Option<TenantId> + Send + Sync + 'static,
 {
     /// A layer that asks `extract` for each request's tenant.
     pub fn new(extract: F) -> Self {
@@ -107,7 +101,7 @@ impl<S, F> Service<Request<Body>> for Tenant<S, F>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible>,
     S::Future: Send + 'static,
-    F: Fn(&http::request::Parts) -> Result<TenantId, Response> + Send + Sync + 'static,
+    F: Fn(&http::request::Parts) -> Option<TenantId> + Send + Sync + 'static,
 {
     type Response = Response;
     type Error = Infallible;
@@ -120,11 +114,25 @@ where
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
         match (self.extract)(&parts) {
-            Ok(tenant) => {
+            Some(tenant) => {
                 parts.extensions.insert(tenant);
                 Box::pin(self.inner.call(Request::from_parts(parts, body)))
             }
-            Err(refusal) => Box::pin(std::future::ready(Ok(refusal))),
+            None => Box::pin(std::future::ready(Ok(unauthenticated()))),
         }
     }
+}
+
+/// The refusal of a request without a tenant: 401 (RFC 9110 §15.5.2) with a problem body.
+fn unauthenticated() -> Response {
+    let mut res = Problem::new(
+        StatusCode::UNAUTHORIZED,
+        kind::UNAUTHENTICATED,
+        "Authentication required",
+    )
+    .detail("the request carries no credential this service knows")
+    .into_response();
+    res.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    res
 }
