@@ -207,6 +207,27 @@ pub(crate) trait Store {
     ) -> Result<(), sqlx::migrate::MigrateError>;
     /// Closes every pooled connection.
     async fn close(&self);
+    /// Deletes up to `batch` rows of `sweep` whose filter matches with `$1` = `bound`, in
+    /// its own short transaction; the rows deleted.
+    async fn sweep(&self, sweep: &Sweep, bound: i64, batch: i64) -> Result<u64, sqlx::Error>;
+}
+
+/// A batched retention sweep: `DELETE` up to a batch of the rows of `table` matching
+/// `filter` (with `$1`, the bound, e.g. `expires_at < $1`), oldest `order_by` first where
+/// the backend orders deletes. Each backend spells it once (`Store::sweep`):
+/// - SQLite: `DELETE … WHERE rowid IN (SELECT rowid … LIMIT n)` on the single writer;
+/// - PostgreSQL: the locked batch as a materialised CTE (`FOR UPDATE SKIP LOCKED`, so the
+///   `LIMIT` holds — an `IN (SELECT … LIMIT … SKIP LOCKED)` subquery may be re-run and
+///   delete more) and rows taken by TID, with the plan pinned (`crate::plan`);
+/// - MySQL / MariaDB: a single-table `DELETE … ORDER BY order_by LIMIT n`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sweep {
+    /// The table.
+    pub(crate) table: &'static str,
+    /// The rows to delete, with `$1` for the bound.
+    pub(crate) filter: &'static str,
+    /// The column MySQL deletes in order of.
+    pub(crate) order_by: &'static str,
 }
 
 /// Runs `$body` with `$s` bound to the backend store inside a [`Database`].

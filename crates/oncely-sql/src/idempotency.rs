@@ -3,7 +3,7 @@ use std::time::Duration;
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{with_store, with_tx, Store};
+use crate::backend::{with_store, with_tx, Store, Sweep};
 use crate::{Database, StoreError, Tx};
 
 /// The idempotency store over table `oncely_idempotency`, primary key
@@ -145,6 +145,14 @@ pub(crate) const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, 
 pub(crate) const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, response_status, \
      response_headers, response_body, created_at, completed_at, expires_at";
 
+/// Finished records past their expiry (`$1` now); records in `processing` or `unknown`
+/// are never collected.
+const EXPIRED_RECORDS: Sweep = Sweep {
+    table: "oncely_idempotency",
+    filter: "expires_at < $1 AND state IN ('succeeded', 'failed')",
+    order_by: "expires_at",
+};
+
 /// What each backend implements for [`IdempotencyStore`] (in `sqlite/`, `postgres/`,
 /// `mysql/` `idempotency.rs`).
 pub(crate) trait IdempotencyBackend: Store {
@@ -169,9 +177,6 @@ pub(crate) trait IdempotencyBackend: Store {
         operation: &str,
         key: &str,
     ) -> Result<Option<RecordRow>, sqlx::Error>;
-
-    /// Deletes up to `batch` finished records expired before `now_ms`.
-    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error>;
 }
 
 impl ClaimRow {
@@ -385,7 +390,7 @@ impl IdempotencyStore {
     /// [`StoreError`] when the database fails.
     pub async fn collect_expired(&self, now_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let batch = i64::from(batch.max(1));
-        let n = with_store!(&self.db, |s| s.collect_expired(now_ms, batch).await)?;
+        let n = with_store!(&self.db, |s| s.sweep(&EXPIRED_RECORDS, now_ms, batch).await)?;
         Ok(n)
     }
 }

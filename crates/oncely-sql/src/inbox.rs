@@ -1,6 +1,6 @@
 use oncely_core::MessageId;
 
-use crate::backend::{with_store, Store};
+use crate::backend::{with_store, Store, Sweep};
 use crate::{Database, StoreError, Tx};
 
 /// What [`InboxStore::record`] found.
@@ -76,7 +76,9 @@ impl InboxStore {
     /// [`StoreError`] when the database fails.
     pub async fn collect(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let batch = i64::from(batch.max(1));
-        let n = with_store!(&self.db, |s| s.collect(before_ms, batch).await)?;
+        let n = with_store!(&self.db, |s| s
+            .sweep(&RECEIVED_BEFORE, before_ms, batch)
+            .await)?;
         Ok(n)
     }
 }
@@ -85,9 +87,9 @@ impl InboxStore {
 const INSERT_ROW: &str =
     "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3)";
 
-/// What each backend implements for [`InboxStore`] (in `sqlite/`, `postgres/`, `mysql/`
-/// `inbox.rs`).
-pub(crate) trait InboxBackend: Store {
-    /// Deletes up to `batch` rows received before `before_ms`.
-    async fn collect(&self, before_ms: i64, batch: i64) -> Result<u64, sqlx::Error>;
-}
+/// Rows received before the bound (`$1`).
+const RECEIVED_BEFORE: Sweep = Sweep {
+    table: "oncely_inbox",
+    filter: "received_at < $1",
+    order_by: "received_at",
+};

@@ -39,12 +39,16 @@
 //!   capabilities), [`Migrations`], connecting by URL scheme, and the dispatch macros:
 //!   [`on_tx!`], [`on_pool!`], [`on_writer!`] (public, the escape hatch for SQL the
 //!   portable API does not cover) and the internal `with_store!` / `with_tx!`, which reach
-//!   each store's per-backend trait (`IdempotencyBackend`, `OutboxBackend`, `InboxBackend`).
+//!   each store's per-backend trait (`IdempotencyBackend`, `OutboxBackend`) and the
+//!   operations every backend spells once (`Store`: begin, finish, migrations, the batched
+//!   retention `sweep`).
 //!
 //! Per backend, as sqlx's drivers: `sqlite/`, `postgres/`, `mysql/`, each a `mod.rs` with
 //! the store and transaction types ([`SqliteStore`] / [`SqliteTx`], [`PgStore`],
-//! [`MySqlStore`] / [`MySqlTx`]), connecting and migrations, and one file per store
-//! (`idempotency.rs`, `outbox.rs`, `inbox.rs`) implementing its trait.
+//! [`MySqlStore`] / [`MySqlTx`]), connecting, migrations and the sweep, and one file per
+//! store with backend-specific SQL (`idempotency.rs`, `outbox.rs`) implementing its trait.
+//! The inbox has none left: its insert is [`Tx::insert_ignoring_duplicate`] and its
+//! collector the sweep.
 
 mod backend;
 mod db;

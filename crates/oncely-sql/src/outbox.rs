@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use oncely_core::MessageId;
 
-use crate::backend::{with_store, with_tx, Store};
+use crate::backend::{with_store, with_tx, Store, Sweep};
 use crate::{sql_text, Database, StoreError, Tx};
 
 /// An event to publish, written with [`OutboxStore::enqueue`] in the transaction of the
@@ -719,6 +719,14 @@ impl OutboxStore {
     }
 }
 
+/// Rows marked `published` before the bound (`$1`), where published rows stay in
+/// `oncely_outbox` (SQLite, MySQL).
+const PUBLISHED_BEFORE: Sweep = Sweep {
+    table: "oncely_outbox",
+    filter: "state = 'published' AND published_at < $1",
+    order_by: "published_at",
+};
+
 /// What each backend implements for [`OutboxStore`] (in `sqlite/`, `postgres/`, `mysql/`
 /// `outbox.rs`). Statements whose text is the same everywhere (release, requeue) stay in
 /// [`OutboxStore`], through [`crate::on_writer!`] and [`sql_text`].
@@ -784,8 +792,11 @@ pub(crate) trait OutboxBackend: Store {
     /// Up to `limit` dead rows above `after_id`, in id order.
     async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<Row>, StoreError>;
 
-    /// Deletes up to `batch` rows published before `before_ms`.
-    async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
+    /// Deletes up to `batch` rows published before `before_ms`: by default the rows marked
+    /// `published` in `oncely_outbox` ([`PUBLISHED_BEFORE`]).
+    async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
+        Ok(self.sweep(&PUBLISHED_BEFORE, before_ms, batch).await?)
+    }
 
     /// Vacuums the outbox where that helps ([`crate::Backend::needs_vacuum`]); nothing by
     /// default.

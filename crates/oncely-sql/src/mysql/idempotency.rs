@@ -79,17 +79,4 @@ impl IdempotencyBackend for MySqlStore {
             .fetch_optional(self.pool())
             .await
     }
-
-    /// A single-table `DELETE` takes its own `LIMIT`.
-    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(
-            "DELETE FROM oncely_idempotency WHERE expires_at < ? \
-             AND state IN ('succeeded', 'failed') ORDER BY expires_at LIMIT ?",
-        )
-        .bind(now_ms)
-        .bind(batch)
-        .execute(self.pool())
-        .await?
-        .rows_affected())
-    }
 }

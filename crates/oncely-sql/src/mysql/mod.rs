@@ -5,7 +5,6 @@
 
 mod effects;
 mod idempotency;
-mod inbox;
 mod outbox;
 
 use std::time::Duration;
@@ -14,7 +13,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::{Executor, MySql};
 
-use crate::backend::{Backend, Store};
+use crate::backend::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
 
 /// MySQL / MariaDB: one pool. Every connection runs at `READ COMMITTED` with
@@ -241,5 +240,22 @@ impl Store for MySqlStore {
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+
+    async fn sweep(&self, sweep: &Sweep, bound: i64, batch: i64) -> Result<u64, sqlx::Error> {
+        let Sweep {
+            table,
+            filter,
+            order_by,
+        } = sweep;
+        let sql = crate::dialect::question_marks(&format!(
+            "DELETE FROM {table} WHERE {filter} ORDER BY {order_by} LIMIT $2"
+        ));
+        Ok(sqlx::query(&sql)
+            .bind(bound)
+            .bind(batch)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
     }
 }

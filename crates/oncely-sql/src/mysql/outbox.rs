@@ -90,15 +90,6 @@ impl OutboxBackend for MySqlStore {
         .fetch_all(self.pool())
         .await?)
     }
-
-    async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
-        Ok(sqlx::query(DELETE_PUBLISHED)
-            .bind(before_ms)
-            .bind(batch)
-            .execute(self.pool())
-            .await?
-            .rows_affected())
-    }
 }
 
 /// The outbox columns as [`Row`] decodes them; `topic` and `partition_key` are
@@ -233,7 +224,3 @@ const STATS: &str = "SELECT \
      MIN(CASE WHEN state = 'pending' THEN created_at END), \
      CAST(COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0) AS SIGNED) \
      FROM oncely_outbox WHERE state <> 'published'";
-
-/// A single-table `DELETE` takes its own `LIMIT`.
-const DELETE_PUBLISHED: &str = "DELETE FROM oncely_outbox \
-     WHERE state = 'published' AND published_at < ? ORDER BY published_at LIMIT ?";

@@ -59,23 +59,4 @@ impl IdempotencyBackend for PgStore {
         .fetch_optional(self.pool())
         .await
     }
-
-    /// The locked batch is a materialised CTE, so the `LIMIT` holds (an
-    /// `IN (SELECT … LIMIT … SKIP LOCKED)` subquery may be re-run and delete more); plan
-    /// pinned and rows taken by TID (`crate::plan`).
-    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error> {
-        crate::execute_pinned(
-            self.pool(),
-            sqlx::query(
-                "WITH doomed AS MATERIALIZED (SELECT ctid FROM oncely_idempotency \
-                 WHERE expires_at < $1 AND state IN ('succeeded', 'failed') LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM oncely_idempotency \
-                 WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))",
-            )
-            .bind(now_ms)
-            .bind(batch),
-        )
-        .await
-    }
 }

@@ -3,7 +3,6 @@
 
 mod effects;
 mod idempotency;
-mod inbox;
 mod outbox;
 
 pub(crate) use outbox::settle_locked;
@@ -14,7 +13,7 @@ use sqlx::pool::PoolOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::Postgres;
 
-use crate::backend::{Backend, Store};
+use crate::backend::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
 
 /// PostgreSQL: one pool; `lock_timeout` and `idle_in_transaction_session_timeout` set on
@@ -139,5 +138,15 @@ impl Store for PgStore {
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+
+    async fn sweep(&self, sweep: &Sweep, bound: i64, batch: i64) -> Result<u64, sqlx::Error> {
+        let Sweep { table, filter, .. } = sweep;
+        let sql = format!(
+            "WITH doomed AS MATERIALIZED (SELECT ctid FROM {table} \
+             WHERE {filter} LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {table} WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM doomed d))"
+        );
+        crate::execute_pinned(&self.pool, sqlx::query(&sql).bind(bound).bind(batch)).await
     }
 }

@@ -54,17 +54,4 @@ impl IdempotencyBackend for SqliteStore {
         .fetch_optional(self.reader())
         .await
     }
-
-    async fn collect_expired(&self, now_ms: i64, batch: i64) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(
-            "DELETE FROM oncely_idempotency WHERE rowid IN (SELECT rowid FROM \
-             oncely_idempotency WHERE expires_at < $1 AND state IN ('succeeded', 'failed') \
-             LIMIT $2)",
-        )
-        .bind(now_ms)
-        .bind(batch)
-        .execute(self.writer())
-        .await?
-        .rows_affected())
-    }
 }

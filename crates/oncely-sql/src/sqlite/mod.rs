@@ -3,7 +3,6 @@
 
 mod effects;
 mod idempotency;
-mod inbox;
 mod outbox;
 
 use std::str::FromStr;
@@ -15,7 +14,7 @@ use sqlx::pool::PoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use sqlx::Sqlite;
 
-use crate::backend::{Backend, Store};
+use crate::backend::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
 
 /// SQLite: one writer connection (SQLite has one writer; every transaction starts with
@@ -201,5 +200,18 @@ impl Store for SqliteStore {
     async fn close(&self) {
         self.write.close().await;
         self.read.close().await;
+    }
+
+    async fn sweep(&self, sweep: &Sweep, bound: i64, batch: i64) -> Result<u64, sqlx::Error> {
+        let Sweep { table, filter, .. } = sweep;
+        Ok(sqlx::query(&format!(
+            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
+             WHERE {filter} LIMIT $2)"
+        ))
+        .bind(bound)
+        .bind(batch)
+        .execute(&self.write)
+        .await?
+        .rows_affected())
     }
 }

@@ -121,16 +121,4 @@ impl OutboxBackend for SqliteStore {
         .fetch_all(self.reader())
         .await?)
     }
-
-    async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
-        Ok(sqlx::query(
-            "DELETE FROM oncely_outbox WHERE id IN (SELECT id FROM oncely_outbox \
-             WHERE state = 'published' AND published_at < $1 LIMIT $2)",
-        )
-        .bind(before_ms)
-        .bind(batch)
-        .execute(self.writer())
-        .await?
-        .rows_affected())
-    }
 }
