@@ -1,4 +1,5 @@
-//! The `oncely` binary: thin argument parsing over the libraries.
+//! The `oncely` binary: argument parsing and wiring over the libraries (the runtime assembly
+//! — brokers, supervision, metrics endpoint, signals, logging — is `oncely-runtime`).
 //!
 //! - `oncely serve` — the reference order service (SQLite by default).
 //! - `oncely migrate` — applies the embedded migrations and exits.

@@ -116,13 +116,8 @@ async fn publish(transport: &SqlTransport, n: u32) -> anyhow::Result<()> {
 
 async fn clear_invoices(db: &Database) -> anyhow::Result<()> {
     let mut tx = db.begin().await?;
-    {
-        let tx = &mut tx;
-        oncely_sql::on_tx!(tx, |c| sqlx::query("DELETE FROM invoices")
-            .execute(c)
-            .await
-            .map(|_| ()))?;
-    }
+    tx.execute(oncely_sql::query("DELETE FROM invoices"))
+        .await?;
     tx.commit().await?;
     Ok(())
 }

@@ -52,7 +52,7 @@ pub struct RelayConfig {
     /// How long published rows are kept (for audit, and as a guard against enqueueing a
     /// published message id again) before deletion. Default zero, which keeps none: on
     /// PostgreSQL a published row is forgotten when its batch is settled — no published
-    /// record to write, a fifth or more of the relay's throughput in `oncely bench relay`
+    /// record to write, a fifth or more of the relay's throughput in `oncely-bench relay`
     /// — elsewhere the next cleanup deletes it. The broker (a JetStream stream, the
     /// consumers' inboxes) keeps its own record of what was delivered.
     pub retention: Duration,

@@ -2343,7 +2343,7 @@ async fn claim_copy_enqueued_while_original_is_published_does_not_wedge_the_rela
     );
 }
 
-/// A race, hence 200 rounds (which made it fail reliably before the fix). `Relay::drain` "publishes until nothing is claimable" (`oncely bench relay` relies on it,
+/// A race, hence 200 rounds (which made it fail reliably before the fix). `Relay::drain` "publishes until nothing is claimable" (`oncely-bench relay` relies on it,
 /// checking `published == n` after one drain, though its events all have partitions of
 /// their own and so do not meet this). With several events per partition, the relay's next
 /// claim runs while the previous batch settles; when that claim comes back empty (its

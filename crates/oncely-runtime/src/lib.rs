@@ -18,6 +18,23 @@
 //! Shutdown is injected: every `run_*` takes a future that resolves when the process should
 //! stop (for a binary, [`shutdown_signal`]; for a test or an embedding service, anything).
 //!
+//! The relay of an embedding service, on NATS, until SIGTERM or Ctrl-C:
+//!
+//! ```no_run
+//! # async fn relay() -> Result<(), Box<dyn std::error::Error>> {
+//! use oncely_runtime::{BrokerConfig, BrokerKind, RelaySupervisor};
+//!
+//! let db = oncely_runtime::connect("postgres://…", &oncely_sql::DbOptions::default()).await?;
+//! db.migrate().await?; // oncely's outbox, inbox and queue tables
+//! let relay = RelaySupervisor {
+//!     broker: BrokerConfig { kind: BrokerKind::Nats, ..BrokerConfig::default() },
+//!     ..RelaySupervisor::default()
+//! };
+//! oncely_runtime::run_relay(&db, &relay, None, oncely_runtime::shutdown_signal()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Brokers are behind features (`rabbitmq`, `nats`, `kafka`, none by default); the SQL
 //! transport is always there. `clap` derives `clap::ValueEnum` on [`BrokerKind`] and
 //! [`LogFormat`].

@@ -506,7 +506,7 @@ impl OutboxStore {
     ///   back and the rows are claimable again at once, untouched (republished with the same
     ///   message ids) — no lease to wait out. The hot table thus only ever holds pending and
     ///   dead rows, and a published row costs no second version of itself. Measured with
-    ///   `oncely bench relay`: see the README.
+    ///   `oncely-bench relay`: see the README.
     /// - **SQLite**: a lease for `owner` until `now_ms + lease`, as [`OutboxStore::claim`]
     ///   (one writer: there is no row lock to hold).
     /// - **MySQL / MariaDB**: a lease as well, written by [`OutboxStore::claim`]'s
@@ -706,7 +706,7 @@ impl OutboxStore {
     /// vacuum leaves a dead entry at the low end of that walk. Autovacuum visits a database
     /// at most once per `autovacuum_naptime` (60 s by default); at tens of thousands of
     /// events per second each claim then steps over hundreds of thousands of dead entries
-    /// (`oncely bench relay` to NATS lost 15–20 % of its throughput within five
+    /// (`oncely-bench relay` to NATS lost 15–20 % of its throughput within five
     /// 50,000-event runs).
     ///
     /// Needs the table's owner (or, PostgreSQL 17+, `MAINTAIN`); without it PostgreSQL only
