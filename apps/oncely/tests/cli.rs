@@ -119,6 +119,7 @@ on_every_backend!(
     serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
     verify_command_against_serve_finds_every_check_holding,
     operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
+    relay_command_applies_oncely_schema_and_not_the_order_services,
 );
 
 // PostgreSQL and MariaDB only: an embedded SQLite database dies with its process, so a
@@ -1042,6 +1043,53 @@ async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("process did not exit within 30 s");
+}
+
+/// Only the commands that use the orders schema (`serve`, `migrate`, `consume billing`) run
+/// the order service's migrations: `oncely relay` on an empty database creates oncely's
+/// tables (outbox, queue), not `orders` or `invoices`, and drains at SIGTERM.
+async fn relay_command_applies_oncely_schema_and_not_the_order_services(t: TestDb) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["relay", "--database-url", &t.url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Started (signal handlers installed, publisher connected) once it says so.
+    let stderr = child.stderr.take().unwrap();
+    let started = tokio::task::spawn_blocking(move || {
+        let mut lines = BufReader::new(stderr).lines();
+        let found = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|l| l.contains("outbox relay starting"));
+        // Keep draining so the relay never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        found
+    });
+    let started = tokio::time::timeout(Duration::from_secs(30), started)
+        .await
+        .expect("the relay starts within 30 s")
+        .unwrap();
+    assert!(started, "the relay exited before starting");
+    let tables = table_names(&t).await;
+    assert!(tables.iter().any(|n| n == "oncely_outbox"), "{tables:?}");
+    assert!(tables.iter().any(|n| n == "oncely_queue"), "{tables:?}");
+    assert!(
+        !tables.iter().any(|n| n == "orders" || n == "invoices"),
+        "the relay created the order service's tables: {tables:?}"
+    );
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = wait_exit(&mut child).await;
+    assert!(
+        status.success(),
+        "the relay drains and exits 0 at SIGTERM, got {status}"
+    );
 }
 
 /// A relay *process* aborted at exactly the crash window of at-least-once publishing: the
