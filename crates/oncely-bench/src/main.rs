@@ -18,7 +18,8 @@ mod inbox;
 mod intake;
 mod relay;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use oncely_runtime::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(name = "oncely-bench", version, about = "oncely's benchmarks.")]
@@ -28,12 +29,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: BenchCommand,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 /// Benchmarks.
@@ -50,26 +45,10 @@ enum BenchCommand {
     Inbox(inbox::InboxBenchArgs),
 }
 
-/// The `oncely` binary's log set-up: `ONCELY_LOG` or `info` without lapin's own lines,
-/// to stderr.
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ONCELY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    oncely_runtime::init_logging(cli.log_format);
     match cli.command {
         BenchCommand::Intake(args) => intake::run(args).await,
         BenchCommand::Relay(args) => relay::run(args).await,
