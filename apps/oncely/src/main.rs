@@ -8,6 +8,7 @@
 //! - `oncely consume billing` — an inbox consumer alone, on the SQL transport, RabbitMQ or
 //!   NATS (`--broker`; `serve` runs `billing` in-process by default on the relay's broker).
 //! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
+//! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions.
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
 //! - `oncely sim payments|shipping` — a provider simulator (logic in `provider-sim`).
@@ -15,6 +16,7 @@
 //! The benchmarks are their own binary: `cargo run --release -p oncely-bench -- intake|relay|inbox …`.
 
 mod consume_cmd;
+mod effects_cmd;
 mod relay_cmd;
 mod sim_cmd;
 mod verify_cmd;
@@ -57,10 +59,20 @@ enum Command {
     Consume(ConsumeCmdArgs),
     /// Inbox consumer operator commands (SQL transport).
     Inbox(InboxArgs),
+    /// Outgoing effects: list, show with evidence, retry, resolve (audited).
+    Effects(EffectsArgs),
     /// Check that an HTTP endpoint is idempotent under retries (key handling, S1-S4, scope).
     Verify(verify_cmd::VerifyArgs),
     /// Run a provider simulator (Stripe v1 subset or keyless shipping) with fault injection.
     Sim(sim_cmd::SimArgs),
+}
+
+#[derive(Debug, Args)]
+struct EffectsArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(subcommand)]
+    command: effects_cmd::EffectsCommand,
 }
 
 #[derive(Debug, Args)]
@@ -271,6 +283,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Inbox(args) => {
             consume_cmd::inbox(args.db.connect_existing().await?, args.command).await
+        }
+        Command::Effects(args) => {
+            effects_cmd::effects(args.db.connect_existing().await?, args.command).await
         }
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,

@@ -114,6 +114,7 @@ on_every_backend!(
     serve_bills_each_order_once_through_kafka,
     serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
     inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
+    effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail,
     outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
     relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
     serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
@@ -923,6 +924,119 @@ async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t:
         .await
         .unwrap();
     assert_eq!(again.len(), 1, "pending again");
+}
+
+/// `oncely effects`: a parked (`needs_review`) effect is listed, retried — back to
+/// `unknown`, never a blind call — resolved as succeeded with the provider's id, and shown
+/// with its evidence and both audit rows; a second resolution is refused.
+async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let store = oncely_sql::EffectStore::new(t.db.clone());
+    let request = serde_json::json!({"amount": 100, "currency": "eur"});
+    let mut tx = t.db.begin().await.unwrap();
+    let new = oncely_sql::NewEffect {
+        tenant: "acme",
+        provider: "payments",
+        operation: "charge",
+        reference: "inv-ops",
+        key: "key-ops",
+        request: &request,
+    };
+    let oncely_sql::Enqueued::Created(id) = oncely_sql::EffectStore::enqueue(&mut tx, &new, 1_000)
+        .await
+        .unwrap()
+    else {
+        panic!("created")
+    };
+    tx.commit().await.unwrap();
+    let claimed = store
+        .claim("payments", "r", 1, Duration::from_secs(30), 2_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut tx = t.db.begin().await.unwrap();
+    let park = oncely_sql::Settle::NeedsReview {
+        error: "still unknown".into(),
+    };
+    let evidence = oncely_sql::Evidence {
+        kind: oncely_sql::EvidenceKind::Status,
+        key: "key-ops".into(),
+        started_at: 2_000,
+        finished_at: 2_010,
+        outcome: "unavailable".into(),
+        http_status: None,
+        provider_ids: Vec::new(),
+        detail: "provider down".into(),
+    };
+    oncely_sql::EffectStore::settle(&mut tx, &claimed, &park, &evidence, 2_010)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(["effects", "--database-url", &t.url])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let list = run(&["list", "--state", "needs-review"]);
+    let out = String::from_utf8(list.stdout).unwrap();
+    assert!(
+        list.status.success()
+            && out.contains(&format!("{id}\tpayments\tcharge\tinv-ops\tneeds_review")),
+        "{out}"
+    );
+    let retry = run(&["retry", &id, "--actor", "ops@acme"]);
+    let retried: Value = serde_json::from_slice(&retry.stdout).unwrap();
+    assert_eq!(
+        retried["state"], "unknown",
+        "a retry checks the status first"
+    );
+    let resolve = run(&[
+        "resolve",
+        &id,
+        "--as",
+        "succeeded",
+        "--provider-id",
+        "pi_seen",
+        "--actor",
+        "ops@acme",
+    ]);
+    let resolved: Value = serde_json::from_slice(&resolve.stdout).unwrap();
+    assert_eq!(
+        (resolved["state"].as_str(), resolved["provider_id"].as_str()),
+        (Some("succeeded"), Some("pi_seen"))
+    );
+    assert!(
+        !run(&["resolve", &id, "--as", "failed"]).status.success(),
+        "settled: refused"
+    );
+    assert!(
+        !run(&["resolve", &id, "--as", "succeeded"]).status.success(),
+        "no provider id"
+    );
+    let show: Value = serde_json::from_slice(&run(&["show", &id]).stdout).unwrap();
+    assert_eq!(show["evidence"][0]["outcome"], "unavailable");
+    let audit: Vec<_> = show["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap(),
+                a["actor"].as_str().unwrap(),
+                a["to"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            ("retry", "ops@acme", "unknown"),
+            ("resolve", "ops@acme", "succeeded")
+        ]
+    );
 }
 
 fn outbox_event(topic: &str, partition: &str, n: usize) -> oncely_sql::OutboxEvent {

@@ -34,6 +34,6 @@ pub use provider::{
     CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
     StatusQuery,
 };
-pub use runner::{EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
+pub use runner::{next_key, EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
 pub use shipping::{ShippingClient, ShippingConfig};
 pub use stripe::{StripeConfig, StripePayments};

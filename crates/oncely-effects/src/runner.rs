@@ -458,7 +458,7 @@ impl EffectRunner {
                         .is_some_and(|e| e.contains("replayed"));
                 let (key, generation) = if replayed_failure {
                     (
-                        next_generation_key(&effect.key, effect.key_generation + 1),
+                        next_key(&effect.key, effect.key_generation + 1),
                         effect.key_generation + 1,
                     )
                 } else {
@@ -576,9 +576,11 @@ impl EffectRunner {
     }
 }
 
-/// The key of an effect's `generation`-th key generation: UUIDv8 over the previous key and
-/// the generation (see `derive_key` for when a generation is raised).
-fn next_generation_key(previous: &str, generation: i32) -> String {
+/// The key of an effect's `generation`-th key generation: a UUID (version 8) over SHA-256 of
+/// the previous key and the generation. Raised only once the provider's status proved that
+/// nothing exists under the old key while the provider keeps replaying a stored failure for
+/// it (see [`crate::derive_key`]), or by an operator's retry of a failed effect.
+pub fn next_key(previous: &str, generation: i32) -> String {
     let digest = Sha256::new()
         .chain_update(previous.as_bytes())
         .chain_update(generation.to_be_bytes())

@@ -44,6 +44,12 @@ impl Backend {
         matches!(self, Self::Postgres)
     }
 
+    /// `true` when `SELECT … FOR UPDATE` locks rows (PostgreSQL, MySQL); SQLite has no row
+    /// locks — its single writer already holds the whole database for the transaction.
+    pub fn supports_row_locks(self) -> bool {
+        !matches!(self, Self::Sqlite)
+    }
+
     /// `true` when placeholders are MySQL's positional `?` (SQL written with `$n` is
     /// rewritten by [`crate::sql_text`] and [`crate::query`]).
     pub fn uses_question_marks(self) -> bool {

@@ -161,6 +161,19 @@ impl Effect {
     }
 }
 
+/// What an operator found out about an effect ([`EffectStore::resolve`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Resolution<'a> {
+    /// [`EffectState::Succeeded`] or [`EffectState::Failed`].
+    pub to: EffectState,
+    /// The provider's object id (required for `Succeeded`).
+    pub provider_id: Option<&'a str>,
+    /// Who resolved it (for the audit row).
+    pub actor: &'a str,
+    /// Why (for the audit row).
+    pub reason: &'a str,
+}
+
 /// What [`EffectStore::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -545,6 +558,228 @@ impl EffectStore {
                 .bind(id),
             )
             .await
+    }
+
+    /// Per provider, the `updated_at` (Unix ms) of its longest-waiting effect in `state`
+    /// (for the age of the oldest `unknown` effect).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn oldest(&self, state: EffectState) -> Result<Vec<(String, i64)>, StoreError> {
+        self.db
+            .fetch_all(
+                query(
+                    "SELECT provider, MIN(updated_at) FROM oncely_effects WHERE state = $1 \
+                     GROUP BY provider ORDER BY provider",
+                )
+                .bind(state.as_str()),
+            )
+            .await
+    }
+
+    /// An operator's retry of effect `id` (`oncely effects retry`), audited: a
+    /// `needs_review` or `unknown` effect goes back to `unknown` with its status checks
+    /// reset — the runner asks the provider's status before anything is sent, never a blind
+    /// call; a `failed` effect becomes `absent` under `next_key` (its old key would replay
+    /// the stored refusal), so the runner sends it again.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown id; [`StoreError::Conflict`] for an effect
+    /// in another state (pending, in flight, succeeded, absent); other [`StoreError`]s
+    /// when the database fails.
+    pub async fn retry(
+        &self,
+        id: &str,
+        next_key: &str,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<Effect, StoreError> {
+        let mut tx = self.db.begin().await?;
+        let effect = self.locked(&mut tx, id).await?;
+        let from = effect.state()?;
+        let (to, sql) = match from {
+            EffectState::NeedsReview | EffectState::Unknown => (
+                EffectState::Unknown,
+                "UPDATE oncely_effects SET state = 'unknown', checks = 0, available_at = $1, \
+                 updated_at = $2, lease_version = lease_version + 1 WHERE id = $3",
+            ),
+            EffectState::Failed => (
+                EffectState::Absent,
+                "UPDATE oncely_effects SET state = 'absent', available_at = $1, updated_at = $2, \
+                 lease_version = lease_version + 1, key_generation = key_generation + 1, \
+                 idem_key = $3 WHERE id = $4",
+            ),
+            other => {
+                return Err(StoreError::Conflict(format!(
+                "effect {id} is {other}; only needs_review, unknown or failed effects are retried"
+            )))
+            }
+        };
+        let q = query(sql).bind(now_ms).bind(now_ms);
+        let q = if to == EffectState::Absent {
+            q.bind(next_key).bind(id)
+        } else {
+            q.bind(id)
+        };
+        tx.execute(q).await?;
+        let detail = format!("retry: {from} -> {to}");
+        Self::audit(&mut tx, id, now_ms, actor, "retry", from, to, &detail).await?;
+        tx.commit().await?;
+        self.get(id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))
+    }
+
+    /// An operator's resolution of effect `id` (`oncely effects resolve`), audited: a
+    /// person who checked the provider records what happened — `succeeded` with the
+    /// provider's object id, or `failed` — for an effect in `needs_review`, `unknown` or
+    /// `absent`. Runs in the caller's `tx`, so the business update that follows (an invoice
+    /// marked paid) commits with it.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown id; [`StoreError::Conflict`] for an effect
+    /// in another state or `succeeded` without a provider id; other [`StoreError`]s when
+    /// the database fails.
+    pub async fn resolve(
+        &self,
+        tx: &mut Tx,
+        id: &str,
+        resolution: &Resolution<'_>,
+        now_ms: i64,
+    ) -> Result<Effect, StoreError> {
+        let Resolution {
+            to,
+            provider_id,
+            actor,
+            reason,
+        } = *resolution;
+        let effect = self.locked(tx, id).await?;
+        let from = effect.state()?;
+        if !matches!(
+            from,
+            EffectState::NeedsReview | EffectState::Unknown | EffectState::Absent
+        ) {
+            return Err(StoreError::Conflict(format!(
+                "effect {id} is {from}; only needs_review, unknown or absent effects are resolved"
+            )));
+        }
+        match (to, provider_id) {
+            (EffectState::Succeeded, Some(pid)) => {
+                tx.execute(
+                    query(
+                        "UPDATE oncely_effects SET state = 'succeeded', provider_id = $1, \
+                         last_error = NULL, updated_at = $2, lease_version = lease_version + 1 \
+                         WHERE id = $3",
+                    )
+                    .bind(pid)
+                    .bind(now_ms)
+                    .bind(id),
+                )
+                .await?;
+            }
+            (EffectState::Failed, _) => {
+                tx.execute(
+                    query(
+                        "UPDATE oncely_effects SET state = 'failed', last_error = $1, \
+                         updated_at = $2, lease_version = lease_version + 1 WHERE id = $3",
+                    )
+                    .bind(format!("resolved by {actor}: {reason}"))
+                    .bind(now_ms)
+                    .bind(id),
+                )
+                .await?;
+            }
+            (EffectState::Succeeded, None) => {
+                return Err(StoreError::Conflict(
+                    "resolving as succeeded needs the provider's object id".to_owned(),
+                ))
+            }
+            (other, _) => {
+                return Err(StoreError::Conflict(format!(
+                    "an effect is resolved as succeeded or failed, not {other}"
+                )))
+            }
+        }
+        let detail = match provider_id {
+            Some(pid) => format!("resolve: {from} -> {to} ({pid}): {reason}"),
+            None => format!("resolve: {from} -> {to}: {reason}"),
+        };
+        Self::audit(tx, id, now_ms, actor, "resolve", from, to, &detail).await?;
+        let columns = self.columns();
+        tx.fetch_one(
+            query(format!(
+                "SELECT {columns} FROM oncely_effects WHERE id = $1"
+            ))
+            .bind(id),
+        )
+        .await
+    }
+
+    /// The audit rows of effect `id`, oldest first: `(at, actor, action, from, to, detail)`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn audit_trail(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(i64, String, String, String, String, String)>, StoreError> {
+        self.db
+            .fetch_all(
+                query(
+                    "SELECT at, actor, action, from_state, to_state, detail \
+                     FROM oncely_effect_audit WHERE effect_id = $1 ORDER BY id",
+                )
+                .bind(id),
+            )
+            .await
+    }
+
+    /// Effect `id`, its row locked by `tx` (`SELECT … FOR UPDATE`; SQLite's writer holds
+    /// the whole database) so a runner's settle cannot interleave with the operator's
+    /// change — the lease version the change raises fences the runner off afterwards.
+    async fn locked(&self, tx: &mut Tx, id: &str) -> Result<Effect, StoreError> {
+        let columns = self.columns();
+        let lock = if self.db.backend().supports_row_locks() {
+            " FOR UPDATE"
+        } else {
+            ""
+        };
+        tx.fetch_optional(
+            query(format!(
+                "SELECT {columns} FROM oncely_effects WHERE id = $1{lock}"
+            ))
+            .bind(id),
+        )
+        .await?
+        .ok_or_else(|| StoreError::NotFound(id.to_owned()))
+    }
+
+    #[allow(clippy::too_many_arguments)] // one audit row's columns, each named at the call
+    async fn audit(
+        tx: &mut Tx,
+        id: &str,
+        at: i64,
+        actor: &str,
+        action: &str,
+        from: EffectState,
+        to: EffectState,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            query(
+                "INSERT INTO oncely_effect_audit (effect_id, at, actor, action, from_state, \
+                 to_state, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(id)
+            .bind(at)
+            .bind(actor)
+            .bind(action)
+            .bind(from.as_str())
+            .bind(to.as_str())
+            .bind(detail),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Effects per provider and state.

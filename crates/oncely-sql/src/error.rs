@@ -45,6 +45,12 @@ pub enum StoreError {
     /// database's backend. Nothing was applied.
     #[error("no migrations given for {0}")]
     NoMigrations(crate::Backend),
+    /// No record with this id (an operator command naming an effect that does not exist).
+    #[error("no record {0}")]
+    NotFound(String),
+    /// The record is in a state the operation does not apply to; nothing was changed.
+    #[error("{0}")]
+    Conflict(String),
     /// A database URL that is not `sqlite:`, `postgres:`, `postgresql:`, `mysql:` or
     /// `mariadb:`.
     #[error("unsupported database URL scheme in {0:?}; use sqlite://, postgres://, mysql://")]

@@ -371,6 +371,148 @@ async fn seq_scans(pool: &sqlx::PgPool) -> i64 {
     .unwrap()
 }
 
+/// An operator's retry never calls blindly: a `needs_review` effect goes back to `unknown`
+/// (its next claim is a status check). A resolution records what the person found. Both
+/// leave an audit row; other states are refused and change nothing.
+pub(crate) async fn operator_retries_check_the_status_first_and_resolutions_are_audited(t: TestDb) {
+    let s = store(&t).await;
+    enqueue(&s, "inv-1", "key-1").await;
+    let c = s
+        .claim("payments", "r", 10, LEASE, 2_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut tx = t.db.begin().await.unwrap();
+    let park = Settle::NeedsReview {
+        error: "still unknown after 20 checks".into(),
+    };
+    EffectStore::settle(
+        &mut tx,
+        &c,
+        &park,
+        &evidence(EvidenceKind::Status, "unavailable"),
+        3_000,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let retried = s.retry(&c.id, "unused", "ops@acme", 4_000).await.unwrap();
+    assert_eq!(
+        (retried.state().unwrap(), retried.checks),
+        (EffectState::Unknown, 0)
+    );
+    let next = s
+        .claim("payments", "r", 10, LEASE, 4_000)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        next.state().unwrap(),
+        EffectState::Unknown,
+        "a status check, not a call"
+    );
+    assert_eq!(next.attempts, 1, "no new attempt counted");
+    // The person found the charge at the provider.
+    let mut tx = t.db.begin().await.unwrap();
+    let found = oncely_sql::Resolution {
+        to: EffectState::Succeeded,
+        provider_id: Some("pi_found"),
+        actor: "ops@acme",
+        reason: "seen in the provider's dashboard",
+    };
+    let done = s.resolve(&mut tx, &c.id, &found, 5_000).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (done.state().unwrap(), done.provider_id.as_deref()),
+        (EffectState::Succeeded, Some("pi_found"))
+    );
+    // The runner that held the lease is fenced off.
+    let mut tx = t.db.begin().await.unwrap();
+    let late = EffectStore::settle(
+        &mut tx,
+        &next,
+        &park,
+        &evidence(EvidenceKind::Status, "x"),
+        5_100,
+    )
+    .await;
+    assert!(matches!(late, Err(StoreError::NotHeld)), "{late:?}");
+    drop(tx);
+    let trail = s.audit_trail(&c.id).await.unwrap();
+    let actions: Vec<_> = trail
+        .iter()
+        .map(|a| (a.2.as_str(), a.3.as_str(), a.4.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("retry", "needs_review", "unknown"),
+            ("resolve", "unknown", "succeeded")
+        ]
+    );
+    // Succeeded effects are neither retried nor resolved again; unknown ids are named.
+    assert!(matches!(
+        s.retry(&c.id, "k", "ops", 6_000).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let mut tx = t.db.begin().await.unwrap();
+    assert!(matches!(
+        s.resolve(&mut tx, &c.id, &found, 6_000).await,
+        Err(StoreError::Conflict(_))
+    ));
+    drop(tx);
+    assert!(matches!(
+        s.retry("nope", "k", "ops", 6_000).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(s.audit_trail(&c.id).await.unwrap().len(), 2);
+}
+
+/// A `failed` effect retried by an operator is sent again under the next key: its old key
+/// would only replay the stored refusal.
+pub(crate) async fn a_failed_effect_retried_is_resent_under_the_next_key(t: TestDb) {
+    let s = store(&t).await;
+    enqueue(&s, "inv-1", "key-1").await;
+    let c = s
+        .claim("payments", "r", 10, LEASE, 2_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut tx = t.db.begin().await.unwrap();
+    let refused = Settle::Failed {
+        error: "card_declined".into(),
+        response: None,
+    };
+    EffectStore::settle(
+        &mut tx,
+        &c,
+        &refused,
+        &evidence(EvidenceKind::Call, "failed"),
+        3_000,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let retried = s.retry(&c.id, "key-1-g1", "ops", 4_000).await.unwrap();
+    assert_eq!(
+        (
+            retried.state().unwrap(),
+            retried.key.as_str(),
+            retried.key_generation
+        ),
+        (EffectState::Absent, "key-1-g1", 1)
+    );
+    let next = s
+        .claim("payments", "r", 10, LEASE, 4_000)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (next.state().unwrap(), next.attempts),
+        (EffectState::InFlight, 2)
+    );
+}
+
 oncely_testkit::matrix! {
     tests: [
         one_intent_per_reference_and_key,
@@ -378,6 +520,8 @@ oncely_testkit::matrix! {
         an_unavailable_provider_does_not_count_and_absent_resends_with_the_given_key,
         concurrent_runners_never_claim_one_effect_twice,
         claims_on_a_backlog_believed_empty_never_seq_scan,
+        operator_retries_check_the_status_first_and_resolutions_are_audited,
+        a_failed_effect_retried_is_resent_under_the_next_key,
     ],
     cannot_apply: [
         // Plans from statistics: SQLite's claim is one statement on its single writer, and

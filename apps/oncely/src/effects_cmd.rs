@@ -1,0 +1,192 @@
+//! `oncely effects …`: the operator's view of outgoing effects, and the two actions a person
+//! takes on one (logic in `oncely_sql::EffectStore`). Every action writes an audit row.
+
+use clap::{Subcommand, ValueEnum};
+use oncely_sql::{Database, Effect, EffectState, EffectStore, Resolution};
+use serde_json::json;
+
+/// `oncely effects …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum EffectsCommand {
+    /// Lists effects (oldest first), in one state when `--state` is given.
+    List {
+        /// Only effects in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// Most rows to print.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One effect with its evidence (every call and status check) and its audit trail.
+    Show {
+        /// The effect's id.
+        id: String,
+    },
+    /// Tries a `needs_review`, `unknown` or `failed` effect again. Never a blind call: an
+    /// unknown outcome is checked at the provider first; a failed one is sent under its
+    /// key's next generation.
+    Retry {
+        /// The effect's id.
+        id: String,
+        /// Who asks (for the audit row).
+        #[arg(long, env = "USER", default_value = "operator")]
+        actor: String,
+    },
+    /// Records what a person found at the provider for a `needs_review`, `unknown` or
+    /// `absent` effect.
+    Resolve {
+        /// The effect's id.
+        id: String,
+        /// What happened.
+        #[arg(long = "as", value_enum)]
+        outcome: Outcome,
+        /// The provider's object id (required with `--as succeeded`).
+        #[arg(long, required_if_eq("outcome", "succeeded"))]
+        provider_id: Option<String>,
+        /// Why (for the audit row).
+        #[arg(long, default_value = "resolved by an operator")]
+        reason: String,
+        /// Who resolves (for the audit row).
+        #[arg(long, env = "USER", default_value = "operator")]
+        actor: String,
+    },
+}
+
+/// An effect state on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum StateArg {
+    Pending,
+    InFlight,
+    Succeeded,
+    Failed,
+    Unknown,
+    Absent,
+    NeedsReview,
+}
+
+impl From<StateArg> for EffectState {
+    fn from(s: StateArg) -> Self {
+        match s {
+            StateArg::Pending => Self::Pending,
+            StateArg::InFlight => Self::InFlight,
+            StateArg::Succeeded => Self::Succeeded,
+            StateArg::Failed => Self::Failed,
+            StateArg::Unknown => Self::Unknown,
+            StateArg::Absent => Self::Absent,
+            StateArg::NeedsReview => Self::NeedsReview,
+        }
+    }
+}
+
+/// What an operator resolves an effect as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+fn row(e: &Effect) -> serde_json::Value {
+    json!({
+        "id": e.id, "tenant": e.tenant, "provider": e.provider, "operation": e.operation,
+        "reference": e.reference, "state": e.state_word, "attempts": e.attempts,
+        "checks": e.checks, "key": e.key, "provider_id": e.provider_id,
+        "last_error": e.last_error, "created_at": e.created_at, "updated_at": e.updated_at,
+    })
+}
+
+/// Runs an `oncely effects` command, printing to stdout.
+pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result<()> {
+    let store = EffectStore::new(db.clone());
+    let now = oncely_core::now_ms();
+    match cmd {
+        EffectsCommand::List { state, limit, json } => {
+            let rows = store.list(state.map(Into::into), limit).await?;
+            if json {
+                for e in &rows {
+                    println!("{}", row(e));
+                }
+                return Ok(());
+            }
+            println!("id\tprovider\toperation\treference\tstate\tattempts\tchecks\tprovider_id\tlast_error");
+            for e in rows {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    e.id,
+                    e.provider,
+                    e.operation,
+                    e.reference,
+                    e.state_word,
+                    e.attempts,
+                    e.checks,
+                    e.provider_id.unwrap_or_default(),
+                    e.last_error.unwrap_or_default().replace(['\t', '\n'], " "),
+                );
+            }
+        }
+        EffectsCommand::Show { id } => {
+            let effect = store
+                .get(&id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no effect {id}"))?;
+            let evidence: Vec<_> = store
+                .evidence(&id)
+                .await?
+                .into_iter()
+                .map(|e| {
+                    json!({"n": e.n, "kind": e.kind, "key": e.key, "started_at": e.started_at,
+                        "finished_at": e.finished_at, "outcome": e.outcome,
+                        "http_status": e.http_status, "provider_ids": e.provider_ids,
+                        "detail": e.detail})
+                })
+                .collect();
+            let audit: Vec<_> = store
+                .audit_trail(&id)
+                .await?
+                .into_iter()
+                .map(|(at, actor, action, from, to, detail)| {
+                    json!({"at": at, "actor": actor, "action": action, "from": from, "to": to,
+                        "detail": detail})
+                })
+                .collect();
+            let mut out = row(&effect);
+            out["request"] = effect.params()?;
+            out["evidence"] = evidence.into();
+            out["audit"] = audit.into();
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        EffectsCommand::Retry { id, actor } => {
+            let current = store
+                .get(&id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no effect {id}"))?;
+            let next = oncely_effects::next_key(&current.key, current.key_generation + 1);
+            let e = store.retry(&id, &next, &actor, now).await?;
+            println!("{}", row(&e));
+        }
+        EffectsCommand::Resolve {
+            id,
+            outcome,
+            provider_id,
+            reason,
+            actor,
+        } => {
+            let resolution = Resolution {
+                to: match outcome {
+                    Outcome::Succeeded => EffectState::Succeeded,
+                    Outcome::Failed => EffectState::Failed,
+                },
+                provider_id: provider_id.as_deref(),
+                actor: &actor,
+                reason: &reason,
+            };
+            let mut tx = db.begin().await?;
+            let e = store.resolve(&mut tx, &id, &resolution, now).await?;
+            tx.commit().await?;
+            println!("{}", row(&e));
+        }
+    }
+    Ok(())
+}
