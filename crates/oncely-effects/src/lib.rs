@@ -10,6 +10,7 @@
 //! may have happened (ask the status before anything else), retry later, or final.
 //!
 //! # Layout
+//! - `metrics` — the names of the metrics the runner records.
 //! - `provider` — [`Provider`], [`EffectRequest`], [`CallOutcome`], [`StatusQuery`],
 //!   [`StatusOutcome`], [`RemoteObject`], [`ListPage`], [`ProviderError`].
 //! - `key` — [`derive_key`]: the effect's idempotency key from its parent's scope, key and
@@ -24,6 +25,7 @@
 
 mod http;
 mod key;
+pub mod metrics;
 mod provider;
 mod runner;
 mod shipping;

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics as metric;
 use crate::{CallOutcome, EffectRequest, Provider, RemoteObject, StatusOutcome, StatusQuery};
 
 /// How an effect ended, handed to [`EffectHandler::settled`].
@@ -185,10 +186,51 @@ impl EffectRunner {
         }
     }
 
+    /// Sets the gauges from the store: effects per provider and state, those in
+    /// `needs_review`, and the age of the oldest `unknown` one (see [`crate::metrics`]).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn record_gauges(&self) -> Result<(), StoreError> {
+        let counts = self.store.counts().await?;
+        for name in self.lanes.keys() {
+            for state in EffectState::ALL {
+                let n = counts
+                    .iter()
+                    .find(|(p, s, _)| p == name && s == state.as_str())
+                    .map_or(0, |c| c.2);
+                metrics::gauge!(metric::EFFECTS, "provider" => name.clone(), "state" => state.as_str())
+                    .set(n as f64);
+                if state == EffectState::NeedsReview {
+                    metrics::gauge!(metric::NEEDS_REVIEW, "provider" => name.clone()).set(n as f64);
+                }
+            }
+        }
+        let oldest = self.store.oldest(EffectState::Unknown).await?;
+        let now = now_ms();
+        for name in self.lanes.keys() {
+            let age = oldest
+                .iter()
+                .find(|(p, _)| p == name)
+                .map_or(0.0, |(_, at)| (now - at).max(0) as f64 / 1000.0);
+            metrics::gauge!(metric::OLDEST_UNKNOWN_AGE_SECONDS, "provider" => name.clone())
+                .set(age);
+        }
+        Ok(())
+    }
+
     /// Runs until `shutdown` is cancelled, then waits for the calls in flight to settle.
+    /// Refreshes the gauges every 5 s.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let tasks = tokio_util::task::TaskTracker::new();
+        let mut gauges_at = std::time::Instant::now();
         while !shutdown.is_cancelled() {
+            if gauges_at.elapsed() >= Duration::from_secs(5) {
+                gauges_at = std::time::Instant::now();
+                if let Err(e) = self.record_gauges().await {
+                    tracing::warn!(error = %e, "effect gauges not refreshed");
+                }
+            }
             let started = match self.claim_round(&tasks).await {
                 Ok(n) => n,
                 Err(e) => {
@@ -314,6 +356,8 @@ impl EffectRunner {
         }
         let outcome = lane.provider.call(&request).await;
         let (class_word, status, ids, detail) = describe_call(&outcome);
+        metrics::counter!(metric::ATTEMPTS_TOTAL, "provider" => effect.provider.clone(), "outcome" => class_word)
+            .increment(1);
         let evidence = evidence(
             EvidenceKind::Call,
             &effect.key,
@@ -406,6 +450,15 @@ impl EffectRunner {
             since: to_time(effect.created_at - 300_000),
         };
         let found = lane.provider.status(query).await;
+        let result = match &found {
+            Ok(StatusOutcome::Found(_)) => "found",
+            Ok(StatusOutcome::Absent) => "absent",
+            Ok(StatusOutcome::NotYetVisible { .. }) => "not_yet_visible",
+            Err(e) if e.is_unavailable() => "unavailable",
+            Err(_) => "invalid",
+        };
+        metrics::counter!(metric::RESOLUTIONS_TOTAL, "provider" => effect.provider.clone(), "result" => result)
+            .increment(1);
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
             Ok(StatusOutcome::Found(objects)) => {

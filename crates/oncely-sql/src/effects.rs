@@ -568,10 +568,11 @@ impl EffectStore {
     pub async fn oldest(&self, state: EffectState) -> Result<Vec<(String, i64)>, StoreError> {
         self.db
             .fetch_all(
-                query(
-                    "SELECT provider, MIN(updated_at) FROM oncely_effects WHERE state = $1 \
+                query(format!(
+                    "SELECT {}, MIN(updated_at) FROM oncely_effects WHERE state = $1 \
                      GROUP BY provider ORDER BY provider",
-                )
+                    self.db.backend().text_column("provider")
+                ))
                 .bind(state.as_str()),
             )
             .await
@@ -788,10 +789,11 @@ impl EffectStore {
     /// [`StoreError`] when the database fails.
     pub async fn counts(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
         self.db
-            .fetch_all(query(
-                "SELECT provider, state, COUNT(*) FROM oncely_effects GROUP BY provider, state \
+            .fetch_all(query(format!(
+                "SELECT {}, state, COUNT(*) FROM oncely_effects GROUP BY provider, state \
                  ORDER BY provider, state",
-            ))
+                self.db.backend().text_column("provider")
+            )))
             .await
     }
 }

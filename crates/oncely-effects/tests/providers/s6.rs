@@ -272,11 +272,80 @@ pub(crate) async fn against_localstripe_a_runner_dying_after_the_charge_leaves_o
     }
 }
 
+/// The process's Prometheus recorder (one per test process; counters add up across the
+/// tests that share it, so the checks below are lower bounds or per-label).
+fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE.get_or_init(|| {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("the only recorder of this test process")
+    })
+}
+
+/// The value of the sample `name{labels}` in Prometheus text.
+fn sample(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A dropped answer counts one `unknown` attempt and one `found` resolution; the gauges show
+/// the effect succeeded and nothing unknown or in review.
+pub(crate) async fn runner_metrics_count_attempts_and_resolutions_and_gauge_the_states(t: TestDb) {
+    let handle = recorder();
+    t.db.migrate().await.unwrap();
+    let store = EffectStore::new(t.db.clone());
+    let (_sim, base) = payments_sim(Duration::ZERO).await;
+    let provider = Arc::new(
+        StripePayments::new(StripeConfig {
+            base_url: base.clone(),
+            secret_key: SK.into(),
+            search: false,
+            ..StripeConfig::default()
+        })
+        .unwrap(),
+    );
+    let runner = Arc::new(EffectRunner::new(
+        store.clone(),
+        vec![provider],
+        Arc::new(CrashOnSettle::default()),
+        config(),
+    ));
+    let before = handle.render();
+    let id = enqueue(&t.db, "inv-metrics").await;
+    next_fault(&base, "drop_after").await;
+    settle(&runner, &store, &id).await;
+    runner.record_gauges().await.unwrap();
+    let after = handle.render();
+    let delta = |s: &str| sample(&after, s) - sample(&before, s);
+    assert!(
+        delta(r#"oncely_effect_attempts_total{provider="payments",outcome="unknown"}"#) >= 1.0,
+        "{after}"
+    );
+    assert!(
+        delta(r#"oncely_effect_resolutions_total{provider="payments",result="found"}"#) >= 1.0,
+        "{after}"
+    );
+    assert!(
+        sample(
+            &after,
+            r#"oncely_effects{provider="payments",state="succeeded"}"#
+        ) >= 1.0
+    );
+    assert!(
+        after.contains(r#"oncely_effects_needs_review{provider="payments"}"#),
+        "{after}"
+    );
+}
+
 oncely_testkit::matrix! {
     tests: [
         every_payments_fault_ends_with_one_charge_and_the_status_asked_first,
         a_runner_dying_after_the_provider_committed_leaves_one_charge,
         against_localstripe_a_runner_dying_after_the_charge_leaves_one_charge,
+        runner_metrics_count_attempts_and_resolutions_and_gauge_the_states,
     ],
     cannot_apply: [],
 }

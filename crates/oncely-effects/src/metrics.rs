@@ -1,0 +1,20 @@
+//! Metric names the effect runner records (through the `metrics` facade). Labels:
+//! `provider` always; `outcome`, `result` and `state` as named.
+
+/// Counter: calls made, label `outcome` = `succeeded` | `failed` | `retryable` | `unknown` |
+/// `not_sent`. A rising `unknown` rate means the provider times out or drops answers.
+pub const ATTEMPTS_TOTAL: &str = "oncely_effect_attempts_total";
+/// Counter: status checks of unknown outcomes, label `result` = `found` | `absent` |
+/// `not_yet_visible` | `unavailable` | `invalid`.
+pub const RESOLUTIONS_TOTAL: &str = "oncely_effect_resolutions_total";
+/// Counter: waits lengthened because the provider's retry budget was spent (it failed
+/// broadly; callers back off instead of storming it).
+pub const BUDGET_EXHAUSTED_TOTAL: &str = "oncely_effect_budget_exhausted_total";
+/// Gauge: effects per `state` (`pending`, `in_flight`, `succeeded`, `failed`, `unknown`,
+/// `absent`, `needs_review`).
+pub const EFFECTS: &str = "oncely_effects";
+/// Gauge: effects waiting for a person (`needs_review`). Alert on any.
+pub const NEEDS_REVIEW: &str = "oncely_effects_needs_review";
+/// Gauge: seconds since the longest-waiting `unknown` effect last changed (0 when none).
+/// Alert when it exceeds the provider's settle time plus a few status checks.
+pub const OLDEST_UNKNOWN_AGE_SECONDS: &str = "oncely_effect_oldest_unknown_age_seconds";
