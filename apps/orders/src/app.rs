@@ -34,27 +34,21 @@ pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            // Outbox publish latencies as histograms (1 ms … 30 s), not summaries.
+            // Outbox publish latencies and inbox handler run times as histograms, not
+            // summaries, with the bounds their crates define.
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     metrics_exporter_prometheus::Matcher::Prefix(
                         "oncely_outbox_publish".to_owned(),
                     ),
-                    &[
-                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                        10.0, 30.0,
-                    ],
+                    oncely_outbox::metrics::LATENCY_BUCKETS,
                 )
                 .expect("a non-empty bucket list is accepted")
-                // Inbox handler run times as a histogram too (0.5 ms … 30 s).
                 .set_buckets_for_metric(
                     metrics_exporter_prometheus::Matcher::Full(
                         oncely_inbox::metrics::HANDLER_SECONDS.to_owned(),
                     ),
-                    &[
-                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                        5.0, 10.0, 30.0,
-                    ],
+                    oncely_inbox::metrics::HANDLER_BUCKETS,
                 )
                 .expect("a non-empty bucket list is accepted");
             let recorder = builder.build_recorder();

@@ -11,5 +11,9 @@ pub const RETRIES_TOTAL: &str = "oncely_inbox_retries_total";
 pub const DEAD_LETTERED_TOTAL: &str = "oncely_inbox_dead_lettered_total";
 /// Histogram: handler run time (inbox insert to handler return), seconds.
 pub const HANDLER_SECONDS: &str = "oncely_inbox_handler_seconds";
+/// Histogram bucket bounds (seconds) suited to [`HANDLER_SECONDS`]: 0.5 ms … 30 s.
+pub const HANDLER_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 /// Counter: inbox rows deleted after the retention.
 pub const COLLECTED_TOTAL: &str = "oncely_inbox_collected_total";
