@@ -19,17 +19,18 @@ pub struct KafkaConfig {
     pub brokers: String,
     /// How long librdkafka may try to deliver one message, retries included
     /// (`message.timeout.ms`, also `request.timeout.ms`); after it the message fails with
-    /// [`PublishError::Timeout`]. A publish call returns within
+    /// [`TransientError::Timeout`](crate::TransientError::Timeout). A publish call returns within
     /// [`KafkaConfig::publish_deadline`] whatever the broker does. Default 10 s.
     pub delivery_timeout: Duration,
     /// How long the producer waits to fill a batch (`linger.ms`). Default 2 ms.
     pub linger: Duration,
     /// Largest message the producer accepts (`message.max.bytes`), bytes. Larger messages
-    /// fail at once with [`PublishError::TooLarge`]. Default 1 MiB.
+    /// fail at once with [`PermanentError::TooLarge`](crate::PermanentError::TooLarge). Default 1
+    /// MiB.
     pub max_message_bytes: usize,
     /// How long the producer keeps a message for a topic the cluster does not know
     /// (`topic.metadata.propagation.max.ms`) before failing it with
-    /// [`PublishError::Unroutable`]. Default 2 s.
+    /// [`PermanentError::Unroutable`](crate::PermanentError::Unroutable). Default 2 s.
     pub unknown_topic_timeout: Duration,
 }
 
@@ -49,9 +50,10 @@ impl KafkaConfig {
     /// [`KafkaConfig::delivery_timeout`] (a produce request sent just before a message's
     /// timeout may take `request.timeout.ms` more to fail) plus 1 s (librdkafka scans for
     /// timed-out messages about once a second, and after a reconnect backoff). Messages
-    /// without a report by then fail with [`PublishError::Timeout`]; librdkafka still holds
-    /// them and may deliver them later, a copy with the same `message-id` that consumers
-    /// de-duplicate. With the defaults 21 s, within the relay's default 30 s lease.
+    /// without a report by then fail with
+    /// [`TransientError::Timeout`](crate::TransientError::Timeout); librdkafka still holds them and
+    /// may deliver them later, a copy with the same `message-id` that consumers de-duplicate. With
+    /// the defaults 21 s, within the relay's default 30 s lease.
     pub fn publish_deadline(&self) -> Duration {
         self.delivery_timeout
             .saturating_mul(2)
@@ -111,9 +113,10 @@ fn millis(d: Duration) -> String {
 /// that (the inbox does).
 ///
 /// librdkafka reconnects by itself; messages it cannot deliver within
-/// [`KafkaConfig::delivery_timeout`] fail with [`PublishError::Timeout`], and a publish call
-/// never waits longer than [`KafkaConfig::publish_deadline`] for its delivery reports. After
-/// a fatal idempotence error the producer is replaced on the next call.
+/// [`KafkaConfig::delivery_timeout`] fail with
+/// [`TransientError::Timeout`](crate::TransientError::Timeout), and a publish call never waits
+/// longer than [`KafkaConfig::publish_deadline`] for its delivery reports. After a fatal
+/// idempotence error the producer is replaced on the next call.
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: Arc<Mutex<FutureProducer>>,
@@ -155,7 +158,8 @@ impl KafkaPublisher {
     /// as failed deliveries, not here.
     ///
     /// # Errors
-    /// [`PublishError::Rejected`] when librdkafka refuses the configuration.
+    /// [`PermanentError::Rejected`](crate::PermanentError::Rejected) when librdkafka refuses the
+    /// configuration.
     pub fn new(config: KafkaConfig) -> Result<Self, PublishError> {
         let producer = Self::create(&config)?;
         Ok(Self {
@@ -169,7 +173,7 @@ impl KafkaPublisher {
         config
             .producer_config()
             .create()
-            .map_err(|e| PublishError::Rejected(format!("kafka producer: {e}")))
+            .map_err(|e| PublishError::rejected(format!("kafka producer: {e}")))
     }
 
     /// The current producer (tests and tools flush or inspect it).
@@ -184,8 +188,9 @@ impl KafkaPublisher {
     /// exists (an existing topic is left as it is), waiting up to 10 s for the answer.
     ///
     /// # Errors
-    /// [`PublishError::Rejected`] when the cluster refuses, [`PublishError::Unavailable`]
-    /// when it cannot be reached.
+    /// [`PermanentError::Rejected`](crate::PermanentError::Rejected) when the cluster refuses,
+    /// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when it cannot be
+    /// reached.
     pub async fn ensure_topic(&self, name: &str, partitions: i32) -> Result<(), PublishError> {
         ensure_topic(&self.config.brokers, name, partitions).await
     }
@@ -210,25 +215,22 @@ impl KafkaPublisher {
 
     fn map_error(e: &KafkaError, m: &Message, config: &KafkaConfig) -> PublishError {
         match e.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::MessageTimedOut) => PublishError::Timeout(
+            Some(RDKafkaErrorCode::MessageTimedOut) => PublishError::timeout(
                 u64::try_from(config.delivery_timeout.as_millis()).unwrap_or(u64::MAX),
             ),
             Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => {
-                PublishError::TooLarge {
-                    size: m.payload.len(),
-                    limit: config.max_message_bytes,
-                }
+                PublishError::too_large(m.payload.len(), config.max_message_bytes)
             }
             Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition) => {
-                PublishError::Unroutable(m.topic.clone())
+                PublishError::unroutable(m.topic.clone())
             }
             Some(
                 RDKafkaErrorCode::AllBrokersDown
                 | RDKafkaErrorCode::BrokerTransportFailure
                 | RDKafkaErrorCode::Resolve
                 | RDKafkaErrorCode::QueueFull,
-            ) => PublishError::Unavailable(e.to_string()),
-            _ => PublishError::Rejected(e.to_string()),
+            ) => PublishError::unavailable(e.to_string()),
+            _ => PublishError::rejected(e.to_string()),
         }
     }
 
@@ -255,7 +257,7 @@ impl KafkaPublisher {
             Err(e) => {
                 return batch
                     .iter()
-                    .map(|_| Err(PublishError::Rejected(e.to_string())))
+                    .map(|_| Err(PublishError::rejected(e.to_string())))
                     .collect()
             }
         };
@@ -279,7 +281,7 @@ impl KafkaPublisher {
                 Ok(delivery) => match tokio::time::timeout_at(deadline, delivery).await {
                     Err(_elapsed) => {
                         overdue += 1;
-                        Err(PublishError::Timeout(
+                        Err(PublishError::timeout(
                             u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                         ))
                     }
@@ -290,7 +292,7 @@ impl KafkaPublisher {
                         }
                         Err(Self::map_error(&e, m, &self.config))
                     }
-                    Ok(Err(_canceled)) => Err(PublishError::Unavailable(
+                    Ok(Err(_canceled)) => Err(PublishError::unavailable(
                         "producer dropped the delivery report".to_owned(),
                     )),
                 },
@@ -323,13 +325,14 @@ impl Publisher for KafkaPublisher {
 /// replication factor 1 unless it exists, waiting up to 10 s.
 ///
 /// # Errors
-/// [`PublishError::Rejected`] when the cluster refuses, [`PublishError::Unavailable`] when
-/// it cannot be reached within 10 s.
+/// [`PermanentError::Rejected`](crate::PermanentError::Rejected) when the cluster refuses,
+/// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when it cannot be reached
+/// within 10 s.
 pub async fn ensure_topic(brokers: &str, name: &str, partitions: i32) -> Result<(), PublishError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
-        .map_err(|e| PublishError::Rejected(format!("kafka admin client: {e}")))?;
+        .map_err(|e| PublishError::rejected(format!("kafka admin client: {e}")))?;
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     let results = tokio::time::timeout(
@@ -337,13 +340,13 @@ pub async fn ensure_topic(brokers: &str, name: &str, partitions: i32) -> Result<
         admin.create_topics([&topic], &opts),
     )
     .await
-    .map_err(|_| PublishError::Unavailable("create topic timed out".to_owned()))?
-    .map_err(|e| PublishError::Unavailable(e.to_string()))?;
+    .map_err(|_| PublishError::unavailable("create topic timed out".to_owned()))?
+    .map_err(|e| PublishError::unavailable(e.to_string()))?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, code)) => {
-                return Err(PublishError::Rejected(format!("create topic {t}: {code}")))
+                return Err(PublishError::rejected(format!("create topic {t}: {code}")))
             }
         }
     }

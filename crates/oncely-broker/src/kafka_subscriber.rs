@@ -12,7 +12,10 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use crate::kafka::needs_new_session;
 use crate::message::headers;
 use crate::subscriber::retry_headers;
-use crate::{ensure_topic, Incoming, ReceivedMessage, SubscribeError, Subscriber, Undecodable};
+use crate::{
+    ensure_topic, DeliveryPosition, Incoming, ReceivedMessage, SubscribeError, Subscriber,
+    Undecodable,
+};
 
 /// Settings of [`KafkaSubscriber`].
 #[derive(Debug, Clone)]
@@ -147,7 +150,7 @@ impl std::fmt::Debug for KafkaSubscriber {
 }
 
 fn unavailable(e: &impl std::fmt::Display) -> SubscribeError {
-    SubscribeError::Unavailable(e.to_string())
+    SubscribeError::unavailable(e.to_string())
 }
 
 fn header_map(m: &OwnedMessage) -> BTreeMap<String, String> {
@@ -186,7 +189,7 @@ impl KafkaSubscriber {
         for t in [c.topic.clone(), c.retry_topic(), c.dlq_topic()] {
             ensure_topic(&c.brokers, &t, c.partitions.max(1))
                 .await
-                .map_err(|e| SubscribeError::Rejected(format!("topic {t}: {e}")))?;
+                .map_err(|e| SubscribeError::rejected(format!("topic {t}: {e}")))?;
         }
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &c.brokers)
@@ -200,7 +203,7 @@ impl KafkaSubscriber {
                 c.session_timeout.as_millis().to_string(),
             )
             .create()
-            .map_err(|e| SubscribeError::Rejected(format!("kafka consumer: {e}")))?;
+            .map_err(|e| SubscribeError::rejected(format!("kafka consumer: {e}")))?;
         consumer
             .subscribe(&[c.topic.as_str(), c.retry_topic().as_str()])
             .map_err(|e| unavailable(&e))?;
@@ -239,7 +242,7 @@ impl KafkaSubscriber {
                 crate::kafka::RECONNECT_BACKOFF_MAX.as_millis().to_string(),
             )
             .create()
-            .map_err(|e| SubscribeError::Rejected(format!("kafka producer: {e}")))?;
+            .map_err(|e| SubscribeError::rejected(format!("kafka producer: {e}")))?;
         *guard = Some(p.clone());
         Ok(p)
     }
@@ -281,7 +284,10 @@ impl KafkaSubscriber {
             None => Err(Undecodable("no message-id header".to_owned())),
             Some(Err(e)) => Err(Undecodable(format!("message id: {e}"))),
             Some(Ok(id)) => Ok(ReceivedMessage {
-                queue_id: message.offset(),
+                position: DeliveryPosition::KafkaOffset {
+                    partition: message.partition(),
+                    offset: message.offset(),
+                },
                 id,
                 topic,
                 partition_key: key
@@ -410,7 +416,7 @@ impl KafkaSubscriber {
                     // This producer session cannot deliver again: a new one next time.
                     *self.producer.lock().expect("producer lock") = None;
                 }
-                SubscribeError::Unavailable(format!("publish to {topic}: {e}"))
+                SubscribeError::unavailable(format!("publish to {topic}: {e}"))
             })
     }
 

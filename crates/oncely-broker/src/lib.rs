@@ -9,11 +9,18 @@
 //! `idempotency-key`, `traceparent`).
 //!
 //! # Layout
+//! - `delivery` — [`ReceivedMessage`], a delivered message in the same shape for every
+//!   broker, and its [`DeliveryPosition`] (SQL row id, AMQP delivery tag, JetStream stream
+//!   sequence, Kafka partition and offset).
+//! - `failure` — [`TransientError`] (unavailable, timed out: says nothing about the message)
+//!   and [`PermanentError`] (refused, unroutable, too large), the two halves of
+//!   [`PublishError`] and [`SubscribeError`]; [`Cause`], the client's underlying error.
 //! - `health` — [`DependencyHealth`]: a dependency's up/down state as a relay or consumer
 //!   sees it (one log line per change, gauge [`DEPENDENCY_UP`]); [`error_chain`].
 //! - `message` — [`Message`], [`PublishError`], the [`Publisher`] trait and header names.
 //! - `sql` — [`SqlTransport`]: the embedded default, a queue table (`oncely_queue`) in the
-//!   same database; consumer groups with leased deliveries ([`SqlTransport::claim`],
+//!   same database, over [`oncely_sql::QueueStore`] (which holds each backend's SQL);
+//!   consumer groups with leased deliveries ([`SqlTransport::claim`],
 //!   [`SqlTransport::ack`], [`SqlTransport::nack`], [`SqlTransport::dead`]).
 //! - `subscriber` — the [`Subscriber`] trait (receive, ack after commit, retry after a
 //!   delay for one consumer group, dead-letter), [`Incoming`], [`SubscribeError`],
@@ -23,8 +30,6 @@
 //!   dead-lettered back to the group's queue) and dead queue.
 //! - `nats_subscriber` (feature `nats`) — [`NatsSubscriber`]: a durable pull consumer per
 //!   group, explicit ack, NAK with delay, a DLQ subject per group.
-//! - `sql_mysql` — the SQL transport's MySQL / MariaDB statements (no `RETURNING` on
-//!   `UPDATE`/`DELETE` there: lock with `SKIP LOCKED`, write, read back).
 //! - `rabbitmq` (feature `rabbitmq`) — [`RabbitMqPublisher`]: lapin, persistent messages,
 //!   mandatory routing, publisher confirms over a pipelined window.
 //! - `nats` (feature `nats`) — [`NatsPublisher`]: async-nats JetStream, `Nats-Msg-Id`
@@ -35,6 +40,8 @@
 //!   manual offset commits after the inbox commit, a per-group retry topic with a
 //!   not-before header, a per-group dead-letter topic.
 
+mod delivery;
+mod failure;
 mod health;
 #[cfg(feature = "kafka")]
 mod kafka;
@@ -50,9 +57,10 @@ mod rabbitmq;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq_subscriber;
 mod sql;
-mod sql_mysql;
 mod subscriber;
 
+pub use delivery::{DeliveryPosition, ReceivedMessage};
+pub use failure::{Cause, PermanentError, TransientError};
 pub use health::{error_chain, DependencyHealth, DEPENDENCY_UP};
 #[cfg(feature = "kafka")]
 pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
@@ -67,5 +75,5 @@ pub use nats_subscriber::{NatsHandle, NatsSubscriber, NatsSubscriberConfig};
 pub use rabbitmq::{amqp_connection_properties, RabbitMqConfig, RabbitMqPublisher};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq_subscriber::{RabbitMqHandle, RabbitMqSubscriber, RabbitMqSubscriberConfig};
-pub use sql::{DeadDelivery, Delivery, ReceivedMessage, SqlHandle, SqlSubscriber, SqlTransport};
+pub use sql::{DeadDelivery, Delivery, SqlHandle, SqlSubscriber, SqlTransport};
 pub use subscriber::{retry_headers, Incoming, SubscribeError, Subscriber, Undecodable};

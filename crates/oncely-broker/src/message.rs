@@ -4,6 +4,8 @@ use std::pin::Pin;
 
 use oncely_core::MessageId;
 
+use crate::{Cause, PermanentError, TransientError};
+
 /// Header names every publisher sets (lower case; NATS and AMQP headers are case-preserving,
 /// consumers should compare case-insensitively).
 pub mod headers {
@@ -55,54 +57,74 @@ impl Message {
 }
 
 /// A message was not confirmed by the broker. The relay retries it with the same message id
-/// (so a copy that did arrive is recognised): a fault of the message itself with backoff,
-/// until its attempt limit; an unavailable broker without counting, see
-/// [`PublishError::is_transient`].
-#[derive(Debug, thiserror::Error)]
+/// (so a copy that did arrive is recognised): a fault of the message itself
+/// ([`PublishError::Permanent`]) with backoff, until its attempt limit; an unavailable
+/// broker ([`PublishError::Transient`]) without counting, see [`PublishError::is_transient`].
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
-    /// The broker cannot be reached or the connection broke; the publisher reconnects on
-    /// the next call.
-    #[error("broker unreachable: {0}")]
-    Unavailable(String),
-    /// The broker did not confirm within the timeout (the message may or may not have been
-    /// stored: the outcome is unknown, so it is retried with the same id).
-    #[error("no confirmation within {0} ms")]
-    Timeout(u64),
-    /// The broker refused the message (AMQP nack, JetStream error, SQL error).
-    #[error("broker rejected the message: {0}")]
-    Rejected(String),
-    /// No queue or stream takes the message (AMQP `basic.return` of a mandatory message,
-    /// JetStream "no responders"): publishing it would lose it.
-    #[error("no destination for topic {0:?}")]
-    Unroutable(String),
-    /// The message exceeds the transport's size limit.
-    #[error("message of {size} bytes exceeds the limit of {limit} bytes")]
-    TooLarge {
-        /// Payload size, bytes.
-        size: usize,
-        /// Limit, bytes.
-        limit: usize,
-    },
+    /// The broker is unreachable or did not confirm in time: nothing is known about the
+    /// message.
+    #[error(transparent)]
+    Transient(#[from] TransientError),
+    /// The broker answered and refused the message (or it cannot be sent at all).
+    #[error(transparent)]
+    Permanent(#[from] PermanentError),
 }
 
 impl PublishError {
-    /// `true` when the failure says nothing about the message: the broker, or the way to
-    /// it, is unavailable ([`PublishError::Unavailable`]) or did not answer in time
-    /// ([`PublishError::Timeout`]). The relay does not count such a failure as an attempt of
-    /// the message and never makes a row dead for it; it keeps the rows pending and backs
-    /// off as a whole until the broker answers again (DESIGN.md: "nothing goes dead because
-    /// a dependency was down").
+    /// [`TransientError::Unavailable`]: the broker cannot be reached or the connection
+    /// broke; the publisher reconnects on the next call.
+    pub fn unavailable(cause: impl Into<Cause>) -> Self {
+        Self::Transient(TransientError::Unavailable(cause.into()))
+    }
+
+    /// [`TransientError::Timeout`]: no confirmation within `ms` milliseconds (the message
+    /// may or may not have been stored: the outcome is unknown, so it is retried with the
+    /// same id).
+    pub fn timeout(ms: u64) -> Self {
+        Self::Transient(TransientError::Timeout(ms))
+    }
+
+    /// [`PermanentError::Rejected`]: the broker refused the message (AMQP nack, JetStream
+    /// error, SQL error).
+    pub fn rejected(cause: impl Into<Cause>) -> Self {
+        Self::Permanent(PermanentError::Rejected(cause.into()))
+    }
+
+    /// [`PermanentError::Unroutable`]: no queue or stream takes messages of `topic`.
+    pub fn unroutable(topic: impl Into<String>) -> Self {
+        Self::Permanent(PermanentError::Unroutable(topic.into()))
+    }
+
+    /// [`PermanentError::TooLarge`]: a payload of `size` bytes over the transport's `limit`
+    /// (bytes).
+    pub fn too_large(size: usize, limit: usize) -> Self {
+        Self::Permanent(PermanentError::TooLarge { size, limit })
+    }
+
+    /// `true` when the failure says nothing about the message ([`PublishError::Transient`]):
+    /// the broker, or the way to it, is unavailable ([`TransientError::Unavailable`]) or did
+    /// not answer in time ([`TransientError::Timeout`]). The relay does not count such a
+    /// failure as an attempt of the message and never makes a row dead for it; it keeps the
+    /// rows pending and backs off as a whole until the broker answers again (DESIGN.md:
+    /// "nothing goes dead because a dependency was down").
     ///
     /// A confirm timeout is transient because it is what an outage looks like from the
     /// client (a broker that stopped answering, a half-open connection, a partition leader
     /// that is away): the outcome is unknown, not failed, and republishing with the same
     /// message id is safe (JetStream and Kafka de-duplicate, consumers' inboxes do the
     /// rest). Counting it would kill every event of a long brownout. Only the message's
-    /// own faults count: [`PublishError::Rejected`], [`PublishError::Unroutable`],
-    /// [`PublishError::TooLarge`].
+    /// own faults count: [`PermanentError::Rejected`], [`PermanentError::Unroutable`],
+    /// [`PermanentError::TooLarge`].
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Timeout(_))
+        matches!(self, Self::Transient(_))
+    }
+
+    /// `true` for [`PermanentError::TooLarge`]: the message can never fit, so the relay
+    /// makes it dead at its first attempt.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Self::Permanent(PermanentError::TooLarge { .. }))
     }
 }
 

@@ -35,7 +35,7 @@ impl NatsConfig {
 /// duplicate window, 2 min by default), every header of [`Message::all_headers`] is a NATS
 /// header. A message counts as published when its PubAck arrives (a PubAck flagged
 /// `duplicate` too: the stream already holds it). A subject no stream captures fails with
-/// [`PublishError::Unroutable`].
+/// [`PermanentError::Unroutable`](crate::PermanentError::Unroutable).
 ///
 /// The client reconnects by itself after a broken connection; publishes in between fail
 /// (or time out) and are retried by the relay with the same id.
@@ -50,8 +50,8 @@ impl NatsPublisher {
     /// Connects to the server.
     ///
     /// # Errors
-    /// [`PublishError::Unavailable`] when the server cannot be reached in
-    /// [`NatsConfig::connect_timeout`].
+    /// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when the server cannot
+    /// be reached in [`NatsConfig::connect_timeout`].
     pub async fn connect(config: NatsConfig) -> Result<Self, PublishError> {
         let client = tokio::time::timeout(
             config.connect_timeout,
@@ -60,8 +60,8 @@ impl NatsPublisher {
                 .connect(config.url.as_str()),
         )
         .await
-        .map_err(|_| PublishError::Unavailable("connect timed out".to_owned()))?
-        .map_err(|e| PublishError::Unavailable(e.to_string()))?;
+        .map_err(|_| PublishError::unavailable("connect timed out".to_owned()))?
+        .map_err(|e| PublishError::unavailable(e.to_string()))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.ack_timeout);
         Ok(Self { client, js, config })
@@ -71,8 +71,8 @@ impl NatsPublisher {
     /// (an existing stream is left as it is).
     ///
     /// # Errors
-    /// [`PublishError::Rejected`] when the server refuses (e.g. the subjects overlap another
-    /// stream's).
+    /// [`PermanentError::Rejected`](crate::PermanentError::Rejected) when the server refuses (e.g.
+    /// the subjects overlap another stream's).
     pub async fn ensure_stream(&self, name: &str, subjects: &[String]) -> Result<(), PublishError> {
         self.js
             .get_or_create_stream(jetstream::stream::Config {
@@ -82,7 +82,7 @@ impl NatsPublisher {
             })
             .await
             .map(drop)
-            .map_err(|e| PublishError::Rejected(e.to_string()))
+            .map_err(|e| PublishError::rejected(e.to_string()))
     }
 
     /// The JetStream context (tests and tools read streams through it).
@@ -116,14 +116,14 @@ impl NatsPublisher {
         timeout_ms: u64,
     ) -> PublishError {
         match e.kind() {
-            PublishErrorKind::StreamNotFound => PublishError::Unroutable(m.topic.clone()),
-            PublishErrorKind::TimedOut => PublishError::Timeout(timeout_ms),
-            PublishErrorKind::BrokenPipe => PublishError::Unavailable(e.to_string()),
-            PublishErrorKind::MaxPayloadExceeded => PublishError::TooLarge {
-                size: m.payload.len(),
-                limit: usize::try_from(self_max_payload()).unwrap_or(usize::MAX),
-            },
-            _ => PublishError::Rejected(e.to_string()),
+            PublishErrorKind::StreamNotFound => PublishError::unroutable(m.topic.clone()),
+            PublishErrorKind::TimedOut => PublishError::timeout(timeout_ms),
+            PublishErrorKind::BrokenPipe => PublishError::unavailable(e.to_string()),
+            PublishErrorKind::MaxPayloadExceeded => PublishError::too_large(
+                m.payload.len(),
+                usize::try_from(self_max_payload()).unwrap_or(usize::MAX),
+            ),
+            _ => PublishError::rejected(e.to_string()),
         }
     }
 
@@ -151,7 +151,7 @@ impl NatsPublisher {
                     Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
                         Ok(Ok(_ack)) => Ok(()),
                         Ok(Err(e)) => Err(Self::map_error(&e, m, timeout_ms)),
-                        Err(_) => Err(PublishError::Timeout(timeout_ms)),
+                        Err(_) => Err(PublishError::timeout(timeout_ms)),
                     },
                 };
                 results.push(r);

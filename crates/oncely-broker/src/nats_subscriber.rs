@@ -8,7 +8,7 @@ use tokio::sync::Mutex;
 
 use crate::message::headers;
 use crate::subscriber::retry_headers;
-use crate::{Incoming, ReceivedMessage, SubscribeError, Subscriber, Undecodable};
+use crate::{DeliveryPosition, Incoming, ReceivedMessage, SubscribeError, Subscriber, Undecodable};
 
 /// Settings of [`NatsSubscriber`].
 #[derive(Debug, Clone)]
@@ -104,7 +104,7 @@ impl std::fmt::Debug for NatsSubscriber {
 }
 
 fn unavailable(e: &impl std::fmt::Display) -> SubscribeError {
-    SubscribeError::Unavailable(e.to_string())
+    SubscribeError::unavailable(e.to_string())
 }
 
 impl NatsSubscriber {
@@ -134,7 +134,7 @@ impl NatsSubscriber {
                 .connect(self.config.url.as_str()),
         )
         .await
-        .map_err(|_| SubscribeError::Unavailable("connect timed out".to_owned()))?
+        .map_err(|_| SubscribeError::unavailable("connect timed out".to_owned()))?
         .map_err(|e| unavailable(&e))?;
         let js = jetstream::new(client);
         *guard = Some(js.clone());
@@ -151,12 +151,12 @@ impl NatsSubscriber {
                 ..jetstream::stream::Config::default()
             })
             .await
-            .map_err(|e| SubscribeError::Rejected(format!("DLQ stream {}: {e}", c.dlq_stream)))?;
+            .map_err(|e| SubscribeError::rejected(format!("DLQ stream {}: {e}", c.dlq_stream)))?;
         }
         let stream = js
             .get_stream(&c.stream)
             .await
-            .map_err(|e| SubscribeError::Rejected(format!("stream {}: {e}", c.stream)))?;
+            .map_err(|e| SubscribeError::rejected(format!("stream {}: {e}", c.stream)))?;
         let consumer: jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
                 &c.consumer,
@@ -171,7 +171,7 @@ impl NatsSubscriber {
                 },
             )
             .await
-            .map_err(|e| SubscribeError::Rejected(format!("consumer {}: {e}", c.consumer)))?;
+            .map_err(|e| SubscribeError::rejected(format!("consumer {}: {e}", c.consumer)))?;
         consumer
             .stream()
             .max_messages_per_batch(c.batch.max(1))
@@ -210,7 +210,7 @@ impl NatsSubscriber {
             Some(Ok(id)) => {
                 hdrs.remove(NATS_MSG_ID);
                 Ok(ReceivedMessage {
-                    queue_id: i64::try_from(seq).unwrap_or(i64::MAX),
+                    position: DeliveryPosition::StreamSequence(seq),
                     id,
                     topic: message.message.subject.to_string(),
                     partition_key: hdrs
@@ -262,7 +262,7 @@ impl Subscriber for NatsSubscriber {
             Err(_) => return Ok(out),
             Ok(None) => {
                 *guard = None;
-                return Err(SubscribeError::Unavailable("pull stream ended".to_owned()));
+                return Err(SubscribeError::unavailable("pull stream ended".to_owned()));
             }
             // Missed heartbeats and the like: the stream goes on by itself.
             Ok(Some(Err(e))) => return Err(unavailable(&e)),
@@ -353,7 +353,7 @@ impl Subscriber for NatsSubscriber {
             .await
             .map_err(|e| unavailable(&e))?
             .await
-            .map_err(|e| SubscribeError::Rejected(format!("DLQ publish: {e}")))?;
+            .map_err(|e| SubscribeError::rejected(format!("DLQ publish: {e}")))?;
         delivery
             .handle
             .message

@@ -8,7 +8,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Exchange
 use tokio::sync::Mutex;
 
 use crate::message::headers;
-use crate::{BoxFuture, Message, PublishError, Publisher};
+use crate::{BoxFuture, Cause, Message, PublishError, Publisher, TransientError};
 
 /// Settings of [`RabbitMqPublisher`].
 #[derive(Debug, Clone)]
@@ -65,8 +65,9 @@ struct Conn {
 /// The channel is in confirm mode; a batch is sent as windows of up to
 /// [`RabbitMqConfig::max_in_flight`] messages whose confirmations are awaited together (no
 /// round trip per message). Messages are `mandatory`: one that no queue is bound for comes
-/// back (`basic.return`) and counts as [`PublishError::Unroutable`] instead of vanishing.
-/// A broken connection is dropped and re-established on the next call.
+/// back (`basic.return`) and counts as
+/// [`PermanentError::Unroutable`](crate::PermanentError::Unroutable) instead of vanishing. A broken
+/// connection is dropped and re-established on the next call.
 pub struct RabbitMqPublisher {
     config: RabbitMqConfig,
     conn: Mutex<Option<Conn>>,
@@ -82,7 +83,7 @@ impl std::fmt::Debug for RabbitMqPublisher {
 }
 
 fn unavailable(e: &lapin::Error) -> PublishError {
-    PublishError::Unavailable(e.to_string())
+    PublishError::unavailable(e.to_string())
 }
 
 impl RabbitMqPublisher {
@@ -98,8 +99,8 @@ impl RabbitMqPublisher {
     /// Connects now (and declares the exchange), to fail fast at start-up.
     ///
     /// # Errors
-    /// [`PublishError::Unavailable`] when the broker cannot be reached or refuses the
-    /// connection, channel or exchange.
+    /// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when the broker cannot
+    /// be reached or refuses the connection, channel or exchange.
     pub async fn connect(config: RabbitMqConfig) -> Result<Self, PublishError> {
         let p = Self::new(config);
         let conn = p.open().await?;
@@ -114,7 +115,7 @@ impl RabbitMqPublisher {
             Connection::connect(&self.config.url, props),
         )
         .await
-        .map_err(|_| PublishError::Unavailable("connect timed out".to_owned()))?
+        .map_err(|_| PublishError::unavailable("connect timed out".to_owned()))?
         .map_err(|e| unavailable(&e))?;
         let channel = connection
             .create_channel()
@@ -182,12 +183,12 @@ impl RabbitMqPublisher {
                 Err(e) => {
                     // The cause once: not "broker unreachable: broker unreachable: …".
                     let msg = match e {
-                        PublishError::Unavailable(cause) => cause,
-                        other => other.to_string(),
+                        PublishError::Transient(TransientError::Unavailable(cause)) => cause,
+                        other => Cause::new(other),
                     };
                     return batch
                         .iter()
-                        .map(|_| Err(PublishError::Unavailable(msg.clone())))
+                        .map(|_| Err(PublishError::unavailable(msg.clone())))
                         .collect();
                 }
             }
@@ -206,7 +207,7 @@ impl RabbitMqPublisher {
                 window
                     .iter()
                     .map(|_| {
-                        Err(PublishError::Unavailable(
+                        Err(PublishError::unavailable(
                             "connection broke earlier in the batch".to_owned(),
                         ))
                     })
@@ -241,12 +242,12 @@ impl RabbitMqPublisher {
                     Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
                         Ok(Ok(Confirmation::Ack(None))) => Ok(()),
                         Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)))) => {
-                            Err(PublishError::Unroutable(m.topic.clone()))
+                            Err(PublishError::unroutable(m.topic.clone()))
                         }
                         Ok(Ok(Confirmation::Nack(None))) => {
-                            Err(PublishError::Rejected("nack".to_owned()))
+                            Err(PublishError::rejected("nack".to_owned()))
                         }
-                        Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::Rejected(
+                        Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::rejected(
                             "the channel is not in confirm mode".to_owned(),
                         )),
                         Ok(Err(e)) => {
@@ -255,7 +256,7 @@ impl RabbitMqPublisher {
                         }
                         Err(_) => {
                             broken = true;
-                            Err(PublishError::Timeout(
+                            Err(PublishError::timeout(
                                 u64::try_from(self.config.confirm_timeout.as_millis())
                                     .unwrap_or(u64::MAX),
                             ))

@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 
 use crate::message::headers;
 use crate::subscriber::retry_headers;
-use crate::{Incoming, ReceivedMessage, SubscribeError, Subscriber, Undecodable};
+use crate::{DeliveryPosition, Incoming, ReceivedMessage, SubscribeError, Subscriber, Undecodable};
 
 /// Settings of [`RabbitMqSubscriber`].
 #[derive(Debug, Clone)]
@@ -138,7 +138,7 @@ impl std::fmt::Debug for RabbitMqSubscriber {
 }
 
 fn unavailable(e: &lapin::Error) -> SubscribeError {
-    SubscribeError::Unavailable(e.to_string())
+    SubscribeError::unavailable(e.to_string())
 }
 
 fn long(v: impl Into<String>) -> AMQPValue {
@@ -177,7 +177,7 @@ impl RabbitMqSubscriber {
     /// messages they held.
     ///
     /// # Errors
-    /// [`SubscribeError::Unavailable`] when the broker fails.
+    /// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when the broker fails.
     pub async fn delete_queues(&self) -> Result<u32, SubscribeError> {
         self.close_conn().await;
         let (connection, channel) = self.plain_channel().await?;
@@ -204,7 +204,7 @@ impl RabbitMqSubscriber {
             Connection::connect(&self.config.url, props),
         )
         .await
-        .map_err(|_| SubscribeError::Unavailable("connect timed out".to_owned()))?
+        .map_err(|_| SubscribeError::unavailable("connect timed out".to_owned()))?
         .map_err(|e| unavailable(&e))?;
         let channel = connection
             .create_channel()
@@ -338,7 +338,7 @@ impl RabbitMqSubscriber {
                     .map_or(0, |t| i64::try_from(t).unwrap_or(0).saturating_mul(1000));
                 hdrs.retain(|k, _| !k.starts_with("x-"));
                 Ok(ReceivedMessage {
-                    queue_id: i64::try_from(d.delivery_tag).unwrap_or(i64::MAX),
+                    position: DeliveryPosition::AmqpDeliveryTag(d.delivery_tag),
                     id,
                     topic: topic.clone(),
                     partition_key: hdrs
@@ -378,7 +378,7 @@ impl RabbitMqSubscriber {
             .lock()
             .expect("publish channel lock")
             .clone()
-            .ok_or_else(|| SubscribeError::Unavailable("not connected".to_owned()))?;
+            .ok_or_else(|| SubscribeError::unavailable("not connected".to_owned()))?;
         let mut table = h.properties.headers().clone().unwrap_or_default();
         table.insert(retry_headers::TOPIC.into(), long(&h.topic));
         for (k, v) in extra {
@@ -408,13 +408,13 @@ impl RabbitMqSubscriber {
         match tokio::time::timeout(self.config.confirm_timeout, confirm).await {
             Ok(Ok(Confirmation::Ack(None))) => Ok(()),
             Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)))) => Err(
-                SubscribeError::Rejected(format!("queue {queue} does not exist")),
+                SubscribeError::rejected(format!("queue {queue} does not exist")),
             ),
-            Ok(Ok(other)) => Err(SubscribeError::Rejected(format!(
+            Ok(Ok(other)) => Err(SubscribeError::rejected(format!(
                 "copy to {queue} not confirmed: {other:?}"
             ))),
             Ok(Err(e)) => Err(unavailable(&e)),
-            Err(_) => Err(SubscribeError::Unavailable(format!(
+            Err(_) => Err(SubscribeError::unavailable(format!(
                 "no confirm for the copy to {queue}"
             ))),
         }
@@ -482,7 +482,7 @@ impl Subscriber for RabbitMqSubscriber {
             Err(_) => return Ok(out),
             Ok(None) => {
                 *guard = None;
-                return Err(SubscribeError::Unavailable("consumer cancelled".to_owned()));
+                return Err(SubscribeError::unavailable("consumer cancelled".to_owned()));
             }
             Ok(Some(Err(e))) => {
                 *guard = None;

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use oncely_sql::StoreError;
 
-use crate::ReceivedMessage;
+use crate::{Cause, PermanentError, ReceivedMessage, TransientError};
 
 /// Header names the subscribers add to a message they retry or dead-letter (RabbitMQ
 /// headers table, NATS headers of the DLQ copy, Kafka record headers).
@@ -27,17 +27,44 @@ pub mod retry_headers {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubscribeError {
-    /// The broker cannot be reached or the connection broke. The delivery is not settled:
-    /// the broker delivers it again (RabbitMQ: when the channel closes; JetStream: after
-    /// `ack_wait`; SQL transport: after the lease).
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
-    /// The broker refused the operation (declaration mismatch, missing stream, …).
-    #[error("broker refused: {0}")]
-    Rejected(String),
-    /// The SQL transport's database failed.
+    /// The broker cannot be reached, the connection broke, or it did not answer in time.
+    /// The delivery is not settled: the broker delivers it again (RabbitMQ: when the
+    /// channel closes; JetStream: after `ack_wait`; SQL transport: after the lease).
+    #[error(transparent)]
+    Transient(#[from] TransientError),
+    /// The broker refused the operation (declaration mismatch, missing stream or queue, a
+    /// dead letter it would not take, …).
+    #[error(transparent)]
+    Permanent(#[from] PermanentError),
+    /// The SQL transport's database failed (transient when it is unreachable,
+    /// [`StoreError::is_unavailable`]).
     #[error("store failed")]
     Store(#[source] StoreError),
+}
+
+impl SubscribeError {
+    /// [`TransientError::Unavailable`]: the broker cannot be reached or the connection
+    /// broke.
+    pub fn unavailable(cause: impl Into<Cause>) -> Self {
+        Self::Transient(TransientError::Unavailable(cause.into()))
+    }
+
+    /// [`PermanentError::Rejected`]: the broker refused the operation.
+    pub fn rejected(cause: impl Into<Cause>) -> Self {
+        Self::Permanent(PermanentError::Rejected(cause.into()))
+    }
+
+    /// `true` when the failure says nothing about the delivery or the group's setup: the
+    /// broker (or the SQL transport's database) is unreachable or did not answer in time,
+    /// and the same call can succeed later. The inbox consumer backs off on every receive
+    /// failure alike; this tells an operator's outage from a configuration to fix.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transient(_) => true,
+            Self::Permanent(_) => false,
+            Self::Store(e) => e.is_unavailable(),
+        }
+    }
 }
 
 impl From<StoreError> for SubscribeError {

@@ -136,7 +136,7 @@ impl RoundReport {
 /// [`OutboxStore::claim_batch`]), publishes them as one confirmed window, marks the
 /// confirmed rows published and reschedules the others with exponential backoff and full
 /// jitter, until the attempt limit makes them `dead` (a message over the broker's size limit,
-/// [`PublishError::TooLarge`], at once: it can never fit). Any number of relays may run against
+/// [`oncely_broker::PermanentError::TooLarge`], at once: it can never fit). Any number of relays may run against
 /// one database; each partition key has at most one event in flight, so its events reach
 /// the broker in order.
 ///
@@ -552,7 +552,7 @@ impl Relay {
                 }
                 Some(Err(e)) => {
                     answered = true;
-                    (e.to_string(), matches!(e, PublishError::TooLarge { .. }))
+                    (e.to_string(), e.is_too_large())
                 }
                 None => ("publisher returned no result".to_owned(), false),
             };

@@ -1106,7 +1106,7 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
 /// publish must still return within [`KafkaConfig::publish_deadline`] (plus scheduling slack),
 /// call after call, however long the outage lasts, and deliver again once the broker is back.
 async fn kafka_publish_returns_in_time_while_the_broker_is_down() {
-    use oncely_broker::{Message, PublishError};
+    use oncely_broker::{Message, PublishError, TransientError};
     if !oncely_testkit::service_reachable("Kafka", &oncely_testkit::kafka_url()).await {
         return;
     }
@@ -1149,7 +1149,7 @@ async fn kafka_publish_returns_in_time_while_the_broker_is_down() {
         assert_eq!(results.len(), 3);
         for r in &results {
             assert!(
-                matches!(r, Err(PublishError::Timeout(_))),
+                matches!(r, Err(PublishError::Transient(TransientError::Timeout(_)))),
                 "call {call}: {r:?}"
             );
         }
@@ -1925,8 +1925,8 @@ impl Publisher for Recorder {
                 let mut s = self.state();
                 for m in batch {
                     if self.fail_pct > 0 && rand::random::<u32>() % 100 < self.fail_pct {
-                        results.push(Err(oncely_broker::PublishError::Rejected(
-                            "injected failure".to_owned(),
+                        results.push(Err(oncely_broker::PublishError::rejected(
+                            "injected failure",
                         )));
                     } else {
                         let payload = String::from_utf8_lossy(&m.payload).into_owned();

@@ -31,6 +31,9 @@
 //! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
 //!   (not "refused this transaction")? Consumers hold a message through an outage instead
 //!   of counting an attempt.
+//! - `queue` — [`QueueStore`]: the SQL transport's queue over tables `oncely_queue`,
+//!   `oncely_subscriptions` and `oncely_deliveries` (enqueue with fan-out to consumer
+//!   groups, take, claim with a lease, settle, dead deliveries, collection).
 //! - `plan` — [`PINNED_PLAN`], [`execute_pinned`], [`fetch_all_pinned`]: PostgreSQL claims
 //!   and sweeps whose plans do not change when the statistics say the table is empty.
 //!
@@ -39,14 +42,15 @@
 //!   capabilities), [`Migrations`], connecting by URL scheme, and the dispatch macros:
 //!   [`on_tx!`], [`on_pool!`], [`on_writer!`] (public, the escape hatch for SQL the
 //!   portable API does not cover) and the internal `with_store!` / `with_tx!`, which reach
-//!   each store's per-backend trait (`IdempotencyBackend`, `OutboxBackend`) and the
+//!   each store's per-backend trait (`IdempotencyBackend`, `OutboxBackend`, `QueueBackend`) and the
 //!   operations every backend spells once (`Store`: begin, finish, migrations, the batched
 //!   retention `sweep`).
 //!
 //! Per backend, as sqlx's drivers: `sqlite/`, `postgres/`, `mysql/`, each a `mod.rs` with
 //! the store and transaction types ([`SqliteStore`] / [`SqliteTx`], [`PgStore`],
 //! [`MySqlStore`] / [`MySqlTx`]), connecting, migrations and the sweep, and one file per
-//! store with backend-specific SQL (`idempotency.rs`, `outbox.rs`) implementing its trait.
+//! store with backend-specific SQL (`idempotency.rs`, `outbox.rs`, `queue.rs`) implementing
+//! its trait.
 //! The inbox has none left: its insert is [`Tx::insert_ignoring_duplicate`] and its
 //! collector the sweep.
 
@@ -63,6 +67,7 @@ mod outbox;
 mod plan;
 mod postgres;
 mod query;
+mod queue;
 mod sqlite;
 
 pub use backend::{Backend, Database, Migrations, Tx};
@@ -84,6 +89,9 @@ pub use outbox::{
 pub use plan::{execute_pinned, fetch_all_pinned, PINNED_PLAN};
 pub use postgres::PgStore;
 pub use query::{query, FromBackendRow, Query, Value};
+pub use queue::{
+    ClaimedDelivery, DeadQueueDelivery, NewQueueMessage, QueueMessage, QueueStore, TakenMessage,
+};
 pub use sqlite::{SqliteStore, SqliteTx};
 
 /// Re-exported so dependants name the same `sqlx` version.

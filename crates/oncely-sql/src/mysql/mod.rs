@@ -6,6 +6,7 @@
 mod effects;
 mod idempotency;
 mod outbox;
+mod queue;
 
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 mod effects;
 mod idempotency;
 mod outbox;
+mod queue;
 
 pub(crate) use outbox::settle_locked;
 

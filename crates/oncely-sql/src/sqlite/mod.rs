@@ -4,6 +4,7 @@
 mod effects;
 mod idempotency;
 mod outbox;
+mod queue;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,107 @@
+//! [`QueueBackend`] on MySQL / MariaDB: no `UPDATE/DELETE … RETURNING` there, so
+//! a claim or a take is a locking select with `FOR UPDATE SKIP LOCKED` (MySQL 8.0+,
+//! MariaDB 10.6+), the write, and a read of the rows, in one transaction; binary-collated
+//! text columns (`topic`, `partition_key`) are read through `CAST(… AS CHAR)`, which sqlx
+//! decodes as text.
+
+use super::MySqlStore;
+use crate::queue::{DeliveryRow, QueueBackend, QueueRow};
+use crate::{in_list, StoreError};
+
+const QUEUE_COLUMNS: &str = "id, CAST(topic AS CHAR) AS topic, message_id, \
+     CAST(partition_key AS CHAR) AS partition_key, event_type, headers, payload, enqueued_at";
+
+const DELIVERY_COLUMNS: &str = "id, CAST(topic AS CHAR) AS topic, message_id, \
+     CAST(partition_key AS CHAR) AS partition_key, event_type, headers, payload, enqueued_at, \
+     attempts";
+
+impl QueueBackend for MySqlStore {
+    async fn take(&self, topic: &str, max: i64) -> Result<Vec<QueueRow>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM oncely_queue WHERE topic = ? ORDER BY id LIMIT ? \
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(topic)
+        .bind(max)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let set = in_list(ids.len());
+        let select = format!("SELECT {QUEUE_COLUMNS} FROM oncely_queue WHERE id IN ({set})");
+        let mut q = sqlx::query_as(&select);
+        for id in &ids {
+            q = q.bind(id);
+        }
+        let rows: Vec<QueueRow> = q.fetch_all(&mut *tx).await?;
+        let delete = format!("DELETE FROM oncely_queue WHERE id IN ({set})");
+        let mut d = sqlx::query(&delete);
+        for id in &ids {
+            d = d.bind(id);
+        }
+        d.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn claim(
+        &self,
+        consumer: &str,
+        max: i64,
+        token: &str,
+        until: i64,
+        now: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM oncely_deliveries WHERE consumer = ? AND state = 'pending' \
+             AND available_at <= ? AND (locked_until IS NULL OR locked_until <= ?) \
+             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind(consumer)
+        .bind(now)
+        .bind(now)
+        .bind(max)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let set = in_list(ids.len());
+        let update = format!(
+            "UPDATE oncely_deliveries SET lease_token = ?, locked_until = ? WHERE id IN ({set})"
+        );
+        let mut u = sqlx::query(&update).bind(token).bind(until);
+        for id in &ids {
+            u = u.bind(id);
+        }
+        u.execute(&mut *tx).await?;
+        let select = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM oncely_deliveries WHERE lease_token = ? \
+             AND id IN ({set})"
+        );
+        let mut q = sqlx::query_as(&select).bind(token);
+        for id in &ids {
+            q = q.bind(id);
+        }
+        let rows: Vec<DeliveryRow> = q.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn collect_fanned_out(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "DELETE FROM oncely_queue WHERE enqueued_at < ? AND EXISTS (SELECT 1 FROM \
+             oncely_subscriptions s WHERE s.topic = oncely_queue.topic) ORDER BY id LIMIT ?",
+        )
+        .bind(before_ms)
+        .bind(batch)
+        .execute(self.pool())
+        .await?
+        .rows_affected())
+    }
+}

@@ -1,0 +1,442 @@
+//! The SQL transport's tables, written once: `oncely_queue` (one row per published
+//! message, `UNIQUE(message_id)`), `oncely_subscriptions` (consumer group × topic) and
+//! `oncely_deliveries` (one row per subscribed group and message, filled by a trigger in
+//! the publishing transaction). The statements each backend spells its own way live in
+//! `sqlite/queue.rs`, `postgres/queue.rs` and `mysql/queue.rs` behind [`QueueBackend`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncely_core::MessageId;
+
+use crate::backend::{with_store, Store};
+use crate::{on_pool, on_writer, query, sql_text, Database, StoreError};
+
+/// One message to put on the queue ([`QueueStore::enqueue`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewQueueMessage<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// The message id (`UNIQUE`: a second copy is dropped while the first is queued).
+    pub message_id: &'a MessageId,
+    /// Partition key.
+    pub partition_key: &'a str,
+    /// Event type.
+    pub event_type: &'a str,
+    /// Every header, as delivered.
+    pub headers: &'a BTreeMap<String, String>,
+    /// Body.
+    pub payload: &'a [u8],
+}
+
+/// A message as the queue holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueMessage {
+    /// The message id.
+    pub message_id: MessageId,
+    /// Topic.
+    pub topic: String,
+    /// Partition key.
+    pub partition_key: String,
+    /// Event type.
+    pub event_type: String,
+    /// Headers.
+    pub headers: BTreeMap<String, String>,
+    /// Body.
+    pub payload: Vec<u8>,
+    /// When it was queued, Unix ms.
+    pub enqueued_at: i64,
+}
+
+/// A queue row taken off the queue ([`QueueStore::take`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TakenMessage {
+    /// Row id in `oncely_queue` (insert order within the topic).
+    pub queue_id: i64,
+    /// The message.
+    pub message: QueueMessage,
+}
+
+/// One delivery leased to a consumer group ([`QueueStore::claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimedDelivery {
+    /// Row id in `oncely_deliveries` (claim order within the group).
+    pub delivery_id: i64,
+    /// Failed attempts before this delivery (a lease that ran out does not count).
+    pub attempts: u32,
+    /// The lease it was claimed under; [`QueueStore::retry`] and [`QueueStore::dead`] act
+    /// only while it is still the row's.
+    pub lease_token: String,
+    /// The message.
+    pub message: QueueMessage,
+}
+
+/// A delivery parked in state `dead` ([`QueueStore::dead_deliveries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadQueueDelivery {
+    /// The message id.
+    pub message_id: MessageId,
+    /// Failed attempts.
+    pub attempts: u32,
+    /// The last handler error.
+    pub last_error: Option<String>,
+}
+
+/// A `oncely_queue` row as every backend's statements return it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct QueueRow {
+    pub(crate) id: i64,
+    topic: String,
+    message_id: String,
+    partition_key: String,
+    event_type: String,
+    headers: String,
+    payload: Vec<u8>,
+    enqueued_at: i64,
+}
+
+/// A `oncely_deliveries` row as every backend's claim returns it (`id` is the delivery
+/// row's).
+#[derive(sqlx::FromRow)]
+pub(crate) struct DeliveryRow {
+    #[sqlx(flatten)]
+    pub(crate) row: QueueRow,
+    attempts: i32,
+}
+
+/// The queue statements a backend spells its own way (in `sqlite/`, `postgres/`, `mysql/`
+/// `queue.rs`): SQLite's `RETURNING` on the single writer; PostgreSQL's `SKIP LOCKED` CTEs
+/// under pinned plans; MySQL's lock, write, read back. Statements whose text is the same
+/// everywhere stay in [`QueueStore`].
+pub(crate) trait QueueBackend: Store {
+    /// Deletes and returns up to `max` of the oldest rows of `topic`; concurrent takers
+    /// never get the same row.
+    async fn take(&self, topic: &str, max: i64) -> Result<Vec<QueueRow>, StoreError>;
+
+    /// Leases up to `max` ready deliveries of `consumer` (pending, `available_at <= now`,
+    /// not leased or lease over) under `token` until `until` (Unix ms), oldest first;
+    /// concurrent claimers never hold the same delivery at once.
+    async fn claim(
+        &self,
+        consumer: &str,
+        max: i64,
+        token: &str,
+        until: i64,
+        now: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError>;
+
+    /// Deletes up to `batch` queue rows enqueued before `before_ms` on subscribed topics.
+    async fn collect_fanned_out(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
+}
+
+/// The SQL transport's queue over [`Database`]: enqueue with fan-out to the subscribed
+/// consumer groups, take, subscribe, claim with a lease, settle (ack, retry, dead), dead
+/// deliveries and their requeue, and the collection of fanned-out queue rows.
+#[derive(Debug, Clone)]
+pub struct QueueStore {
+    db: Database,
+}
+
+impl QueueStore {
+    /// The queue in `db` (tables created by [`Database::migrate`]).
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+
+    /// The database.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Queues `batch` in one transaction, each at the same time (`now_ms`); a message whose
+    /// id is queued already is dropped. The trigger copies each into `oncely_deliveries` for
+    /// every consumer group subscribed to its topic, in the same transaction.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is queued then.
+    pub async fn enqueue(&self, batch: &[NewQueueMessage<'_>]) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        let now = oncely_core::now_ms();
+        for m in batch {
+            let headers =
+                serde_json::to_string(m.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            // A copy whose message id is queued already is dropped (MySQL: its failed
+            // statement leaves no fan-out behind), and the transaction goes on.
+            tx.insert_ignoring_duplicate(
+                query(
+                    "INSERT INTO oncely_queue (topic, message_id, partition_key, event_type, \
+                     headers, payload, enqueued_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                )
+                .bind(m.topic)
+                .bind(m.message_id.to_string())
+                .bind(m.partition_key)
+                .bind(m.event_type)
+                .bind(headers)
+                .bind(m.payload)
+                .bind(now),
+                "(message_id)",
+            )
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    /// Deletes and returns up to `max` (at least 1) of the oldest messages of `topic`, in
+    /// queue order. Concurrent takers never get the same message (PostgreSQL, MySQL: `FOR
+    /// UPDATE SKIP LOCKED`; SQLite: the single writer).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt; nothing is taken then.
+    pub async fn take(&self, topic: &str, max: u32) -> Result<Vec<TakenMessage>, StoreError> {
+        let max = i64::from(max.max(1));
+        let mut rows = with_store!(&self.db, |s| s.take(topic, max).await)?;
+        // Queue order (MySQL reads the taken rows back in no particular order).
+        rows.sort_by_key(|r| r.id);
+        rows.into_iter()
+            .map(|r| {
+                Ok(TakenMessage {
+                    queue_id: r.id,
+                    message: r.decode("queue")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Subscribes consumer group `consumer` to `topic`: every message queued on `topic`
+    /// from now on is delivered to it (earlier ones are not). Idempotent.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        tx.insert_ignoring_duplicate(
+            query("INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2)")
+                .bind(consumer)
+                .bind(topic),
+            "(consumer, topic)",
+        )
+        .await?;
+        tx.commit().await
+    }
+
+    /// Leases up to `max` (at least 1) ready deliveries of `consumer` (pending, due, not
+    /// leased), oldest first, for `lease` (after which an unacknowledged delivery is claimed
+    /// again), under a new lease token.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn claim(
+        &self,
+        consumer: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let max = i64::from(max.max(1));
+        let now = oncely_core::now_ms();
+        let until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut rows = with_store!(&self.db, |s| s
+            .claim(consumer, max, &token, until, now)
+            .await)?;
+        rows.sort_by_key(|r| r.row.id);
+        rows.into_iter()
+            .map(|r| {
+                Ok(ClaimedDelivery {
+                    delivery_id: r.row.id,
+                    attempts: u32::try_from(r.attempts).unwrap_or(0),
+                    lease_token: token.clone(),
+                    message: r.row.decode("delivery")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Acknowledges delivery `delivery_id`: deletes it (whoever holds its lease now — the
+    /// consumer committed its effect). Returns `false` when it was gone already.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn ack(&self, delivery_id: i64) -> Result<bool, StoreError> {
+        let n = on_writer!(&self.db, |p| {
+            sqlx::query(&sql_text(p, "DELETE FROM oncely_deliveries WHERE id = $1"))
+                .bind(delivery_id)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected())
+        })?;
+        Ok(n == 1)
+    }
+
+    /// Counts a failed attempt of delivery `delivery_id` and makes it ready again after
+    /// `delay` (for its consumer group only), recording `error`. Returns `false` when
+    /// `lease_token` is no longer the row's lease and nothing changed.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn retry(
+        &self,
+        delivery_id: i64,
+        lease_token: &str,
+        delay: Duration,
+        error: &str,
+    ) -> Result<bool, StoreError> {
+        let at = oncely_core::now_ms()
+            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        self.settle(
+            "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $1, \
+             available_at = $2, lease_token = NULL, locked_until = NULL \
+             WHERE id = $3 AND lease_token = $4",
+            delivery_id,
+            lease_token,
+            error,
+            at,
+        )
+        .await
+    }
+
+    /// Counts a failed attempt of delivery `delivery_id` and parks it in state `dead` with
+    /// `error`; it is not delivered again. Returns `false` when `lease_token` is no longer
+    /// the row's lease.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn dead(
+        &self,
+        delivery_id: i64,
+        lease_token: &str,
+        error: &str,
+    ) -> Result<bool, StoreError> {
+        self.settle(
+            "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $1, \
+             state = 'dead', available_at = $2, lease_token = NULL, locked_until = NULL \
+             WHERE id = $3 AND lease_token = $4",
+            delivery_id,
+            lease_token,
+            error,
+            oncely_core::now_ms(),
+        )
+        .await
+    }
+
+    async fn settle(
+        &self,
+        sql: &str,
+        delivery_id: i64,
+        lease_token: &str,
+        error: &str,
+        at: i64,
+    ) -> Result<bool, StoreError> {
+        // Placeholders in text order, so the binds line up on MySQL's positional `?` too.
+        let n = on_writer!(&self.db, |p| {
+            sqlx::query(&sql_text(p, sql))
+                .bind(error)
+                .bind(at)
+                .bind(delivery_id)
+                .bind(lease_token)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected())
+        })?;
+        Ok(n == 1)
+    }
+
+    /// Up to `limit` dead deliveries of `consumer`, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn dead_deliveries(
+        &self,
+        consumer: &str,
+        limit: u32,
+    ) -> Result<Vec<DeadQueueDelivery>, StoreError> {
+        let rows: Vec<(String, i32, Option<String>)> = on_pool!(&self.db, |p| {
+            sqlx::query_as(&sql_text(
+                p,
+                "SELECT message_id, attempts, last_error FROM oncely_deliveries \
+                 WHERE consumer = $1 AND state = 'dead' ORDER BY id LIMIT $2",
+            ))
+            .bind(consumer)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+        })?;
+        rows.into_iter()
+            .map(|(id, attempts, last_error)| {
+                Ok(DeadQueueDelivery {
+                    message_id: MessageId::parse(&id)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    last_error,
+                })
+            })
+            .collect()
+    }
+
+    /// Puts dead deliveries of `consumer` back to pending, ready now, attempts reset (last
+    /// error kept until the next failure): the one of message `id`, or all with `None`.
+    /// Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn requeue_dead(
+        &self,
+        consumer: &str,
+        id: Option<&MessageId>,
+    ) -> Result<u64, StoreError> {
+        // Placeholders in text order, so the same binds serve MySQL's positional `?`.
+        let sql = if id.is_some() {
+            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $1, \
+             lease_token = NULL, locked_until = NULL \
+             WHERE consumer = $2 AND state = 'dead' AND message_id = $3"
+        } else {
+            "UPDATE oncely_deliveries SET state = 'pending', attempts = 0, available_at = $1, \
+             lease_token = NULL, locked_until = NULL \
+             WHERE consumer = $2 AND state = 'dead'"
+        };
+        let id = id.map(ToString::to_string);
+        let now = oncely_core::now_ms();
+        let n = on_writer!(&self.db, |p| {
+            let sql = sql_text(p, sql);
+            let mut q = sqlx::query(&sql).bind(now).bind(consumer);
+            if let Some(id) = &id {
+                q = q.bind(id);
+            }
+            q.execute(p).await.map(|r| r.rows_affected())
+        })?;
+        Ok(n)
+    }
+
+    /// Deletes up to `batch` (at least 1) queue rows enqueued before `before_ms` (Unix ms)
+    /// on topics that have a subscribed consumer group, returning how many went. Their
+    /// copies live in `oncely_deliveries`; the queue row only keeps a republished copy (same
+    /// message id) from being fanned out again while it exists, so `before_ms` must leave a
+    /// window shorter than the consumers' inbox retention. Rows of topics nobody subscribed
+    /// to stay for [`QueueStore::take`].
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn collect_fanned_out(&self, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let batch = i64::from(batch.max(1));
+        with_store!(&self.db, |s| s.collect_fanned_out(before_ms, batch).await)
+    }
+}
+
+impl QueueRow {
+    fn decode(self, what: &str) -> Result<QueueMessage, StoreError> {
+        Ok(QueueMessage {
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            topic: self.topic,
+            partition_key: self.partition_key,
+            event_type: self.event_type,
+            headers: serde_json::from_str(&self.headers)
+                .map_err(|e| StoreError::Corrupt(format!("{what} headers: {e}")))?,
+            payload: self.payload,
+            enqueued_at: self.enqueued_at,
+        })
+    }
+}
