@@ -8,6 +8,8 @@
 //! # Layout
 //! - `db` — [`TestDb`], [`TestBackend`]: fresh SQLite files, PostgreSQL schemas and
 //!   MySQL / MariaDB databases.
+//! - `broker_conformance` — the publisher/subscriber conformance suite every broker runs
+//!   ([`broker_conformance::BrokerUnderTest`], the cases, [`broker_conformance!`]).
 //! - `brokers` — [`amqp_url`], [`nats_url`], [`kafka_brokers`], [`service_reachable`]: broker
 //!   URLs and the skip-or-fail policy for RabbitMQ, NATS and Kafka.
 //! - `proxy` — [`FaultProxy`]: a TCP proxy that can cut or freeze every connection on demand,
@@ -17,6 +19,7 @@
 //!   ([`MatrixBroker`]) the runners are instantiated with.
 //! - `localstripe` — [`LocalStripe`]: a `localstripe` process (PyPI's fake Stripe) per test.
 
+pub mod broker_conformance;
 mod brokers;
 mod db;
 mod localstripe;
