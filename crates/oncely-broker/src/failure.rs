@@ -62,7 +62,7 @@ impl From<&str> for Cause {
 
 /// A failure that says nothing about the message or the operation: the broker, or the way
 /// to it, is down or did not answer in time. Retrying the same thing later can succeed, so
-/// it never counts as an attempt of a message (DESIGN.md: "nothing goes dead because a
+/// it never counts as an attempt of a message (docs/DESIGN.md: "nothing goes dead because a
 /// dependency was down").
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

@@ -107,7 +107,7 @@ impl PublishError {
     /// the broker, or the way to it, is unavailable ([`TransientError::Unavailable`]) or did
     /// not answer in time ([`TransientError::Timeout`]). The relay does not count such a
     /// failure as an attempt of the message and never makes a row dead for it; it keeps the
-    /// rows pending and backs off as a whole until the broker answers again (DESIGN.md:
+    /// rows pending and backs off as a whole until the broker answers again (docs/DESIGN.md:
     /// "nothing goes dead because a dependency was down").
     ///
     /// A confirm timeout is transient because it is what an outage looks like from the
