@@ -189,7 +189,15 @@ impl KafkaSubscriber {
         for t in [c.topic.clone(), c.retry_topic(), c.dlq_topic()] {
             ensure_topic(&c.brokers, &t, c.partitions.max(1))
                 .await
-                .map_err(|e| SubscribeError::rejected(format!("topic {t}: {e}")))?;
+                .map_err(|e| {
+                    // The cluster's answer keeps its class: unreachable stays transient.
+                    let cause = format!("topic {t}: {e}");
+                    if e.is_transient() {
+                        SubscribeError::unavailable(cause)
+                    } else {
+                        SubscribeError::rejected(cause)
+                    }
+                })?;
         }
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &c.brokers)

@@ -8,7 +8,8 @@
 //! - `a_republished_copy_with_the_same_message_id_is_delivered_once`: RabbitMQ and Kafka do
 //!   not de-duplicate by message id (a republished copy is a new message there; the
 //!   consumers' inboxes recognise it).
-//! - `publishing_to_an_unreachable_broker_is_a_transient_failure`: the SQL transport on
+//! - `publishing_to_an_unreachable_broker_is_a_transient_failure` and
+//!   `subscribing_at_an_unreachable_broker_is_a_transient_failure`: the SQL transport on
 //!   SQLite has no network path to cut (an embedded file).
 
 use std::time::Duration;
@@ -75,16 +76,26 @@ impl BrokerUnderTest for SqlBroker {
             return None;
         }
         let (proxy, via) = FaultProxy::in_front_of(&self.t.url).await;
-        let options = DbOptions {
-            max_connections: 2,
-            acquire_timeout: Duration::from_secs(1),
-            store_timeout: Duration::from_secs(2),
-            ..DbOptions::default()
-        };
-        let db = Database::connect(&via, &options).await.expect("connect");
+        let db = Database::connect(&via, &cut_options())
+            .await
+            .expect("connect");
         proxy.cut();
         let transport = SqlTransport::new(db, SQL_MAX_BYTES);
         Some((Box::new(proxy), Box::new(transport)))
+    }
+
+    async fn unreachable_subscriber(&self, group: &str) -> Option<(KeepAlive, SqlSubscriber)> {
+        if self.t.url.starts_with("sqlite:") {
+            return None;
+        }
+        let (proxy, via) = FaultProxy::in_front_of(&self.t.url).await;
+        let db = Database::connect(&via, &cut_options())
+            .await
+            .expect("connect");
+        proxy.cut();
+        let transport = SqlTransport::new(db, SQL_MAX_BYTES);
+        let sub = SqlSubscriber::new(transport, group, self.topic.clone(), Duration::from_secs(5));
+        Some((Box::new(proxy), sub))
     }
 
     async fn dead_letters(&self, group: &str) -> Vec<DeadLetter> {
@@ -102,6 +113,17 @@ impl BrokerUnderTest for SqlBroker {
     }
 
     async fn cleanup(&self) {}
+}
+
+/// Pool settings for a database behind a proxy that is about to be cut: failures within
+/// 1-2 s.
+fn cut_options() -> DbOptions {
+    DbOptions {
+        max_connections: 2,
+        acquire_timeout: Duration::from_secs(1),
+        store_timeout: Duration::from_secs(2),
+        ..DbOptions::default()
+    }
 }
 
 /// Every case applies to the SQL transport.
@@ -126,12 +148,18 @@ sql_cases!(sql_mysql, TestBackend::MySql);
 oncely_testkit::broker_conformance!(
     sql_postgres_net,
     SqlBroker::new(TestBackend::Postgres).await,
-    [publishing_to_an_unreachable_broker_is_a_transient_failure]
+    [
+        publishing_to_an_unreachable_broker_is_a_transient_failure,
+        subscribing_at_an_unreachable_broker_is_a_transient_failure,
+    ]
 );
 oncely_testkit::broker_conformance!(
     sql_mysql_net,
     SqlBroker::new(TestBackend::MySql).await,
-    [publishing_to_an_unreachable_broker_is_a_transient_failure]
+    [
+        publishing_to_an_unreachable_broker_is_a_transient_failure,
+        subscribing_at_an_unreachable_broker_is_a_transient_failure,
+    ]
 );
 
 /// `url` with its `host:port` replaced by `proxy`'s.
@@ -255,6 +283,22 @@ mod rabbitmq {
             Some((Box::new(proxy), Box::new(publisher)))
         }
 
+        async fn unreachable_subscriber(
+            &self,
+            group: &str,
+        ) -> Option<(KeepAlive, RabbitMqSubscriber)> {
+            let proxy = proxy_for(&amqp_url()).await;
+            proxy.cut();
+            let mut c =
+                RabbitMqSubscriberConfig::new(via(&proxy, &amqp_url()), group, self.topic());
+            c.exchange = format!("t.{}", self.ns);
+            c.queue = format!("t.{}.{group}", self.ns);
+            c.retry_queue = format!("t.{}.{group}.retry", self.ns);
+            c.dead_queue = format!("t.{}.{group}.dead", self.ns);
+            c.connect_timeout = Duration::from_secs(2);
+            Some((Box::new(proxy), RabbitMqSubscriber::new(c)))
+        }
+
         async fn dead_letters(&self, group: &str) -> Vec<DeadLetter> {
             let (conn, ch) = Self::channel().await;
             let queue = format!("t.{}.{group}.dead", self.ns);
@@ -314,6 +358,7 @@ mod rabbitmq {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
+            subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
     );
 }
@@ -393,6 +438,21 @@ mod nats {
             Some((Box::new(proxy), Box::new(publisher)))
         }
 
+        async fn unreachable_subscriber(&self, group: &str) -> Option<(KeepAlive, NatsSubscriber)> {
+            let proxy = proxy_for(&nats_url()).await;
+            proxy.cut();
+            let mut c = NatsSubscriberConfig::new(
+                via(&proxy, &nats_url()),
+                format!("T{}", self.ns),
+                group,
+                self.topic(),
+            );
+            c.dlq_prefix = format!("t{}.dlq", self.ns);
+            c.dlq_stream = format!("T{}_DLQ", self.ns);
+            c.connect_timeout = Duration::from_secs(2);
+            Some((Box::new(proxy), NatsSubscriber::new(c)))
+        }
+
         async fn dead_letters(&self, _group: &str) -> Vec<DeadLetter> {
             let js = self.publisher.jetstream();
             let Ok(mut stream) = js.get_stream(format!("T{}_DLQ", self.ns)).await else {
@@ -439,6 +499,7 @@ mod nats {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
+            subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
     );
 }
@@ -528,6 +589,22 @@ mod kafka {
             Some((Box::new(()), Box::new(publisher)))
         }
 
+        async fn unreachable_subscriber(
+            &self,
+            group: &str,
+        ) -> Option<(KeepAlive, KafkaSubscriber)> {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .expect("bind")
+                .local_addr()
+                .expect("address")
+                .port();
+            let mut c =
+                KafkaSubscriberConfig::new(format!("127.0.0.1:{port}"), group, self.topic());
+            c.group_id = format!("t{}.{group}", self.ns);
+            c.partitions = PARTITIONS;
+            Some((Box::new(()), KafkaSubscriber::new(c)))
+        }
+
         async fn dead_letters(&self, group: &str) -> Vec<DeadLetter> {
             use rdkafka::consumer::{BaseConsumer, Consumer as _};
             use rdkafka::message::{Headers as _, Message as _};
@@ -588,6 +665,7 @@ mod kafka {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
+            subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
     );
 }

@@ -13,7 +13,8 @@
 //!   de-duplicate by message id: the SQL transport, JetStream)
 //! - [`messages_of_one_partition_key_arrive_in_publish_order`]
 //! - [`a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes`]
-//! - [`publishing_to_an_unreachable_broker_is_a_transient_failure`] (brokers with a network
+//! - [`publishing_to_an_unreachable_broker_is_a_transient_failure`] and
+//!   [`subscribing_at_an_unreachable_broker_is_a_transient_failure`] (brokers with a network
 //!   path to cut)
 
 use std::collections::BTreeMap;
@@ -65,6 +66,13 @@ pub trait BrokerUnderTest: Send + Sync {
     fn unreachable_publisher(
         &self,
     ) -> impl Future<Output = Option<(Box<dyn std::any::Any + Send>, Box<dyn Publisher>)>> + Send;
+
+    /// A subscriber of consumer group `group` whose broker cannot be reached, and what must
+    /// stay alive while it is used; `None` where the broker has no network path.
+    fn unreachable_subscriber(
+        &self,
+        group: &str,
+    ) -> impl Future<Output = Option<(Box<dyn std::any::Any + Send>, Self::Sub)>> + Send;
 
     /// The dead letters of consumer group `group`.
     fn dead_letters(&self, group: &str) -> impl Future<Output = Vec<DeadLetter>> + Send;
@@ -416,6 +424,30 @@ pub async fn publishing_to_an_unreachable_broker_is_a_transient_failure(
             Err(e @ PublishError::Transient(_)) => assert!(e.is_transient(), "{e}"),
             other => panic!("unreachable broker: {other:?}, expected a transient failure"),
         }
+    }
+    broker.cleanup().await;
+}
+
+/// Transient failures, receiving side: subscribing at a broker that cannot be reached
+/// fails with a [`SubscribeError`](oncely_broker::SubscribeError) that
+/// [`is_transient`](oncely_broker::SubscribeError::is_transient) (an outage to wait out, not
+/// a configuration to fix).
+///
+/// # Panics
+/// When the broker breaks the behaviour.
+pub async fn subscribing_at_an_unreachable_broker_is_a_transient_failure(
+    broker: &impl BrokerUnderTest,
+) {
+    let (_keep, sub) = broker
+        .unreachable_subscriber("g")
+        .await
+        .expect("listed only for brokers with a network path");
+    match sub.subscribe().await {
+        Err(e) => assert!(
+            e.is_transient(),
+            "unreachable broker: {e:?}, expected transient"
+        ),
+        Ok(()) => panic!("subscribed at an unreachable broker"),
     }
     broker.cleanup().await;
 }
