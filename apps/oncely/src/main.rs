@@ -350,7 +350,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let relay = if args.no_relay {
         None
     } else {
-        Some(args.relay.supervisor().spawn(&db, stop_relay.clone()))
+        Some(args.relay.supervisor().spawn(&db, stop_relay.clone())?)
     };
     // The in-process consumer reads what this service publishes.
     args.consumer.consumer_topic.clone_from(&args.events_topic);

@@ -26,6 +26,17 @@ pub enum BrokerKind {
 }
 
 impl BrokerKind {
+    /// Whether this build supports the kind: always for [`BrokerKind::Sql`], else when the
+    /// feature of the same name is on.
+    pub fn is_built(self) -> bool {
+        match self {
+            Self::Sql => true,
+            Self::Rabbitmq => cfg!(feature = "rabbitmq"),
+            Self::Nats => cfg!(feature = "nats"),
+            Self::Kafka => cfg!(feature = "kafka"),
+        }
+    }
+
     /// The feature (and `--broker` value) of this kind: `sql`, `rabbitmq`, `nats`, `kafka`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -9,6 +9,7 @@ use oncely_sql::Database;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::not_built;
 use crate::{serve_metrics, BrokerConfig, MetricsEndpoint, RuntimeError};
 
 /// First wait before retrying a broker that cannot be reached at start-up; it doubles.
@@ -35,14 +36,24 @@ impl RelaySupervisor {
     /// Starts the relay task on `db` (migrated); cancel `shutdown` and await the handle to
     /// stop it (in-flight batches settle first, then the publisher is closed).
     ///
-    /// A broker that cannot be reached at start-up (or a broker this build lacks) does not
-    /// end the task: the outbox keeps every event while the task retries the connection
+    /// A broker that cannot be reached at start-up does not end the task: the outbox keeps every event while the task retries the connection
     /// (1 s doubling to 30 s, each failure logged at `WARN` with its cause), then relays.
     ///
     /// Must be called within a Tokio runtime.
-    pub fn spawn(&self, db: &Database, shutdown: CancellationToken) -> JoinHandle<()> {
+    ///
+    /// # Errors
+    /// [`RuntimeError::BrokerNotBuilt`] at once, for a broker whose feature is off (a
+    /// configuration error no retry can mend).
+    pub fn spawn(
+        &self,
+        db: &Database,
+        shutdown: CancellationToken,
+    ) -> Result<JoinHandle<()>, RuntimeError> {
+        if !self.broker.kind.is_built() {
+            return Err(not_built(self.broker.kind));
+        }
         let (this, db) = (self.clone(), db.clone());
-        tokio::spawn(async move {
+        Ok(tokio::spawn(async move {
             let mut backoff = FIRST_RETRY;
             let publisher = loop {
                 match this.broker.publisher(&db).await {
@@ -77,7 +88,7 @@ impl RelaySupervisor {
             }
             relay.run(shutdown).await;
             publisher.close().await;
-        })
+        }))
     }
 }
 
@@ -87,7 +98,8 @@ impl RelaySupervisor {
 ///
 /// # Errors
 /// [`RuntimeError::Bind`] when the metrics address cannot be bound (before the relay
-/// starts); [`RuntimeError::Task`] when the relay or the listener task panicked.
+/// starts); [`RuntimeError::BrokerNotBuilt`] as [`RelaySupervisor::spawn`];
+/// [`RuntimeError::Task`] when the relay or the listener task panicked.
 pub async fn run_relay(
     db: &Database,
     relay: &RelaySupervisor,
@@ -99,7 +111,7 @@ pub async fn run_relay(
         Some(endpoint) => Some(serve_metrics(endpoint, stop.clone()).await?),
         None => None,
     };
-    let task = relay.spawn(db, stop.clone());
+    let task = relay.spawn(db, stop.clone())?;
     shutdown.await;
     stop.cancel();
     task.await?;

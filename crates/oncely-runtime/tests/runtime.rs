@@ -144,7 +144,7 @@ async fn a_relay_whose_broker_is_unreachable_keeps_the_events_and_stops_at_shutd
         ..RelaySupervisor::default()
     };
     let stop = CancellationToken::new();
-    let task = relay.spawn(&t.db, stop.clone());
+    let task = relay.spawn(&t.db, stop.clone()).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !task.is_finished(),
