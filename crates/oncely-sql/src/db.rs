@@ -228,6 +228,7 @@ fn backend_of<S: Store>(_: &S) -> Backend {
     S::BACKEND
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 /// The error of one direct connection attempt with `pool`'s options (at most 1 s), or `None`
 /// when it connects (or cannot tell within the second).
 pub(crate) async fn connect_error<DB: sqlx::Database>(

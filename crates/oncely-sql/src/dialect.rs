@@ -10,12 +10,15 @@ pub trait Dialect {
     const QUESTION_MARKS: bool;
 }
 
+#[cfg(feature = "sqlite")]
 impl Dialect for sqlx::SqliteConnection {
     const QUESTION_MARKS: bool = false;
 }
+#[cfg(feature = "postgres")]
 impl Dialect for sqlx::PgConnection {
     const QUESTION_MARKS: bool = false;
 }
+#[cfg(feature = "mysql")]
 impl Dialect for sqlx::MySqlConnection {
     const QUESTION_MARKS: bool = true;
 }

@@ -84,6 +84,7 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// The MySQL / MariaDB server error number (`ER_…`), if `e` is one.
+#[cfg(feature = "mysql")]
 pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
     match e {
         sqlx::Error::Database(db) => db
@@ -91,6 +92,12 @@ pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
             .map(sqlx::mysql::MySqlDatabaseError::number),
         _ => None,
     }
+}
+
+/// Without the `mysql` feature no error is a MySQL one.
+#[cfg(not(feature = "mysql"))]
+pub(crate) fn mysql_error_number(_: &sqlx::Error) -> Option<u16> {
+    None
 }
 
 /// `true` when `e` says the database gave up waiting for a lock another transaction
@@ -103,10 +110,10 @@ pub fn is_lock_conflict(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else {
         return false;
     };
-    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return matches!(my.number(), 1205 | 1213);
+    if let Some(n) = mysql_error_number(e) {
+        return matches!(n, 1205 | 1213);
     }
-    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+    if is_sqlite(&**db) {
         return db
             .code()
             .and_then(|c| c.parse::<i32>().ok())
@@ -140,7 +147,7 @@ fn is_unreachable(e: &sqlx::Error) -> bool {
     ) {
         return true;
     }
-    let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
+    let sqlite = is_sqlite(&**db);
     db.code().is_some_and(|c| {
         // PostgreSQL: lock_timeout (55P03), statement_timeout (57014), serialization
         // failure (40001), deadlock (40P01). MySQL: 40001 (deadlock) too.
@@ -151,4 +158,16 @@ fn is_unreachable(e: &sqlx::Error) -> bool {
                 && c.parse::<i32>()
                     .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14)))
     })
+}
+
+/// `true` when `db` is a SQLite error (whose codes are result codes, not SQLSTATEs).
+#[cfg(feature = "sqlite")]
+fn is_sqlite(db: &dyn sqlx::error::DatabaseError) -> bool {
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+}
+
+/// Without the `sqlite` feature no error is a SQLite one.
+#[cfg(not(feature = "sqlite"))]
+fn is_sqlite(_: &dyn sqlx::error::DatabaseError) -> bool {
+    false
 }

@@ -6,6 +6,11 @@
 //! transaction ([`Tx`]), so a business write, its idempotency record and its stored
 //! response commit together or not at all.
 //!
+//! # Features
+//! One per backend, each gating its module and sqlx's driver: `sqlite` (default),
+//! `postgres`, `mysql`. [`Database`] and [`Tx`] have a variant per enabled backend; a URL
+//! of a backend compiled out is [`StoreError::UnsupportedUrl`].
+//!
 //! # Layout
 //! Portable modules (no backend named):
 //! - `db` — [`Database`]'s and [`Tx`]'s methods (connect, migrate, begin, commit, ping) and
@@ -54,6 +59,12 @@
 //! The inbox has none left: its insert is [`Tx::insert_ignoring_duplicate`] and its
 //! collector the sweep.
 
+// SQL texts and helpers shared by some backends are unused when those are compiled out.
+#![cfg_attr(
+    not(all(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+
 mod backend;
 mod db;
 mod dialect;
@@ -61,13 +72,17 @@ mod effects;
 mod error;
 mod idempotency;
 mod inbox;
+#[cfg(feature = "mysql")]
 mod mysql;
 mod outage;
 mod outbox;
+#[cfg(feature = "postgres")]
 mod plan;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod query;
 mod queue;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 pub use backend::{Backend, Database, Migrations, Tx};
@@ -80,18 +95,24 @@ pub use effects::{
 pub use error::{is_lock_conflict, StoreError};
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
 pub use inbox::{InboxOutcome, InboxStore};
+#[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlTx};
 pub use outage::is_outage;
 pub use outbox::{
     ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, PublishFailure,
     RequeueTarget, Rescheduled, Settled,
 };
+#[cfg(feature = "postgres")]
 pub use plan::{execute_pinned, fetch_all_pinned, PINNED_PLAN};
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[doc(hidden)]
+pub use query::row as __row;
 pub use query::{query, FromBackendRow, Query, Value};
 pub use queue::{
     ClaimedDelivery, DeadQueueDelivery, NewQueueMessage, QueueMessage, QueueStore, TakenMessage,
 };
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 
 /// Re-exported so dependants name the same `sqlx` version.

@@ -245,10 +245,11 @@ pub struct ClaimedBatch {
 }
 
 pub(crate) enum Hold {
-    /// Nothing was claimed.
+    /// Nothing was claimed (PostgreSQL's held claim found no row).
     Nothing,
     /// PostgreSQL: deleted, and so locked, by this open transaction; `keep`: record the
     /// published rows in `oncely_outbox_published`.
+    #[cfg(feature = "postgres")]
     Locked {
         tx: Box<sqlx::Transaction<'static, sqlx::Postgres>>,
         keep: bool,
@@ -261,6 +262,7 @@ impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Nothing => f.write_str("Nothing"),
+            #[cfg(feature = "postgres")]
             Self::Locked { keep, .. } => f.debug_struct("Locked").field("keep", keep).finish(),
             Self::Leased { owner, .. } => f.debug_struct("Leased").field("owner", owner).finish(),
         }
@@ -374,6 +376,7 @@ impl ClaimedBatch {
                     store.release(&owner, &rest).await?;
                 }
             }
+            #[cfg(feature = "postgres")]
             Hold::Locked { tx, keep } => {
                 settled = crate::postgres::settle_locked(
                     tx,

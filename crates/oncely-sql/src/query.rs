@@ -131,24 +131,35 @@ macro_rules! bind_values {
     }};
 }
 
-/// A row type every backend can decode: `T: sqlx::FromRow` for the SQLite, PostgreSQL and
-/// MySQL rows, which `#[derive(sqlx::FromRow)]` gives. Implemented for every such `T`.
-pub trait FromBackendRow:
-    Send
-    + Unpin
-    + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
-    + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
-    + for<'r> sqlx::FromRow<'r, sqlx::mysql::MySqlRow>
-{
-}
+/// A row type every enabled backend can decode: `T: sqlx::FromRow` for the SQLite,
+/// PostgreSQL and MySQL rows (those whose feature is on), which `#[derive(sqlx::FromRow)]`
+/// gives. Implemented for every such `T`.
+pub trait FromBackendRow: Send + Unpin + row::Sqlite + row::Postgres + row::MySql {}
 
-impl<T> FromBackendRow for T where
-    T: Send
-        + Unpin
-        + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
-        + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
-        + for<'r> sqlx::FromRow<'r, sqlx::mysql::MySqlRow>
-{
+impl<T: Send + Unpin + row::Sqlite + row::Postgres + row::MySql> FromBackendRow for T {}
+
+/// One bound of [`FromBackendRow`] per backend: `FromRow` of its row when its feature is
+/// on, nothing when it is off.
+#[doc(hidden)]
+pub mod row {
+    macro_rules! row_bound {
+        ($name:ident, $feature:literal, $row:ty) => {
+            /// `FromRow` of this backend's row (implemented for every such type; for every
+            /// type when the backend's feature is off).
+            #[cfg(feature = $feature)]
+            pub trait $name: for<'r> sqlx::FromRow<'r, $row> {}
+            #[cfg(feature = $feature)]
+            impl<T: for<'r> sqlx::FromRow<'r, $row>> $name for T {}
+            /// Nothing: this backend's feature is off.
+            #[cfg(not(feature = $feature))]
+            pub trait $name {}
+            #[cfg(not(feature = $feature))]
+            impl<T> $name for T {}
+        };
+    }
+    row_bound!(Sqlite, "sqlite", sqlx::sqlite::SqliteRow);
+    row_bound!(Postgres, "postgres", sqlx::postgres::PgRow);
+    row_bound!(MySql, "mysql", sqlx::mysql::MySqlRow);
 }
 
 impl Tx {

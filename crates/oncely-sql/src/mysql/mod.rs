@@ -38,6 +38,16 @@ impl MySqlStore {
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
+
+    /// The pool reads go to: [`MySqlStore::pool`] ([`on_pool!`](crate::on_pool)).
+    pub fn read_pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The pool writes go to: [`MySqlStore::pool`] ([`on_writer!`](crate::on_writer)).
+    pub fn write_pool(&self) -> &MySqlPool {
+        &self.pool
+    }
 }
 
 /// A MySQL / MariaDB transaction on a pooled connection, begun with `BEGIN` and ended with
@@ -198,10 +208,12 @@ impl Database {
     }
 
     /// The MySQL / MariaDB pool, if this is MySQL.
+    // `_`: whichever other backends are compiled in (none, one or two).
+    #[allow(unreachable_patterns, clippy::match_wildcard_for_single_variants)]
     pub fn as_mysql(&self) -> Option<&MySqlPool> {
         match self {
             Self::MySql(p) => Some(&p.pool),
-            Self::Sqlite(_) | Self::Postgres(_) => None,
+            _ => None,
         }
     }
 }

@@ -30,6 +30,16 @@ impl PgStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+
+    /// The pool reads go to: [`PgStore::pool`] ([`on_pool!`](crate::on_pool)).
+    pub fn read_pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The pool writes go to: [`PgStore::pool`] ([`on_writer!`](crate::on_writer)).
+    pub fn write_pool(&self) -> &PgPool {
+        &self.pool
+    }
 }
 
 /// The session settings every oncely PostgreSQL connection has: `lock_timeout` =
@@ -93,10 +103,12 @@ impl Database {
     }
 
     /// The PostgreSQL pool, if this is PostgreSQL.
+    // `_`: whichever other backends are compiled in (none, one or two).
+    #[allow(unreachable_patterns, clippy::match_wildcard_for_single_variants)]
     pub fn as_postgres(&self) -> Option<&PgPool> {
         match self {
             Self::Postgres(p) => Some(&p.pool),
-            Self::Sqlite(_) | Self::MySql(_) => None,
+            _ => None,
         }
     }
 }

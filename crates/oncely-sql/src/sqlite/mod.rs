@@ -90,6 +90,16 @@ impl SqliteStore {
         &self.read
     }
 
+    /// The pool reads go to: [`SqliteStore::reader`] ([`on_pool!`](crate::on_pool)).
+    pub fn read_pool(&self) -> &SqlitePool {
+        &self.read
+    }
+
+    /// The pool writes go to: [`SqliteStore::writer`] ([`on_writer!`](crate::on_writer)).
+    pub fn write_pool(&self) -> &SqlitePool {
+        &self.write
+    }
+
     /// Opens the writer and the readers on `url` (`sqlite://path`; the file is created
     /// when missing).
     pub(crate) async fn connect(url: &str, options: &DbOptions) -> Result<Self, StoreError> {
@@ -149,10 +159,12 @@ impl Database {
     }
 
     /// The SQLite pools (writer, readers), if this is SQLite.
+    // `_`: whichever other backends are compiled in (none, one or two).
+    #[allow(unreachable_patterns, clippy::match_wildcard_for_single_variants)]
     pub fn as_sqlite(&self) -> Option<(&SqlitePool, &SqlitePool)> {
         match self {
             Self::Sqlite(s) => Some((&s.write, &s.read)),
-            Self::Postgres(_) | Self::MySql(_) => None,
+            _ => None,
         }
     }
 }
