@@ -439,6 +439,8 @@ impl EffectRunner {
         now_ms() + ms(wait)
     }
 
+    /// Asks the provider for the status of an effect whose outcome is unknown, and settles
+    /// it by what the provider says — never a call.
     async fn check(&self, lane: &Lane, effect: &Effect) -> Result<(), StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
@@ -447,6 +449,7 @@ impl EffectRunner {
         let query = StatusQuery {
             request: &request,
             last_sent: Some(to_time(effect.updated_at)),
+            // Five minutes of clock skew between us and the provider.
             since: to_time(effect.created_at - 300_000),
         };
         let found = lane.provider.status(query).await;
@@ -461,78 +464,8 @@ impl EffectRunner {
             .increment(1);
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
-            Ok(StatusOutcome::Found(objects)) => {
-                let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
-                let object = objects.iter().find(|o| o.effective).unwrap_or(&objects[0]);
-                let detail = if objects.len() > 1 {
-                    format!(
-                        "{} objects at the provider for one reference",
-                        objects.len()
-                    )
-                } else {
-                    String::new()
-                };
-                let evidence = evidence(
-                    EvidenceKind::Status,
-                    &effect.key,
-                    started,
-                    "found",
-                    None,
-                    &ids,
-                    &detail,
-                );
-                if object.effective {
-                    let settle = Settle::Succeeded {
-                        provider_id: object.id.clone(),
-                        response: object.raw.to_string(),
-                    };
-                    self.settle(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
-                        .await
-                } else {
-                    let error = format!("found {} {}", object.id, object.status);
-                    let settle = Settle::Failed {
-                        error: error.clone(),
-                        response: Some(object.raw.to_string()),
-                    };
-                    self.settle(
-                        effect,
-                        &settle,
-                        &evidence,
-                        Some(Settled::Failed { error: &error }),
-                    )
-                    .await
-                }
-            }
-            Ok(StatusOutcome::Absent) => {
-                let replayed_failure = lane.provider.honours_keys()
-                    && effect
-                        .last_error
-                        .as_deref()
-                        .is_some_and(|e| e.contains("replayed"));
-                let (key, generation) = if replayed_failure {
-                    (
-                        next_key(&effect.key, effect.key_generation + 1),
-                        effect.key_generation + 1,
-                    )
-                } else {
-                    (effect.key.clone(), effect.key_generation)
-                };
-                let evidence = evidence(
-                    EvidenceKind::Status,
-                    &effect.key,
-                    started,
-                    "absent",
-                    None,
-                    &[],
-                    "",
-                );
-                let settle = Settle::Absent {
-                    at: now_ms(),
-                    key,
-                    key_generation: generation,
-                };
-                self.settle(effect, &settle, &evidence, None).await
-            }
+            Ok(StatusOutcome::Found(objects)) => self.found(effect, started, &objects).await,
+            Ok(StatusOutcome::Absent) => self.absent(lane, effect, started).await,
             Ok(StatusOutcome::NotYetVisible { settles_at }) => {
                 let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
                 self.still_unknown(
@@ -561,17 +494,103 @@ impl EffectRunner {
                     &[],
                     &error,
                 );
+                let settle = Settle::NeedsReview {
+                    error: error.clone(),
+                };
                 self.settle(
                     effect,
-                    &Settle::NeedsReview {
-                        error: error.clone(),
-                    },
+                    &settle,
                     &evidence,
                     Some(Settled::NeedsReview { error: &error }),
                 )
                 .await
             }
         }
+    }
+
+    /// The provider has objects for the effect: settled from the live one (or, when none is
+    /// live, the refused one). More than one is noted in the evidence for reconciliation.
+    async fn found(
+        &self,
+        effect: &Effect,
+        started: i64,
+        objects: &[RemoteObject],
+    ) -> Result<(), StoreError> {
+        let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
+        let object = objects.iter().find(|o| o.effective).unwrap_or(&objects[0]);
+        let detail = if objects.len() > 1 {
+            format!(
+                "{} objects at the provider for one reference",
+                objects.len()
+            )
+        } else {
+            String::new()
+        };
+        let evidence = evidence(
+            EvidenceKind::Status,
+            &effect.key,
+            started,
+            "found",
+            None,
+            &ids,
+            &detail,
+        );
+        if object.effective {
+            let settle = Settle::Succeeded {
+                provider_id: object.id.clone(),
+                response: object.raw.to_string(),
+            };
+            return self
+                .settle(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
+                .await;
+        }
+        let error = format!("found {} {}", object.id, object.status);
+        let settle = Settle::Failed {
+            error: error.clone(),
+            response: Some(object.raw.to_string()),
+        };
+        self.settle(
+            effect,
+            &settle,
+            &evidence,
+            Some(Settled::Failed { error: &error }),
+        )
+        .await
+    }
+
+    /// The provider has nothing for the effect: it is sent again with the same key — or,
+    /// when the provider honours keys and replayed a stored failure under this one (Stripe
+    /// v1 stores a 500), under the key's next generation, which cannot duplicate anything
+    /// because nothing exists.
+    async fn absent(&self, lane: &Lane, effect: &Effect, started: i64) -> Result<(), StoreError> {
+        let replayed_failure = lane.provider.honours_keys()
+            && effect
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("replayed"));
+        let (key, key_generation) = if replayed_failure {
+            (
+                next_key(&effect.key, effect.key_generation + 1),
+                effect.key_generation + 1,
+            )
+        } else {
+            (effect.key.clone(), effect.key_generation)
+        };
+        let evidence = evidence(
+            EvidenceKind::Status,
+            &effect.key,
+            started,
+            "absent",
+            None,
+            &[],
+            "",
+        );
+        let settle = Settle::Absent {
+            at: now_ms(),
+            key,
+            key_generation,
+        };
+        self.settle(effect, &settle, &evidence, None).await
     }
 
     async fn still_unknown(
