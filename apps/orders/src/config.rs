@@ -9,7 +9,7 @@ use oncely_http::IdempotencyConfig;
 pub struct AppConfig {
     /// API key → tenant. Requests authenticate with `Authorization: Bearer <api key>`.
     pub api_keys: HashMap<String, TenantId>,
-    /// Retention of finished idempotency records (DESIGN.md default 24 h). Must exceed the
+    /// Retention of finished idempotency records (docs/DESIGN.md default 24 h). Must exceed the
     /// callers' retry window; past it, the business key still prevents a second order.
     pub retention: Duration,
     /// How often the collector deletes expired records. Default 60 s.

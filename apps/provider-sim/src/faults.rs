@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 
-/// One kind of injected fault (DESIGN "Provider contracts").
+/// One kind of injected fault (docs/DESIGN.md "Provider contracts").
 ///
 /// Faults apply to the *effect* endpoints only (creates, refunds, cancels), never to status
 /// lookups or the control endpoints. `rate_limit` and `latency` are drawn when the request

@@ -1,7 +1,7 @@
 //! Simulated external providers for oncely's external-effect tests: a payments API that is a
 //! subset of Stripe's API v1 (so an adapter written against it works against api.stripe.com
 //! unchanged) and a shipping API without idempotency keys — each with exact fault injection
-//! (DESIGN "Provider contracts") and counts of what was really created, so tests can count
+//! (docs/DESIGN.md "Provider contracts") and counts of what was really created, so tests can count
 //! at the provider.
 //!
 //! ```no_run

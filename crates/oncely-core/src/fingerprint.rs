@@ -4,7 +4,7 @@ use std::fmt;
 /// SHA-256 fingerprint of a request, stored with its idempotency record.
 ///
 /// Two digests are kept so a mismatch can name *which part* differs without revealing values
-/// (DESIGN.md "HTTP semantics"):
+/// (docs/DESIGN.md "HTTP semantics"):
 /// - `route`: over the method, the route template and the concrete path (the route
 ///   parameters);
 /// - `full`: over `route` and the body. A JSON body (`application/json` or `+json` media

@@ -7,7 +7,7 @@ use crate::backend::{with_store, with_tx, Store, Sweep};
 use crate::{Database, StoreError, Tx};
 
 /// The idempotency store over table `oncely_idempotency`, primary key
-/// `(tenant, operation, key)` (DESIGN.md "Idempotency record").
+/// `(tenant, operation, key)` (docs/DESIGN.md "Idempotency record").
 ///
 /// Reservation is an `INSERT … ON CONFLICT DO NOTHING` under that primary key, inside the
 /// caller's transaction — never SELECT-then-INSERT. Cheap to clone.
@@ -243,7 +243,7 @@ pub(crate) fn advisory_lock_id(tenant: &str, operation: &str, key: &str) -> i64 
 
 impl IdempotencyStore {
     /// A store on `db`; finished records expire `retention` after completion (must exceed
-    /// the callers' retry window; DESIGN.md default 24 h).
+    /// the callers' retry window; docs/DESIGN.md default 24 h).
     pub fn new(db: Database, retention: Duration) -> Self {
         Self { db, retention }
     }

@@ -394,7 +394,7 @@ impl ClaimedBatch {
     }
 }
 
-/// The transactional outbox over table `oncely_outbox` (DESIGN.md "Outbox, relay, inbox").
+/// The transactional outbox over table `oncely_outbox` (docs/DESIGN.md "Outbox, relay, inbox").
 ///
 /// - **Enqueue** in the caller's transaction ([`OutboxStore::enqueue`]): no event without
 ///   its business change, no business change without its event.

@@ -1,4 +1,4 @@
-//! Acceptance checks of ACCEPTANCE.md for the order service, over real HTTP on
+//! Acceptance checks of docs/ACCEPTANCE.md for the order service, over real HTTP on
 //! `127.0.0.1:0`, on SQLite, PostgreSQL and MariaDB / MySQL.
 
 use std::sync::Arc;
