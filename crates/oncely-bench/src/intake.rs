@@ -109,121 +109,203 @@ async fn load(
 }
 
 pub(crate) async fn run(args: IntakeArgs) -> anyhow::Result<()> {
-    let options = DbOptions {
-        max_connections: 32,
-        ..DbOptions::default()
-    };
-    let test_db = TestDb::fresh(&args.database_url, &options)
-        .await
-        .ok_or_else(|| anyhow::anyhow!("database unreachable: {}", args.database_url))?;
-    orders::migrate(&test_db.db).await?;
-    let config = AppConfig {
-        api_keys: orders::parse_api_keys(&format!("{API_KEY}=bench"))?,
-        ..AppConfig::default()
-    };
-    let layer_url = start(orders::router(test_db.db.clone(), &config)).await?;
-    let mut uncached = config.clone();
-    uncached.idempotency.replay_cache_bytes = 0;
-    let uncached_url = start(orders::router(test_db.db.clone(), &uncached)).await?;
-    let bare_url = start(orders::router_without_idempotency(
-        test_db.db.clone(),
-        &config,
-    ))
-    .await?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .build()?;
-
-    // Replay set: orders created once through the layer, then re-sent with their keys.
-    let replay_set: Arc<Vec<(String, String)>> = Arc::new(
-        (0..256)
-            .map(|n| (format!("replay-{n}"), body(n, "replay")))
-            .collect(),
+    let bench = Bench::start(&args).await?;
+    let replay_set = bench.seed_replay_set().await?;
+    println!(
+        "oncely-bench intake — {}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
+        bench.test_db.db.backend(),
+        args.concurrency,
+        args.rounds,
+        args.seconds
     );
-    for (key, body) in replay_set.iter() {
-        let r = client
-            .post(&layer_url)
-            .bearer_auth(API_KEY)
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-            .await?;
-        anyhow::ensure!(r.status() == 201, "seeding replay set: {}", r.status());
+    let mut sum = Figures::default();
+    for round in 0..args.rounds {
+        sum.add(bench.round(&args, round, &replay_set).await?);
+    }
+    sum.per_round(args.rounds).print();
+    Ok(())
+}
+
+/// The three servers under test (same handler, same database) and one client for all.
+struct Bench {
+    /// Kept so the fresh schema or file outlives the servers.
+    test_db: TestDb,
+    layer_url: String,
+    /// The layer with its replay cache off: replays read the store.
+    uncached_url: String,
+    bare_url: String,
+    client: reqwest::Client,
+}
+
+impl Bench {
+    async fn start(args: &IntakeArgs) -> anyhow::Result<Self> {
+        let options = DbOptions {
+            max_connections: 32,
+            ..DbOptions::default()
+        };
+        let test_db = TestDb::fresh(&args.database_url, &options)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("database unreachable: {}", args.database_url))?;
+        orders::migrate(&test_db.db).await?;
+        let config = AppConfig {
+            api_keys: orders::parse_api_keys(&format!("{API_KEY}=bench"))?,
+            ..AppConfig::default()
+        };
+        let layer_url = start(orders::router(test_db.db.clone(), &config)).await?;
+        let mut uncached = config.clone();
+        uncached.idempotency.replay_cache_bytes = 0;
+        let uncached_url = start(orders::router(test_db.db.clone(), &uncached)).await?;
+        let bare_url = start(orders::router_without_idempotency(
+            test_db.db.clone(),
+            &config,
+        ))
+        .await?;
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(args.concurrency)
+            .build()?;
+        Ok(Self {
+            test_db,
+            layer_url,
+            uncached_url,
+            bare_url,
+            client,
+        })
     }
 
-    let backend = test_db.db.backend();
-    println!(
-        "oncely-bench intake — {backend}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
-        args.concurrency, args.rounds, args.seconds
-    );
-    let (mut bare, mut layer, mut replay, mut replay_store) = (0.0, 0.0, 0.0, 0.0);
-    for round in 0..args.rounds {
+    /// Orders created once through the layer, to be re-sent with their keys.
+    async fn seed_replay_set(&self) -> anyhow::Result<Arc<Vec<(String, String)>>> {
+        let replay_set: Vec<(String, String)> = (0..256)
+            .map(|n| (format!("replay-{n}"), body(n, "replay")))
+            .collect();
+        for (key, body) in &replay_set {
+            let r = self
+                .client
+                .post(&self.layer_url)
+                .bearer_auth(API_KEY)
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 201, "seeding replay set: {}", r.status());
+        }
+        Ok(Arc::new(replay_set))
+    }
+
+    /// One round of the four phases, in this order; `round` keeps its creates' keys apart
+    /// from other rounds' and runs'.
+    async fn round(
+        &self,
+        args: &IntakeArgs,
+        round: u32,
+        replay_set: &Arc<Vec<(String, String)>>,
+    ) -> anyhow::Result<Figures> {
         let tag = format!("r{round}-{}", uuid::Uuid::now_v7().simple());
         let t = tag.clone();
-        bare += load(
-            &client,
-            &bare_url,
-            args.concurrency,
-            args.seconds,
-            201,
-            Arc::new(move |n| (format!("{t}-bare-{n}"), body(n, &format!("{t}-bare")))),
-        )
-        .await?;
-        let t = tag.clone();
-        layer += load(
-            &client,
-            &layer_url,
-            args.concurrency,
-            args.seconds,
-            201,
-            Arc::new(move |n| (format!("{t}-layer-{n}"), body(n, &format!("{t}-layer")))),
-        )
-        .await?;
+        let bare = self
+            .phase(
+                args,
+                &self.bare_url,
+                Arc::new(move |n| (format!("{t}-bare-{n}"), body(n, &format!("{t}-bare")))),
+            )
+            .await?;
+        let t = tag;
+        let layer = self
+            .phase(
+                args,
+                &self.layer_url,
+                Arc::new(move |n| (format!("{t}-layer-{n}"), body(n, &format!("{t}-layer")))),
+            )
+            .await?;
         let set = replay_set.clone();
-        replay_store += load(
-            &client,
-            &uncached_url,
-            args.concurrency,
-            args.seconds,
-            201,
-            Arc::new(move |n| set[(n as usize) % set.len()].clone()),
-        )
-        .await?;
+        let replay_store = self
+            .phase(
+                args,
+                &self.uncached_url,
+                Arc::new(move |n| set[(n as usize) % set.len()].clone()),
+            )
+            .await?;
         let set = replay_set.clone();
-        replay += load(
-            &client,
-            &layer_url,
-            args.concurrency,
-            args.seconds,
-            201,
-            Arc::new(move |n| set[(n as usize) % set.len()].clone()),
-        )
-        .await?;
+        let replay = self
+            .phase(
+                args,
+                &self.layer_url,
+                Arc::new(move |n| set[(n as usize) % set.len()].clone()),
+            )
+            .await?;
+        Ok(Figures {
+            bare,
+            layer,
+            replay,
+            replay_store,
+        })
     }
-    let r = f64::from(args.rounds);
-    let (bare, layer, replay, replay_store) = (bare / r, layer / r, replay / r, replay_store / r);
-    println!(
-        "{:<44} {:>10.1} /s   (baseline)",
-        "creates, bare handler (no idempotency layer)", bare
-    );
-    println!(
-        "{:<44} {:>10.1} /s   ratio {:.2}× bare (target ≥ 0.75)",
-        "creates, idempotency layer",
-        layer,
-        layer / bare
-    );
-    println!(
-        "{:<44} {:>10.1} /s   ratio {:.2}× bare creates (target ≥ 1.5)",
-        "replays, idempotency layer (replay cache)",
-        replay,
-        replay / bare
-    );
-    println!(
-        "{:<44} {:>10.1} /s   ratio {:.2}× bare creates",
-        "replays, store lookups (replay cache off)",
-        replay_store,
-        replay_store / bare
-    );
-    Ok(())
+
+    async fn phase(
+        &self,
+        args: &IntakeArgs,
+        url: &str,
+        make: Arc<dyn Fn(u64) -> (String, String) + Send + Sync>,
+    ) -> anyhow::Result<f64> {
+        load(&self.client, url, args.concurrency, args.seconds, 201, make).await
+    }
+}
+
+/// Successful requests per second of each phase.
+#[derive(Debug, Default, Clone, Copy)]
+struct Figures {
+    bare: f64,
+    layer: f64,
+    replay: f64,
+    replay_store: f64,
+}
+
+impl Figures {
+    fn add(&mut self, other: Self) {
+        self.bare += other.bare;
+        self.layer += other.layer;
+        self.replay += other.replay;
+        self.replay_store += other.replay_store;
+    }
+
+    fn per_round(self, rounds: u32) -> Self {
+        let r = f64::from(rounds);
+        Self {
+            bare: self.bare / r,
+            layer: self.layer / r,
+            replay: self.replay / r,
+            replay_store: self.replay_store / r,
+        }
+    }
+
+    fn print(self) {
+        let Self {
+            bare,
+            layer,
+            replay,
+            replay_store,
+        } = self;
+        println!(
+            "{:<44} {:>10.1} /s   (baseline)",
+            "creates, bare handler (no idempotency layer)", bare
+        );
+        println!(
+            "{:<44} {:>10.1} /s   ratio {:.2}× bare (target ≥ 0.75)",
+            "creates, idempotency layer",
+            layer,
+            layer / bare
+        );
+        println!(
+            "{:<44} {:>10.1} /s   ratio {:.2}× bare creates (target ≥ 1.5)",
+            "replays, idempotency layer (replay cache)",
+            replay,
+            replay / bare
+        );
+        println!(
+            "{:<44} {:>10.1} /s   ratio {:.2}× bare creates",
+            "replays, store lookups (replay cache off)",
+            replay_store,
+            replay_store / bare
+        );
+    }
 }
