@@ -1,11 +1,12 @@
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_broker::{DependencyHealth, Message, PublishError, Publisher};
-use oncely_core::RetryPolicy;
+use oncely_core::{MessageId, RetryPolicy};
 use oncely_sql::{
     ClaimedBatch, Database, OutboxEvent, OutboxRow, OutboxStore, PublishFailure, Rescheduled,
-    StoreError,
+    Settled, StoreError,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -276,179 +277,66 @@ impl Relay {
         shutdown: &CancellationToken,
         wake: Option<&Notify>,
     ) -> Result<RoundReport, RelayError> {
-        enum Event {
-            /// `settles_before`: batches settled when the task started; a settle since then
-            /// may have made rows claimable that this claim did not see.
-            Claimed {
-                rows: usize,
-                settles_before: u64,
-            },
-            ClaimFailed(StoreError),
-            Settled(RoundReport),
-            /// The task ended without reporting (it panicked); `claimed`: after its claim.
-            Lost {
-                claimed: bool,
-            },
-        }
-        /// Reports [`Event::Lost`] if the task ends before its last report.
-        struct Reporter {
-            events: tokio::sync::mpsc::UnboundedSender<Event>,
-            claimed: bool,
-            done: bool,
-        }
-        impl Reporter {
-            fn send(&mut self, event: Event) {
-                match event {
-                    Event::Claimed { rows, .. } => {
-                        self.claimed = true;
-                        self.done = rows == 0;
-                    }
-                    _ => self.done = true,
-                }
-                drop(self.events.send(event));
-            }
-        }
-        impl Drop for Reporter {
-            fn drop(&mut self) {
-                if !self.done {
-                    drop(self.events.send(Event::Lost {
-                        claimed: self.claimed,
-                    }));
-                }
-            }
-        }
-        let mut total = RoundReport::default();
-        let (events, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-        let windows = self.config.max_in_flight_batches.max(1);
-        let full = usize::try_from(self.config.batch_size.max(1)).unwrap_or(usize::MAX);
+        let (mut drain, mut rx) = Drain::new(&self.config);
         let tasks = TaskTracker::new();
-        // Tasks started and not finished; of them, those still claiming.
-        let (mut in_flight, mut claiming) = (0usize, 0usize);
-        // The last claim came back full: more is likely waiting.
-        let mut backlog = false;
-        // The last claim found nothing: wait for a settle, a wake-up or the poll interval.
-        let mut dry = false;
-        let mut claimed_any = false;
-        let mut failed: Option<StoreError> = None;
-        // A batch found the broker or the database unavailable: claim no more, so the relay
-        // backs off as a whole instead of re-claiming the rows it just gave back.
-        let mut halted = false;
-        // Id ranges of the batches in flight, by task number.
-        let held: Arc<std::sync::Mutex<HeldRanges>> = Arc::default();
-        let mut task_no = 0u64;
-        // Batches settled so far.
-        let mut settles = 0u64;
         loop {
-            while failed.is_none()
-                && !halted
-                && !dry
-                && !shutdown.is_cancelled()
-                && in_flight < windows
-                && (claiming == 0 || backlog)
-            {
-                in_flight += 1;
-                claiming += 1;
-                let this = self.clone();
-                let held = held.clone();
-                task_no += 1;
-                let no = task_no;
-                let mut reporter = Reporter {
-                    events: events.clone(),
-                    claimed: false,
-                    done: false,
-                };
-                let settles_before = settles;
-                tasks.spawn(async move {
-                    let skip: Vec<_> = lock(&held).iter().map(|(_, r)| r.clone()).collect();
-                    let batch = match this.claim_skipping(&skip).await {
-                        Ok(batch) => batch,
-                        Err(e) => {
-                            reporter.send(Event::ClaimFailed(e));
-                            return;
-                        }
-                    };
-                    reporter.send(Event::Claimed {
-                        rows: batch.rows().len(),
-                        settles_before,
-                    });
-                    let (Some(first), Some(last)) = (batch.rows().first(), batch.rows().last())
-                    else {
-                        return;
-                    };
-                    // Removed however the task ends (a panic while publishing included):
-                    // a range left behind would hide its rows from this drain's claims.
-                    let held_range = HeldRange::new(held, no, first.id..=last.id);
-                    let results = this.publish(batch.rows()).await;
-                    let report = this.settle(batch, results).await;
-                    drop(held_range);
-                    reporter.send(Event::Settled(report));
-                });
+            while drain.may_claim(shutdown) {
+                tasks.spawn(self.clone().run_batch(drain.start_batch()));
             }
-            if in_flight == 0 {
+            if drain.in_flight == 0 {
                 break;
             }
             let event = tokio::select! {
                 e = rx.recv() => e,
-                () = async {
-                    match wake {
-                        Some(w) => w.notified().await,
-                        None => std::future::pending().await,
-                    }
-                }, if dry => {
-                    dry = false;
+                () = woken(wake), if drain.dry => {
+                    drain.dry = false;
                     continue;
                 }
-                () = tokio::time::sleep(self.config.poll_interval), if dry => {
-                    dry = false;
+                () = tokio::time::sleep(self.config.poll_interval), if drain.dry => {
+                    drain.dry = false;
                     continue;
                 }
             };
-            match event {
-                Some(Event::Claimed {
-                    rows,
-                    settles_before,
-                }) => {
-                    claiming -= 1;
-                    backlog = rows >= full;
-                    if rows == 0 {
-                        // Settling what is in flight may make further partition heads
-                        // claimable; so may new commits. A batch settled while this claim
-                        // ran may have done so already: then claim again at once.
-                        in_flight -= 1;
-                        dry = settles == settles_before;
-                    } else {
-                        claimed_any = true;
-                    }
-                }
-                Some(Event::Settled(report)) => {
-                    in_flight -= 1;
-                    settles += 1;
-                    halted |= report.deferred > 0;
-                    total.add(report);
-                    dry = false;
-                }
-                Some(Event::ClaimFailed(e)) => {
-                    claiming -= 1;
-                    in_flight -= 1;
-                    tracing::debug!(error = %e, "relay claim failed");
-                    failed.get_or_insert(e);
-                }
-                Some(Event::Lost { claimed }) => {
-                    if !claimed {
-                        claiming -= 1;
-                    }
-                    in_flight -= 1;
-                }
-                // Unreachable while `events` lives.
-                None => break,
-            }
+            // `None` is unreachable while `drain` holds a sender.
+            let Some(event) = event else { break };
+            drain.record(event);
         }
         tasks.close();
         tasks.wait().await;
-        match failed {
-            Some(e) if !claimed_any => Err(e.into()),
-            _ => Ok(total),
-        }
+        drain.finish()
+    }
+
+    /// One batch task of [`Relay::drain_woken`]: claim, publish, settle, reporting to the
+    /// drain through `slot`'s reporter.
+    async fn run_batch(self, slot: BatchSlot) {
+        let BatchSlot {
+            held,
+            no,
+            settles_before,
+            mut reporter,
+        } = slot;
+        let skip: Vec<_> = lock(&held).iter().map(|(_, r)| r.clone()).collect();
+        let batch = match self.claim_skipping(&skip).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                reporter.send(BatchEvent::ClaimFailed(e));
+                return;
+            }
+        };
+        reporter.send(BatchEvent::Claimed {
+            rows: batch.rows().len(),
+            settles_before,
+        });
+        let (Some(first), Some(last)) = (batch.rows().first(), batch.rows().last()) else {
+            return;
+        };
+        // Removed however the task ends (a panic while publishing included):
+        // a range left behind would hide its rows from this drain's claims.
+        let held_range = HeldRange::new(held, no, first.id..=last.id);
+        let results = self.publish(batch.rows()).await;
+        let report = self.settle(batch, results).await;
+        drop(held_range);
+        reporter.send(BatchEvent::Settled(report));
     }
 
     async fn claim(&self) -> Result<ClaimedBatch, StoreError> {
@@ -513,113 +401,31 @@ impl Relay {
         if let Some(FaultHook(hook)) = &self.fault_after_confirm {
             hook(batch.rows());
         }
-        let broker = self.publisher.name();
         let started = std::time::Instant::now();
         let confirmed_at = oncely_core::now_ms();
-        let mut report = RoundReport {
-            claimed: batch.rows().len(),
-            ..RoundReport::default()
-        };
-        let mut results = results.into_iter();
-        let mut ok_ids = Vec::with_capacity(batch.rows().len());
-        let mut failures = Vec::new();
-        let mut attempts = std::collections::HashMap::new();
-        // One registry lookup per batch, not per row.
-        let latency = metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker);
-        // The first failure that is not the message's fault, and whether the broker gave any
-        // answer about a message (so it is reachable).
-        let mut unavailable: Option<PublishError> = None;
-        let mut answered = false;
-        for row in batch.rows() {
-            // A message over the broker's size limit never fits: dead at once.
-            let (error, permanent) = match results.next() {
-                Some(Ok(())) => {
-                    answered = true;
-                    ok_ids.push(row.id);
-                    let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
-                    latency.record(latency_ms as f64 / 1000.0);
-                    continue;
-                }
-                Some(Err(e)) if e.is_transient() => {
-                    // Not an attempt of this message: the row goes back as it was (neither
-                    // published nor failed in `settle`), the relay backs off as a whole.
-                    metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => broker).increment(1);
-                    tracing::debug!(id = row.id, message_id = %row.event.message_id, error = %e,
-                        "publish deferred: broker unavailable");
-                    report.deferred += 1;
-                    unavailable.get_or_insert(e);
-                    continue;
-                }
-                Some(Err(e)) => {
-                    answered = true;
-                    (e.to_string(), e.is_too_large())
-                }
-                None => ("publisher returned no result".to_owned(), false),
-            };
-            let failures_so_far = row.attempts.saturating_add(1);
-            let delay = self
-                .config
-                .retry
-                .delay(failures_so_far, rand::random::<f64>());
-            let retry_at = oncely_core::now_ms()
-                .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
-            metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => broker).increment(1);
-            attempts.insert(
-                row.id,
-                (row.event.message_id, failures_so_far, delay, error.clone()),
-            );
-            let mut failure = PublishFailure::new(row.id, error, retry_at);
-            failure.permanent = permanent;
-            failures.push(failure);
-        }
-        match &unavailable {
+        let outcomes = self.sort_results(batch.rows(), results, confirmed_at);
+        match &outcomes.unavailable {
             Some(e) => self.health.broker.down(e),
-            None if answered => self.health.broker.up(),
+            None if outcomes.answered => self.health.broker.up(),
             None => {}
         }
+        let mut report = RoundReport {
+            claimed: batch.rows().len(),
+            deferred: outcomes.deferred,
+            ..RoundReport::default()
+        };
         match batch
             .settle(
-                &ok_ids,
+                &outcomes.ok_ids,
                 confirmed_at,
-                &failures,
+                &outcomes.failures,
                 self.config.retry.max_attempts,
             )
             .await
         {
             Ok(settled) => {
                 self.health.database.up();
-                report.published = usize::try_from(settled.published).unwrap_or(usize::MAX);
-                metrics::counter!(m::PUBLISHED_TOTAL, "broker" => broker)
-                    .increment(settled.published);
-                if settled.published < ok_ids.len() as u64 {
-                    tracing::warn!(
-                        confirmed = ok_ids.len(),
-                        marked = settled.published,
-                        "some leases ran out before marking; those rows will be \
-                         republished with the same message ids"
-                    );
-                }
-                for (id, outcome) in settled.failures {
-                    let Some((message_id, attempts, delay, error)) = attempts.get(&id) else {
-                        continue;
-                    };
-                    match outcome {
-                        Rescheduled::Dead => {
-                            report.dead += 1;
-                            metrics::counter!(m::DEAD_TOTAL).increment(1);
-                            tracing::error!(id, %message_id, attempts, error,
-                                "outbox event is dead (attempt limit reached, or a \
-                                 message the broker can never take)");
-                        }
-                        Rescheduled::Retry => {
-                            report.retried += 1;
-                            tracing::warn!(id, %message_id, attempts,
-                                retry_in_ms = delay.as_millis() as u64, error,
-                                "publish failed; rescheduled");
-                        }
-                        _ => {}
-                    }
-                }
+                self.report_settled(&mut report, &outcomes, settled);
             }
             Err(e) => {
                 // Nothing recorded: every row comes back (PostgreSQL at once, else after its
@@ -638,6 +444,125 @@ impl Relay {
         );
         self.count_claimed(report.claimed);
         report
+    }
+
+    /// Sorts the rows of a batch by their publish results, in order: confirmed (latency
+    /// recorded), deferred (the broker was unavailable) or failed.
+    fn sort_results(
+        &self,
+        rows: &[OutboxRow],
+        results: Vec<Result<(), PublishError>>,
+        confirmed_at: i64,
+    ) -> Outcomes {
+        let broker = self.publisher.name();
+        let mut results = results.into_iter();
+        let mut out = Outcomes {
+            ok_ids: Vec::with_capacity(rows.len()),
+            failures: Vec::new(),
+            attempts: HashMap::new(),
+            deferred: 0,
+            unavailable: None,
+            answered: false,
+        };
+        // One registry lookup per batch, not per row.
+        let latency = metrics::histogram!(m::PUBLISH_LATENCY_SECONDS, "broker" => broker);
+        for row in rows {
+            // A message over the broker's size limit never fits: dead at once.
+            let (error, permanent) = match results.next() {
+                Some(Ok(())) => {
+                    out.answered = true;
+                    out.ok_ids.push(row.id);
+                    let latency_ms = confirmed_at.saturating_sub(row.created_at).max(0);
+                    latency.record(latency_ms as f64 / 1000.0);
+                    continue;
+                }
+                Some(Err(e)) if e.is_transient() => {
+                    // Not an attempt of this message: the row goes back as it was (neither
+                    // published nor failed in `settle`), the relay backs off as a whole.
+                    metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => broker).increment(1);
+                    tracing::debug!(id = row.id, message_id = %row.event.message_id, error = %e,
+                        "publish deferred: broker unavailable");
+                    out.deferred += 1;
+                    out.unavailable.get_or_insert(e);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    out.answered = true;
+                    (e.to_string(), e.is_too_large())
+                }
+                None => ("publisher returned no result".to_owned(), false),
+            };
+            self.fail(&mut out, row, error, permanent);
+        }
+        out
+    }
+
+    /// Adds a failure of `row` itself to `out`, its next attempt after the retry policy's
+    /// backoff; `permanent`: it can never succeed.
+    fn fail(&self, out: &mut Outcomes, row: &OutboxRow, error: String, permanent: bool) {
+        let failures_so_far = row.attempts.saturating_add(1);
+        let delay = self
+            .config
+            .retry
+            .delay(failures_so_far, rand::random::<f64>());
+        let retry_at = oncely_core::now_ms()
+            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => self.publisher.name())
+            .increment(1);
+        out.attempts.insert(
+            row.id,
+            FailedAttempt {
+                message_id: row.event.message_id,
+                attempts: failures_so_far,
+                delay,
+                error: error.clone(),
+            },
+        );
+        let mut failure = PublishFailure::new(row.id, error, retry_at);
+        failure.permanent = permanent;
+        out.failures.push(failure);
+    }
+
+    /// Counts and logs what the store recorded for a batch.
+    fn report_settled(&self, report: &mut RoundReport, outcomes: &Outcomes, settled: Settled) {
+        report.published = usize::try_from(settled.published).unwrap_or(usize::MAX);
+        metrics::counter!(m::PUBLISHED_TOTAL, "broker" => self.publisher.name())
+            .increment(settled.published);
+        if settled.published < outcomes.ok_ids.len() as u64 {
+            tracing::warn!(
+                confirmed = outcomes.ok_ids.len(),
+                marked = settled.published,
+                "some leases ran out before marking; those rows will be \
+                 republished with the same message ids"
+            );
+        }
+        for (id, outcome) in settled.failures {
+            let Some(FailedAttempt {
+                message_id,
+                attempts,
+                delay,
+                error,
+            }) = outcomes.attempts.get(&id)
+            else {
+                continue;
+            };
+            match outcome {
+                Rescheduled::Dead => {
+                    report.dead += 1;
+                    metrics::counter!(m::DEAD_TOTAL).increment(1);
+                    tracing::error!(id, %message_id, attempts, error,
+                        "outbox event is dead (attempt limit reached, or a \
+                         message the broker can never take)");
+                }
+                Rescheduled::Retry => {
+                    report.retried += 1;
+                    tracing::warn!(id, %message_id, attempts,
+                        retry_in_ms = delay.as_millis() as u64, error,
+                        "publish failed; rescheduled");
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Counts rows claimed (PostgreSQL: deleted) and, every
@@ -745,6 +670,231 @@ impl Relay {
         tracker.wait().await;
         tracing::info!(relay = %self.config.relay_id, "relay stopped");
     }
+}
+
+/// What a batch task of [`Relay::drain_woken`] reports to its drain.
+enum BatchEvent {
+    /// `settles_before`: batches settled when the task started; a settle since then may have
+    /// made rows claimable that this claim did not see.
+    Claimed {
+        rows: usize,
+        settles_before: u64,
+    },
+    ClaimFailed(StoreError),
+    Settled(RoundReport),
+    /// The task ended without reporting (it panicked); `claimed`: after its claim.
+    Lost {
+        claimed: bool,
+    },
+}
+
+/// A batch task's line to its drain; reports [`BatchEvent::Lost`] if the task ends before
+/// its last report.
+struct Reporter {
+    events: tokio::sync::mpsc::UnboundedSender<BatchEvent>,
+    claimed: bool,
+    done: bool,
+}
+
+impl Reporter {
+    fn send(&mut self, event: BatchEvent) {
+        match event {
+            BatchEvent::Claimed { rows, .. } => {
+                self.claimed = true;
+                self.done = rows == 0;
+            }
+            _ => self.done = true,
+        }
+        drop(self.events.send(event));
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if !self.done {
+            drop(self.events.send(BatchEvent::Lost {
+                claimed: self.claimed,
+            }));
+        }
+    }
+}
+
+/// What a batch task of [`Relay::drain_woken`] starts with.
+struct BatchSlot {
+    held: Arc<std::sync::Mutex<HeldRanges>>,
+    /// The task's number, its key in `held`.
+    no: u64,
+    /// See [`BatchEvent::Claimed`].
+    settles_before: u64,
+    reporter: Reporter,
+}
+
+/// The state of one [`Relay::drain_woken`]: its batch tasks and what they reported.
+#[allow(clippy::struct_excessive_bools)] // four independent conditions of the claim loop, not a mode
+struct Drain {
+    events: tokio::sync::mpsc::UnboundedSender<BatchEvent>,
+    /// [`RelayConfig::max_in_flight_batches`], at least 1.
+    windows: usize,
+    /// Rows in a full claim.
+    full: usize,
+    /// Tasks started and not finished; of them, those still claiming.
+    in_flight: usize,
+    claiming: usize,
+    /// The last claim came back full: more is likely waiting.
+    backlog: bool,
+    /// The last claim found nothing: wait for a settle, a wake-up or the poll interval.
+    dry: bool,
+    claimed_any: bool,
+    failed: Option<StoreError>,
+    /// A batch found the broker or the database unavailable: claim no more, so the relay
+    /// backs off as a whole instead of re-claiming the rows it just gave back.
+    halted: bool,
+    /// Id ranges of the batches in flight, by task number.
+    held: Arc<std::sync::Mutex<HeldRanges>>,
+    task_no: u64,
+    /// Batches settled so far.
+    settles: u64,
+    total: RoundReport,
+}
+
+impl Drain {
+    fn new(config: &RelayConfig) -> (Self, tokio::sync::mpsc::UnboundedReceiver<BatchEvent>) {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let drain = Self {
+            events,
+            windows: config.max_in_flight_batches.max(1),
+            full: usize::try_from(config.batch_size.max(1)).unwrap_or(usize::MAX),
+            in_flight: 0,
+            claiming: 0,
+            backlog: false,
+            dry: false,
+            claimed_any: false,
+            failed: None,
+            halted: false,
+            held: Arc::default(),
+            task_no: 0,
+            settles: 0,
+            total: RoundReport::default(),
+        };
+        (drain, rx)
+    }
+
+    /// Whether to start another batch task now: while claims come back full, in every free
+    /// slot; otherwise only when no claim is running.
+    fn may_claim(&self, shutdown: &CancellationToken) -> bool {
+        self.failed.is_none()
+            && !self.halted
+            && !self.dry
+            && !shutdown.is_cancelled()
+            && self.in_flight < self.windows
+            && (self.claiming == 0 || self.backlog)
+    }
+
+    /// Counts a new batch task in; it starts with what this returns.
+    fn start_batch(&mut self) -> BatchSlot {
+        self.in_flight += 1;
+        self.claiming += 1;
+        self.task_no += 1;
+        BatchSlot {
+            held: self.held.clone(),
+            no: self.task_no,
+            settles_before: self.settles,
+            reporter: Reporter {
+                events: self.events.clone(),
+                claimed: false,
+                done: false,
+            },
+        }
+    }
+
+    fn record(&mut self, event: BatchEvent) {
+        match event {
+            BatchEvent::Claimed {
+                rows,
+                settles_before,
+            } => self.claimed(rows, settles_before),
+            BatchEvent::Settled(report) => self.settled(report),
+            BatchEvent::ClaimFailed(e) => self.claim_failed(e),
+            BatchEvent::Lost { claimed } => self.lost(claimed),
+        }
+    }
+
+    fn claimed(&mut self, rows: usize, settles_before: u64) {
+        self.claiming -= 1;
+        self.backlog = rows >= self.full;
+        if rows == 0 {
+            // Settling what is in flight may make further partition heads claimable; so may
+            // new commits. A batch settled while this claim ran may have done so already:
+            // then claim again at once.
+            self.in_flight -= 1;
+            self.dry = self.settles == settles_before;
+        } else {
+            self.claimed_any = true;
+        }
+    }
+
+    fn settled(&mut self, report: RoundReport) {
+        self.in_flight -= 1;
+        self.settles += 1;
+        self.halted |= report.deferred > 0;
+        self.total.add(report);
+        self.dry = false;
+    }
+
+    fn claim_failed(&mut self, e: StoreError) {
+        self.claiming -= 1;
+        self.in_flight -= 1;
+        tracing::debug!(error = %e, "relay claim failed");
+        self.failed.get_or_insert(e);
+    }
+
+    fn lost(&mut self, claimed: bool) {
+        if !claimed {
+            self.claiming -= 1;
+        }
+        self.in_flight -= 1;
+    }
+
+    /// The drain's totals, or the claim failure if no claim succeeded.
+    fn finish(self) -> Result<RoundReport, RelayError> {
+        match self.failed {
+            Some(e) if !self.claimed_any => Err(e.into()),
+            _ => Ok(self.total),
+        }
+    }
+}
+
+/// Resolves on `wake`'s next notification; without one, never.
+async fn woken(wake: Option<&Notify>) {
+    match wake {
+        Some(w) => w.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A batch's publish results, sorted for [`ClaimedBatch::settle`].
+struct Outcomes {
+    /// Confirmed rows.
+    ok_ids: Vec<i64>,
+    failures: Vec<PublishFailure>,
+    /// By row id: what to log once the store has recorded the failure.
+    attempts: HashMap<i64, FailedAttempt>,
+    /// Rows given back untouched: the broker was unavailable.
+    deferred: usize,
+    /// The first failure that is not the message's fault.
+    unavailable: Option<PublishError>,
+    /// The broker gave an answer about some message, so it is reachable.
+    answered: bool,
+}
+
+/// A publish that failed through the message's own fault.
+struct FailedAttempt {
+    message_id: MessageId,
+    /// Counting this one.
+    attempts: u32,
+    /// Until the next attempt.
+    delay: Duration,
+    error: String,
 }
 
 /// Id ranges (first..=last claimed id) of a relay's batches in flight, by task number.
