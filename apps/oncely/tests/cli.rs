@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_testkit::{on_every_backend, TestDb};
+use oncely_testkit::TestDb;
 use serde_json::{json, Value};
 
 const API_KEY: &str = "cli-key-0123456789abcdef";
@@ -105,30 +105,33 @@ async fn count_orders(t: &TestDb, ext: &str) -> i64 {
     .unwrap()
 }
 
-on_every_backend!(
-    s8_second_process_on_the_same_database_obeys_the_same_keys,
-    migrate_command_applies_migrations_and_sigterm_drains,
-    serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
-    serve_bills_each_order_once_through_nats_jetstream,
-    serve_bills_each_order_once_through_rabbitmq,
-    serve_bills_each_order_once_through_kafka,
-    serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
-    inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
-    effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail,
-    outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
-    relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
-    serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
-    verify_command_against_serve_finds_every_check_holding,
-    operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
-    relay_command_applies_oncely_schema_and_not_the_order_services,
-);
-
-// PostgreSQL and MariaDB only: an embedded SQLite database dies with its process, so a
-// partition cannot leave its sessions behind (see `on_network_backends!`).
-oncely_testkit::on_network_backends!(
-    keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound,
-    default_idle_transaction_timeout_is_set_on_every_session_and_bounds_recovery_within_90_s,
-);
+oncely_testkit::matrix! {
+    tests: [
+        s8_second_process_on_the_same_database_obeys_the_same_keys,
+        migrate_command_applies_migrations_and_sigterm_drains,
+        serve_bills_each_order_once_in_process_and_get_shows_the_invoice,
+        serve_bills_each_order_once_through_nats_jetstream,
+        serve_bills_each_order_once_through_rabbitmq,
+        serve_bills_each_order_once_through_kafka,
+        serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
+        inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
+        effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail,
+        outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
+        relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
+        serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
+        verify_command_against_serve_finds_every_check_holding,
+        operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
+        relay_command_applies_oncely_schema_and_not_the_order_services,
+        keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound,
+        default_idle_transaction_timeout_is_set_on_every_session_and_bounds_recovery_within_90_s,
+    ],
+    cannot_apply: [
+        // PostgreSQL and MariaDB only: an embedded SQLite database dies with its process, so a
+        // partition cannot leave its sessions behind.
+        keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound on sqlite,
+        default_idle_transaction_timeout_is_set_on_every_session_and_bounds_recovery_within_90_s on sqlite,
+    ],
+}
 
 /// Slack on top of the idle-transaction timeout for a second server to complete every key
 /// of a vanished one: the second server's start-up, a retry interval and request time.

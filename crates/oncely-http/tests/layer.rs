@@ -15,9 +15,7 @@ use http::StatusCode;
 use oncely_core::TenantId;
 use oncely_http::{IdempotencyConfig, IdempotencyLayer, IdempotentTx};
 use oncely_sql::{on_pool, on_tx, Database, DbOptions, IdempotencyStore};
-use oncely_testkit::{
-    on_every_backend, on_network_backends, without_statement_cache, Fault, FaultProxy, TestDb,
-};
+use oncely_testkit::{without_statement_cache, Fault, FaultProxy, TestDb};
 use serde_json::Value;
 
 #[derive(Clone, Default)]
@@ -262,28 +260,33 @@ fn replayed(r: &reqwest::Response) -> bool {
         .is_some_and(|v| v == "true")
 }
 
-on_every_backend!(
-    handler_failing_once_then_succeeding_runs_again_on_retry,
-    panicking_handler_leaves_nothing_and_retry_runs,
-    response_over_the_bound_rolls_back_and_stores_nothing,
-    in_flight_retry_gets_409_with_retry_after,
-    in_flight_retry_waits_and_replays_when_configured,
-    replay_sends_only_allow_listed_headers,
-    key_reused_on_another_route_parameter_is_422_route,
-    business_rejection_is_stored_and_replayed,
-    no_tenant_is_401_and_oversized_body_is_413,
-    replays_come_from_the_store_when_the_cache_is_off,
-    a_transaction_the_database_aborted_does_not_wedge_later_requests,
-);
-
-// PostgreSQL and MariaDB only: SQLite has no network path to freeze or refuse (see
-// `on_network_backends!`); its waits are bounded by the acquire and busy timeouts.
-on_network_backends!(
-    database_paused_before_the_request_answers_503_within_the_store_timeout,
-    database_frozen_at_begin_answers_503_within_the_store_timeout,
-    database_frozen_during_the_key_claim_answers_503_within_the_store_timeout,
-    refused_connections_are_reported_as_refused_and_answered_503_without_driver_text,
-);
+oncely_testkit::matrix! {
+    tests: [
+        handler_failing_once_then_succeeding_runs_again_on_retry,
+        panicking_handler_leaves_nothing_and_retry_runs,
+        response_over_the_bound_rolls_back_and_stores_nothing,
+        in_flight_retry_gets_409_with_retry_after,
+        in_flight_retry_waits_and_replays_when_configured,
+        replay_sends_only_allow_listed_headers,
+        key_reused_on_another_route_parameter_is_422_route,
+        business_rejection_is_stored_and_replayed,
+        no_tenant_is_401_and_oversized_body_is_413,
+        replays_come_from_the_store_when_the_cache_is_off,
+        a_transaction_the_database_aborted_does_not_wedge_later_requests,
+        database_paused_before_the_request_answers_503_within_the_store_timeout,
+        database_frozen_at_begin_answers_503_within_the_store_timeout,
+        database_frozen_during_the_key_claim_answers_503_within_the_store_timeout,
+        refused_connections_are_reported_as_refused_and_answered_503_without_driver_text,
+    ],
+    cannot_apply: [
+        // PostgreSQL and MariaDB only: SQLite has no network path to freeze or refuse; its
+        // waits are bounded by the acquire and busy timeouts.
+        database_paused_before_the_request_answers_503_within_the_store_timeout on sqlite,
+        database_frozen_at_begin_answers_503_within_the_store_timeout on sqlite,
+        database_frozen_during_the_key_claim_answers_503_within_the_store_timeout on sqlite,
+        refused_connections_are_reported_as_refused_and_answered_503_without_driver_text on sqlite,
+    ],
+}
 
 /// The database's port stops accepting (the proxy cuts every connection, then goes away):
 /// the error names the root cause once — the refused connection, not sqlx's "pool timed

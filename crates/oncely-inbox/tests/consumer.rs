@@ -1,8 +1,8 @@
-//! Inbox consumer on the SQL transport, on SQLite and PostgreSQL (real servers, real
-//! concurrency). The test handler writes one row per effect into `test_invoices`, which has
+//! Inbox consumer on the SQL transport on every backend, then (`conformance`) the same
+//! cases on every backend × broker (real servers, real concurrency). The test handler writes one row per effect into `test_invoices`, which has
 //! *no* unique constraint: only the inbox stands between a redelivery and a second invoice,
-//! so each test fails if the inbox does not hold. The last tests drive the order service's
-//! real `billing` consumer (table `invoices`, `UNIQUE(order_id, kind)`).
+//! so each test fails if the inbox does not hold. (The order service's own `billing`
+//! consumer is tested in apps/orders.)
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -12,9 +12,11 @@ use oncely_broker::{
     BoxFuture, Message, Publisher, ReceivedMessage, SqlSubscriber, SqlTransport, Subscriber,
 };
 use oncely_core::{MessageId, RetryPolicy};
-use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Processed, SqlConsumer};
+use oncely_inbox::{
+    Consumer, ConsumerConfig, Handler, HandlerError, Processed, Rejected, SqlConsumer,
+};
 use oncely_sql::{on_pool, on_tx, Database, Tx};
-use oncely_testkit::{on_every_backend, TestDb};
+use oncely_testkit::TestDb;
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "orders";
@@ -52,6 +54,10 @@ impl Handler for Billing {
             assert!(message.payload != b"panic", "handler bug on purpose");
             if message.payload == b"poison" {
                 return Err("poison pill: no such order".into());
+            }
+            // No retry can decode it: dead at once.
+            if message.payload.starts_with(b"{not json") {
+                return Err(Rejected("cannot decode the payload".to_owned()).into());
             }
             if self
                 .fail_first
@@ -110,24 +116,6 @@ fn sql_consumer(
         db.clone(),
         SqlSubscriber::new(transport.clone(), name, TOPIC, lease),
         handler,
-        config,
-    )
-}
-
-fn billing_on_sql(
-    db: &Database,
-    transport: &SqlTransport,
-    config: ConsumerConfig,
-    lease: Duration,
-) -> SqlConsumer {
-    orders::billing_consumer(
-        db.clone(),
-        SqlSubscriber::new(
-            transport.clone(),
-            orders::BILLING_CONSUMER,
-            orders::ORDERS_TOPIC,
-            lease,
-        ),
         config,
     )
 }
@@ -218,19 +206,17 @@ where
     }
 }
 
-on_every_backend!(
-    s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice,
-    same_message_delivered_to_two_consumer_instances_at_once_yields_one_invoice,
-    handler_failing_twice_then_succeeding_creates_one_invoice_after_two_delayed_retries_for_that_consumer_only,
-    always_failing_handler_ends_dead_with_its_error_while_other_messages_flow,
-    two_running_instances_of_one_group_bill_every_order_once,
-    panicking_handler_counts_as_a_failed_attempt_and_ends_dead,
-    fanned_out_queue_rows_are_collected_in_batches_and_unsubscribed_topics_kept,
-    undecodable_order_created_is_dead_at_once,
-    s5_billing_killed_after_commit_before_ack_creates_one_invoice,
-    order_created_with_a_new_message_id_for_the_same_order_creates_no_second_invoice,
-    orders_created_through_the_service_get_one_invoice_each_shown_by_get,
-);
+oncely_testkit::matrix! {
+    tests: [
+        s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice,
+        same_message_delivered_to_two_consumer_instances_at_once_yields_one_invoice,
+        handler_failing_twice_then_succeeding_creates_one_invoice_after_two_delayed_retries_for_that_consumer_only,
+        always_failing_handler_ends_dead_with_its_error_while_other_messages_flow,
+        two_running_instances_of_one_group_bill_every_order_once,
+        panicking_handler_counts_as_a_failed_attempt_and_ends_dead,
+        fanned_out_queue_rows_are_collected_in_batches_and_unsubscribed_topics_kept,
+    ],
+}
 
 async fn s5_consumer_killed_after_commit_before_ack_causes_no_second_invoice(t: TestDb) {
     let transport = setup(&t).await;
@@ -543,191 +529,6 @@ async fn two_running_instances_of_one_group_bill_every_order_once(t: TestDb) {
     assert_eq!(open_deliveries(&t.db, "billing").await, 0);
 }
 
-// ---------------------------------------------------------------------------------------
-// The order service's billing consumer
-// ---------------------------------------------------------------------------------------
-
-async fn billing_setup(t: &TestDb) -> SqlTransport {
-    orders::migrate(&t.db).await.unwrap();
-    SqlTransport::new(t.db.clone(), 1 << 20)
-}
-
-fn order_created(message_id: MessageId, order: &str) -> Message {
-    let payload = serde_json::json!({"id": order, "status": "created", "source": "shop",
-        "external_ref": order, "customer_id": "c-1", "items": [{"sku": "s", "quantity": 1}],
-        "amount_minor": 1999, "currency": "EUR", "created_at": 1});
-    Message {
-        id: message_id,
-        topic: orders::ORDERS_TOPIC.to_owned(),
-        partition_key: order.to_owned(),
-        event_type: orders::ORDER_CREATED.to_owned(),
-        payload: serde_json::to_vec(&payload).unwrap(),
-        headers: [("tenant".to_owned(), "acme".to_owned())].into(),
-    }
-}
-
-async fn invoice_rows(db: &Database, order: &str) -> i64 {
-    scalar(
-        db,
-        "SELECT COUNT(*) FROM invoices WHERE order_id = $1",
-        order,
-    )
-    .await
-}
-
-async fn s5_billing_killed_after_commit_before_ack_creates_one_invoice(t: TestDb) {
-    let transport = billing_setup(&t).await;
-    let crashed = Arc::new(AtomicBool::new(false));
-    let crash = crashed.clone();
-    let billing = billing_on_sql(&t.db, &transport, config(), Duration::from_millis(300))
-        .with_fault_after_commit(move |_| !crash.swap(true, Ordering::SeqCst));
-    billing.subscribe().await.unwrap();
-    for r in transport
-        .publish(&[order_created(MessageId::new_random(), "ord-1")])
-        .await
-    {
-        r.unwrap();
-    }
-    assert_eq!(billing.run_once().await.unwrap(), 1);
-    assert!(crashed.load(Ordering::SeqCst));
-    assert_eq!(invoice_rows(&t.db, "ord-1").await, 1);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(billing.run_once().await.unwrap(), 1, "redelivered");
-    assert_eq!(invoice_rows(&t.db, "ord-1").await, 1, "one invoice");
-    assert_eq!(
-        billing.stats().duplicates(),
-        1,
-        "the duplicate counter moved"
-    );
-    assert_eq!(open_deliveries(&t.db, orders::BILLING_CONSUMER).await, 0);
-}
-
-async fn order_created_with_a_new_message_id_for_the_same_order_creates_no_second_invoice(
-    t: TestDb,
-) {
-    let transport = billing_setup(&t).await;
-    let billing = billing_on_sql(&t.db, &transport, config(), LEASE);
-    billing.subscribe().await.unwrap();
-    let batch = [
-        order_created(MessageId::new_random(), "ord-1"),
-        order_created(MessageId::new_random(), "ord-1"),
-    ];
-    for r in transport.publish(&batch).await {
-        r.unwrap();
-    }
-    assert_eq!(billing.run_once().await.unwrap(), 2);
-    // Both ids are new to the inbox; UNIQUE(order_id, kind) holds the business rule.
-    assert_eq!(billing.stats().consumed(), 2);
-    assert_eq!(invoice_rows(&t.db, "ord-1").await, 1);
-}
-
-async fn orders_created_through_the_service_get_one_invoice_each_shown_by_get(t: TestDb) {
-    let transport = billing_setup(&t).await;
-    let billing = billing_on_sql(&t.db, &transport, config(), LEASE);
-    billing.subscribe().await.unwrap();
-    let api_key = "test-key-0123456789abcdef";
-    let app_config = orders::AppConfig {
-        api_keys: orders::parse_api_keys(&format!("{api_key}=acme")).unwrap(),
-        ..orders::AppConfig::default()
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = orders::router(t.db.clone(), &app_config);
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let shutdown = CancellationToken::new();
-    let relay = oncely_outbox::Relay::new(
-        t.db.clone(),
-        Arc::new(transport.clone()),
-        oncely_outbox::RelayConfig {
-            poll_interval: Duration::from_millis(20),
-            ..oncely_outbox::RelayConfig::default()
-        },
-    );
-    let relay = tokio::spawn(relay.run(shutdown.clone()));
-    let billing_stats = billing.stats();
-    let consumer = tokio::spawn(billing.run(shutdown.clone()));
-
-    let client = reqwest::Client::new();
-    let post = |key: String, ext: String| {
-        let client = client.clone();
-        let url = format!("{base}/v1/orders");
-        async move {
-            let res = client
-                .post(url)
-                .bearer_auth(api_key)
-                .header("Idempotency-Key", key)
-                .json(&serde_json::json!({"source": "shop", "external_ref": ext,
-                    "customer_id": "c-1", "items": [{"sku": "s-1", "quantity": 1}],
-                    "amount_minor": 1999, "currency": "EUR"}))
-                .send()
-                .await
-                .expect("POST");
-            let status = res.status().as_u16();
-            let body: serde_json::Value = res.json().await.expect("JSON body");
-            (status, body)
-        }
-    };
-    let mut ids = Vec::new();
-    for i in 0..20 {
-        // Each order sent twice at once with its key, then with a new key.
-        let (a, b) = tokio::join!(
-            post(format!("k-{i}"), format!("e-{i}")),
-            post(format!("k-{i}"), format!("e-{i}"))
-        );
-        let (c, _) = post(format!("other-{i}"), format!("e-{i}")).await;
-        assert!([a.0, b.0].contains(&201), "created: {} {}", a.0, b.0);
-        assert_eq!(c, 200);
-        let created = if a.0 == 201 { a.1 } else { b.1 };
-        assert!(
-            created.get("invoice").is_none(),
-            "no invoice in the create answer"
-        );
-        ids.push(created["id"].as_str().unwrap().to_owned());
-    }
-    eventually(Duration::from_secs(20), || async {
-        scalar(
-            &t.db,
-            "SELECT COUNT(*) FROM invoices WHERE tenant = $1",
-            "acme",
-        )
-        .await
-            >= 20
-    })
-    .await;
-    // Let any stray copies arrive before counting.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    shutdown.cancel();
-    relay.await.unwrap();
-    consumer.await.unwrap();
-    assert_eq!(
-        scalar(
-            &t.db,
-            "SELECT COUNT(*) FROM invoices WHERE tenant = $1",
-            "acme"
-        )
-        .await,
-        20
-    );
-    assert_eq!(billing_stats.consumed(), 20);
-    for id in &ids {
-        assert_eq!(invoice_rows(&t.db, id).await, 1);
-        let got: serde_json::Value = client
-            .get(format!("{base}/v1/orders/{id}"))
-            .bearer_auth(api_key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(got["id"], id.as_str());
-        assert_eq!(got["invoice"]["kind"], "order");
-        assert_eq!(got["invoice"]["amount_minor"], 1999);
-        assert_eq!(got["invoice"]["currency"], "EUR");
-    }
-    server.abort();
-}
-
 async fn panicking_handler_counts_as_a_failed_attempt_and_ends_dead(t: TestDb) {
     let transport = setup(&t).await;
     let consumer = sql_consumer(
@@ -814,41 +615,10 @@ async fn fanned_out_queue_rows_are_collected_in_batches_and_unsubscribed_topics_
     );
 }
 
-async fn undecodable_order_created_is_dead_at_once(t: TestDb) {
-    let transport = billing_setup(&t).await;
-    let billing = billing_on_sql(&t.db, &transport, config(), LEASE);
-    billing.subscribe().await.unwrap();
-    let good = order_created(MessageId::new_random(), "ord-ok");
-    let bad = Message {
-        payload: b"{not json".to_vec(),
-        ..order_created(MessageId::new_random(), "ord-bad")
-    };
-    for r in transport.publish(&[bad.clone(), good]).await {
-        r.unwrap();
-    }
-    assert_eq!(billing.run_once().await.unwrap(), 2);
-    let dead = transport
-        .dead_deliveries(orders::BILLING_CONSUMER, 10)
-        .await
-        .unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].id, bad.id);
-    assert_eq!(
-        dead[0].attempts, 1,
-        "no retry for a message that cannot decode"
-    );
-    assert!(dead[0]
-        .last_error
-        .as_deref()
-        .unwrap()
-        .contains("order.created payload"));
-    assert_eq!(billing.stats().retries(), 0);
-    assert_eq!(invoice_rows(&t.db, "ord-ok").await, 1);
-}
-
 // ---------------------------------------------------------------------------------------
 // Conformance: the same cases on every broker (SQL transport, RabbitMQ, NATS JetStream, Kafka) and
-// every backend (SQLite, PostgreSQL). Each test gets its own database, and its own broker
+// every backend (SQLite, PostgreSQL, MariaDB / MySQL), as `conformance::<backend>::<broker>::…`.
+// Each test gets its own database, and its own broker
 // namespace (RabbitMQ exchange and queues, JetStream streams, all named with a uuid), so
 // tests run in parallel without seeing each other.
 // ---------------------------------------------------------------------------------------
@@ -869,8 +639,8 @@ mod conformance {
     use oncely_inbox::{Consumer, ConsumerConfig, Handler, Processed};
     use oncely_sql::{Database, DbOptions};
     use oncely_testkit::{
-        amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, FaultProxy, TestBackend,
-        TestDb,
+        amqp_url, kafka_brokers, kafka_url, matrix, nats_url, service_reachable, FaultProxy,
+        TestBackend, TestDb,
     };
     use tokio_util::sync::CancellationToken;
 
@@ -1633,18 +1403,16 @@ mod conformance {
             max_attempts: 5,
             ..RetryPolicy::default()
         };
-        // The order service's billing handler rejects an order.created it cannot decode.
-        let c = Consumer::new(
-            f.db().clone(),
-            f.subscriber("billing", Duration::from_secs(30)),
-            Arc::new(orders::BillingHandler) as Arc<dyn Handler>,
+        // The test handler rejects a payload it cannot decode (`{not json`).
+        let c = consumer(
+            f,
+            "billing",
+            Arc::new(Billing::new("billing")),
             config(retry),
+            Duration::from_secs(30),
         );
         c.subscribe().await.unwrap();
-        let bad = Message {
-            event_type: orders::ORDER_CREATED.to_owned(),
-            ..message(f, "bad", b"{not json")
-        };
+        let bad = message(f, "bad", b"{not json");
         f.publish(std::slice::from_ref(&bad)).await;
         let undecodable = f.publish_undecodable().await;
         let expected = if undecodable { 2 } else { 1 };
@@ -1658,7 +1426,7 @@ mod conformance {
         assert_eq!(dead.len(), expected as usize, "{dead:?}");
         let rejected = dead.iter().find(|d| d.id == Some(bad.id)).unwrap();
         assert_eq!(rejected.attempts, 1);
-        assert!(rejected.error.contains("order.created payload"), "{dead:?}");
+        assert!(rejected.error.contains("cannot decode"), "{dead:?}");
         if undecodable {
             let raw = dead.iter().find(|d| d.id.is_none()).unwrap();
             assert!(raw.error.contains("undecodable"), "{dead:?}");
@@ -1749,61 +1517,65 @@ mod conformance {
         assert!(f.dead_letters("billing").await.is_empty());
     }
 
-    macro_rules! on_every_broker_and_backend {
-        ($($name:ident),* $(,)?) => {
-            on_every_broker_and_backend!(@mod sqlite_sql, Sqlite, SqlFixture; $($name),*);
-            on_every_broker_and_backend!(@mod postgres_sql, Postgres, SqlFixture; $($name),*);
-            on_every_broker_and_backend!(@mod sqlite_rabbitmq, Sqlite, RabbitFixture; $($name),*);
-            on_every_broker_and_backend!(@mod postgres_rabbitmq, Postgres, RabbitFixture; $($name),*);
-            on_every_broker_and_backend!(@mod sqlite_nats, Sqlite, NatsFixture; $($name),*);
-            on_every_broker_and_backend!(@mod postgres_nats, Postgres, NatsFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_sql, MySql, SqlFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_rabbitmq, MySql, RabbitFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_nats, MySql, NatsFixture; $($name),*);
-            on_every_broker_and_backend!(@mod sqlite_kafka, Sqlite, KafkaFixture; $($name),*);
-            on_every_broker_and_backend!(@mod postgres_kafka, Postgres, KafkaFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_kafka, MySql, KafkaFixture; $($name),*);
-        };
-        (@mod $m:ident, $backend:ident, $fixture:ident; $($name:ident),*) => {
-            mod $m {
-                use super::Fixture as _;
-                $(
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                    async fn $name() {
-                        if let Some(f) =
-                            super::$fixture::new(oncely_testkit::TestBackend::$backend).await
-                        {
-                            super::$name(&f).await;
-                            f.cleanup().await;
-                        }
-                    }
-                )*
-            }
-        };
+    /// The fixture of each broker of the matrix.
+    pub(super) trait FixtureFor {
+        type F: Fixture;
+        async fn fixture(backend: TestBackend) -> Option<Self::F>;
     }
 
-    on_every_broker_and_backend!(
-        s5_consumer_faulted_after_commit_before_ack_is_redelivered_and_creates_one_invoice,
-        same_message_at_two_consumer_instances_at_once_yields_one_invoice,
-        handler_failing_twice_then_succeeding_yields_one_invoice_after_two_delayed_retries_sent_to_that_group_only,
-        always_failing_handler_ends_in_the_dead_letter_destination_with_its_error_while_others_flow,
-        rejected_and_undecodable_messages_are_dead_lettered_at_once,
-    );
-
-    // A database outage needs a server to cut (not an embedded SQLite file); the SQL
-    // transport, RabbitMQ and NATS (Kafka's consumer-group timeouts are another story).
-    macro_rules! on_cuttable_backends {
-        ($($name:ident),* $(,)?) => {
-            on_every_broker_and_backend!(@mod postgres_sql_db, Postgres, SqlFixture; $($name),*);
-            on_every_broker_and_backend!(@mod postgres_rabbitmq_db, Postgres, RabbitFixture; $($name),*);
-            on_every_broker_and_backend!(@mod postgres_nats_db, Postgres, NatsFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_sql_db, MySql, SqlFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_rabbitmq_db, MySql, RabbitFixture; $($name),*);
-            on_every_broker_and_backend!(@mod mysql_nats_db, MySql, NatsFixture; $($name),*);
-        };
+    impl FixtureFor for matrix::Sql {
+        type F = SqlFixture;
+        async fn fixture(backend: TestBackend) -> Option<SqlFixture> {
+            SqlFixture::new(backend).await
+        }
     }
 
-    on_cuttable_backends!(
-        database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once,
-    );
+    impl FixtureFor for matrix::RabbitMq {
+        type F = RabbitFixture;
+        async fn fixture(backend: TestBackend) -> Option<RabbitFixture> {
+            RabbitFixture::new(backend).await
+        }
+    }
+
+    impl FixtureFor for matrix::Nats {
+        type F = NatsFixture;
+        async fn fixture(backend: TestBackend) -> Option<NatsFixture> {
+            NatsFixture::new(backend).await
+        }
+    }
+
+    impl FixtureFor for matrix::Kafka {
+        type F = KafkaFixture;
+        async fn fixture(backend: TestBackend) -> Option<KafkaFixture> {
+            KafkaFixture::new(backend).await
+        }
+    }
+
+    /// Runs `case` on a fresh fixture of broker `B` on `backend` (or skips), then cleans up.
+    async fn run<B: FixtureFor>(backend: TestBackend, case: impl AsyncFnOnce(&B::F)) {
+        if let Some(f) = B::fixture(backend).await {
+            case(&f).await;
+            f.cleanup().await;
+        }
+    }
+
+    oncely_testkit::matrix! {
+        run: run,
+        tests: [
+            s5_consumer_faulted_after_commit_before_ack_is_redelivered_and_creates_one_invoice,
+            same_message_at_two_consumer_instances_at_once_yields_one_invoice,
+            handler_failing_twice_then_succeeding_yields_one_invoice_after_two_delayed_retries_sent_to_that_group_only,
+            always_failing_handler_ends_in_the_dead_letter_destination_with_its_error_while_others_flow,
+            rejected_and_undecodable_messages_are_dead_lettered_at_once,
+            database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once,
+        ],
+        cannot_apply: [
+            // SQLite is embedded: there is no connection to the database to cut.
+            database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once on (sqlite, _),
+            // Kafka redelivers on a consumer-group rebalance, not after a settle time, and the
+            // 6 s outage outlasts the group's 6 s session timeout: the case's timing is not
+            // written for it (not yet covered, rather than impossible).
+            database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once on (_, kafka),
+        ],
+    }
 }

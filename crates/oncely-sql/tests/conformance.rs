@@ -12,7 +12,7 @@ use oncely_sql::{
 #[path = "conformance/effects.rs"]
 mod effects;
 
-use oncely_testkit::{on_every_backend, TestDb};
+use oncely_testkit::TestDb;
 
 fn scope(tenant: &str) -> Scope {
     Scope::new(
@@ -41,17 +41,19 @@ async fn store(t: &TestDb) -> IdempotencyStore {
     IdempotencyStore::new(t.db.clone(), Duration::from_secs(60))
 }
 
-on_every_backend!(
-    reserve_complete_then_existing_with_stored_response,
-    rollback_leaves_the_key_free,
-    same_key_in_other_tenant_is_independent,
-    concurrent_reservations_of_one_key_reserve_once,
-    key_claim_ends_with_its_transaction_even_when_dropped_unfinished,
-    collector_deletes_only_expired_finished_records,
-    migrations_are_idempotent,
-    inbox_records_a_message_once_per_consumer_and_a_rollback_forgets_it,
-    inbox_collector_deletes_only_rows_past_retention_in_bounded_batches,
-);
+oncely_testkit::matrix! {
+    tests: [
+        reserve_complete_then_existing_with_stored_response,
+        rollback_leaves_the_key_free,
+        same_key_in_other_tenant_is_independent,
+        concurrent_reservations_of_one_key_reserve_once,
+        key_claim_ends_with_its_transaction_even_when_dropped_unfinished,
+        collector_deletes_only_expired_finished_records,
+        migrations_are_idempotent,
+        inbox_records_a_message_once_per_consumer_and_a_rollback_forgets_it,
+        inbox_collector_deletes_only_rows_past_retention_in_bounded_batches,
+    ],
+}
 
 async fn reserve_complete_then_existing_with_stored_response(t: TestDb) {
     let s = store(&t).await;

@@ -98,8 +98,8 @@ impl MatrixBroker for Kafka {
 /// }
 /// ```
 ///
-/// `cannot_apply` entries are `test on backend` (backends only) or
-/// `test on (backend, broker)` with `_` for every backend or every broker. Give each entry
+/// `cannot_apply` entries are `test on backend` or `test on backend | backend` (backends
+/// only), or `test on (backend, broker)` with `_` for every backend or every broker. Give each entry
 /// a comment saying why the combination cannot apply: this list is the only place where
 /// coverage differs between combinations.
 #[macro_export]
@@ -146,6 +146,12 @@ macro_rules! __matrix {
         $crate::__matrix! { ($d) $mode $tests
             [$($arms)* ($t, $backend, $broker, $d _variants:tt) => {};]
             $($($rest)*)? }
+    };
+    (($d:tt) $mode:tt $tests:tt [$($arms:tt)*]
+        $t:ident on $backend:ident | $($rest:tt)*) => {
+        $crate::__matrix! { ($d) $mode $tests
+            [$($arms)* ($t, $backend, $d _variants:tt) => {};]
+            $t on $($rest)* }
     };
     (($d:tt) $mode:tt $tests:tt [$($arms:tt)*]
         $t:ident on $backend:ident $(, $($rest:tt)*)?) => {

@@ -60,11 +60,16 @@ mod backends_only {
         assert!(!t.url.starts_with("mysql:"), "{}", t.url);
     }
 
+    async fn on_postgres_only(t: TestDb) {
+        assert!(t.url.starts_with("postgres:"), "{}", t.url);
+    }
+
     oncely_testkit::matrix! {
-        tests: [opens_a_fresh_database, never_on_mysql],
+        tests: [opens_a_fresh_database, never_on_mysql, on_postgres_only],
         cannot_apply: [
-            // The test says so.
+            // The tests say so.
             never_on_mysql on mysql,
+            on_postgres_only on sqlite | mysql,
         ],
     }
 }

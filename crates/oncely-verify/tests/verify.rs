@@ -1,7 +1,7 @@
-//! `oncely verify` over real HTTP on `127.0.0.1:0`: against the order service's router on
-//! SQLite and PostgreSQL every check holds; against deliberately broken endpoints (each with
-//! a real SQLite database) the check that should catch the fault fails — the checker can
-//! fail.
+//! `oncely verify` over real HTTP on `127.0.0.1:0`: against deliberately broken endpoints
+//! (each with a real SQLite database) the check that should catch the fault fails — the
+//! checker can fail. (That every check holds against the order service is tested in
+//! apps/orders.)
 
 use std::time::Duration;
 
@@ -11,16 +11,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use oncely_sql::{on_pool, Database};
-use oncely_testkit::{on_every_backend, TestDb};
-use oncely_verify::{
-    verify, BodyTemplate, CheckId, Header, Mutation, Outcome, Report, VerifyConfig, ALL_CHECKS,
-};
+use oncely_verify::{verify, BodyTemplate, CheckId, Mutation, Outcome, Report, VerifyConfig};
 use serde_json::{json, Value};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
-
-const KEY_A: &str = "verify-tenant-a-0123456789";
-const KEY_B: &str = "verify-tenant-b-0123456789";
 
 /// Aborts the server task when the test ends.
 struct Server {
@@ -45,78 +38,6 @@ async fn spawn(router: Router) -> Server {
 
 fn print(report: &Report) {
     println!("{}", report.to_table());
-}
-
-fn outcomes(report: &Report) -> Vec<(CheckId, Outcome)> {
-    report.checks.iter().map(|c| (c.id, c.outcome)).collect()
-}
-
-// --- the real service ------------------------------------------------------------------
-
-fn order_body() -> BodyTemplate {
-    BodyTemplate::new(
-        r#"{"source":"verify","external_ref":"{{uuid}}","customer_id":"c-42",
-            "items":[{"sku":"sku-1","quantity":2},{"sku":"sku-2","quantity":1}],
-            "amount_minor":1999,"currency":"EUR"}"#,
-    )
-}
-
-async fn count_orders(State(db): State<Database>) -> Json<Value> {
-    let n = on_pool!(&db, |p| sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM orders"
-    )
-    .fetch_one(p)
-    .await)
-    .unwrap();
-    Json(json!({ "count": n }))
-}
-
-on_every_backend!(every_check_holds_against_the_order_service);
-
-async fn every_check_holds_against_the_order_service(t: TestDb) {
-    orders::migrate(&t.db).await.unwrap();
-    let config = orders::AppConfig {
-        api_keys: orders::parse_api_keys(&format!("{KEY_A}=tenant-a,{KEY_B}=tenant-b")).unwrap(),
-        ..orders::AppConfig::default()
-    };
-    let router = orders::router(t.db.clone(), &config).merge(
-        Router::new()
-            .route("/test/count", get(count_orders))
-            .with_state(t.db.clone()),
-    );
-    let s = spawn(router).await;
-
-    let mut cfg = VerifyConfig::new(&format!("{}/v1/orders", s.base), order_body()).unwrap();
-    cfg.headers = vec![Header::parse(&format!("Authorization: Bearer {KEY_A}")).unwrap()];
-    cfg.headers_b = Some(vec![Header::parse(&format!(
-        "Authorization: Bearer {KEY_B}"
-    ))
-    .unwrap()]);
-    cfg.mutations = vec![Mutation::parse("/amount_minor=2999").unwrap()];
-    cfg.count_url = Some(format!("{}/test/count", s.base).parse().unwrap());
-    let report = verify(cfg).await.unwrap();
-    print(&report);
-
-    let expected: Vec<_> = ALL_CHECKS.iter().map(|&c| (c, Outcome::Holds)).collect();
-    assert_eq!(outcomes(&report), expected);
-    assert!(report.passed());
-    // Evidence: S2 saw one object, and the count moved by exactly one.
-    let s2 = report.check(CheckId::S2Concurrent).unwrap();
-    assert_eq!(s2.ids_seen.len(), 1);
-    assert_eq!(s2.count_after.unwrap() - s2.count_before.unwrap(), 1);
-    assert!(s2.requests.len() > 16);
-    // The same key under quoted sf-string syntax is the same key.
-    let mut quoted = VerifyConfig::new(&format!("{}/v1/orders", s.base), order_body()).unwrap();
-    quoted.headers = vec![Header::parse(&format!("Authorization: Bearer {KEY_A}")).unwrap()];
-    quoted.quote_keys = true;
-    let report = verify(quoted).await.unwrap();
-    assert_eq!(report.outcome(CheckId::S1Sequential), Some(Outcome::Holds));
-    assert_eq!(report.outcome(CheckId::Scope), Some(Outcome::NotApplicable));
-    assert_eq!(
-        report.outcome(CheckId::S3Mutated),
-        Some(Outcome::NotApplicable)
-    );
-    assert!(report.passed(), "checks that do not apply do not fail");
 }
 
 // --- broken endpoints --------------------------------------------------------------------
