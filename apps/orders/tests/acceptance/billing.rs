@@ -25,6 +25,7 @@ fn config() -> ConsumerConfig {
             base: Duration::from_millis(50),
             cap: Duration::from_millis(200),
             max_attempts: 5,
+            ..RetryPolicy::default()
         },
         ..ConsumerConfig::default()
     }

@@ -36,6 +36,7 @@ impl Harness {
                     base: Duration::from_millis(20),
                     cap: Duration::from_millis(200),
                     max_attempts: 1000,
+                    ..RetryPolicy::default()
                 },
                 retention: Duration::from_secs(3600),
                 ..RelayConfig::default()
