@@ -47,6 +47,13 @@ fn config() -> AppConfig {
 
 async fn start(db: &Database, config: AppConfig) -> Server {
     orders::migrate(db).await.expect("migrate");
+    start_migrated(db, config).await
+}
+
+/// As [`start`] on a database that is migrated already: for a pool whose lock timeout is
+/// too short to wait out the locks a migration takes while other tests migrate theirs
+/// (`a_held_lock_…` failed with 55P03 inside `migrate` under a loaded run).
+async fn start_migrated(db: &Database, config: AppConfig) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -264,7 +271,7 @@ async fn a_held_lock_on_the_idempotency_table_is_503_not_500(t: TestDb) {
         ..DbOptions::default()
     };
     let db = Database::connect(&t.url, &opts).await.unwrap();
-    let s = start(&db, config()).await;
+    let s = start_migrated(&db, config()).await;
     // Another session holds the table (a migration, VACUUM FULL, a long writer).
     let blocker = Database::connect(&t.url, &DbOptions::default())
         .await
