@@ -119,12 +119,17 @@ where
         .with_state(db);
     api.merge(ops)
         .fallback(|| async {
-            Problem::new(StatusCode::NOT_FOUND, "not-found", "No such resource").into_response()
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                crate::problem::NOT_FOUND,
+                "No such resource",
+            )
+            .into_response()
         })
         .method_not_allowed_fallback(|| async {
             Problem::new(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
+                crate::problem::METHOD_NOT_ALLOWED,
                 "This method is not allowed on this resource",
             )
             .into_response()
@@ -144,7 +149,7 @@ async fn healthz(State(db): State<Database>) -> Response {
             tracing::warn!(error = %e, "health check: the database cannot be reached");
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
+                oncely_http::kind::STORE_UNAVAILABLE,
                 "The database cannot be reached",
             )
             .with("checks", serde_json::json!({"database": "unavailable"}))

@@ -36,7 +36,7 @@ pub(crate) async fn authenticate(
     }
     let mut res = Problem::new(
         StatusCode::UNAUTHORIZED,
-        "unauthenticated",
+        oncely_http::kind::UNAUTHENTICATED,
         "A valid API key is required",
     )
     .detail("send Authorization: Bearer <api key>")

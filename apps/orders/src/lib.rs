@@ -10,6 +10,7 @@
 //! - `config` — [`AppConfig`]: API keys → tenants, retention, idempotency settings.
 //! - `app` — [`router`], [`migrate`], [`serve`]: wiring, start-up and graceful shutdown.
 //! - `auth` — `Authorization: Bearer <api key>` → [`oncely_core::TenantId`].
+//! - `problem` — the service's own problem kinds (the layer's are `oncely_http::kind`).
 //! - `orders` — the handlers, input validation and the business-key rule.
 //! - `events` — the `order.created` outbox event: derived message id, headers.
 //! - `billing` — [`BillingHandler`], [`billing_consumer`]: the `billing` inbox consumer of
@@ -26,6 +27,7 @@ mod config;
 mod events;
 mod limits;
 mod orders;
+pub mod problem;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
 pub use billing::{billing_consumer, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER};

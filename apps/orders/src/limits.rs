@@ -88,7 +88,7 @@ pub(crate) async fn read_body(
         return closing(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "server-busy",
+                crate::problem::SERVER_BUSY,
                 "Too many request bodies are in flight",
             )
             .retry_after(limits.retry_after_secs),
@@ -106,7 +106,7 @@ pub(crate) async fn read_body(
         Ok(Err(_)) => {
             return closing(Problem::new(
                 StatusCode::BAD_REQUEST,
-                "request-body",
+                oncely_http::kind::REQUEST_BODY,
                 "The request body could not be read",
             ));
         }
@@ -116,7 +116,7 @@ pub(crate) async fn read_body(
             return closing(
                 Problem::new(
                     StatusCode::REQUEST_TIMEOUT,
-                    "request-timeout",
+                    crate::problem::REQUEST_TIMEOUT,
                     "The request body did not arrive in time",
                 )
                 .detail(format!(
@@ -166,7 +166,7 @@ fn too_large(max_body: usize) -> Response {
     closing(
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "request-too-large",
+            oncely_http::kind::REQUEST_TOO_LARGE,
             "The request body is too large",
         )
         .detail(format!("at most {max_body} bytes are accepted")),

@@ -166,7 +166,7 @@ fn internal(e: &dyn std::fmt::Display) -> Response {
     tracing::error!(error = %e, "order handler failed");
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
+        crate::problem::INTERNAL,
         "The order could not be processed",
     )
     .into_response()
@@ -231,7 +231,7 @@ fn parse_order(request_headers: &http::HeaderMap, body: &[u8]) -> Result<NewOrde
     if !is_json {
         return Err(Box::new(invalid(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
+            crate::problem::UNSUPPORTED_MEDIA_TYPE,
             "The order must be sent as application/json",
             "set Content-Type: application/json".to_owned(),
         )));
@@ -242,7 +242,7 @@ fn parse_order(request_headers: &http::HeaderMap, body: &[u8]) -> Result<NewOrde
         Err(e) if e.is_syntax() || e.is_eof() => {
             return Err(Box::new(invalid(
                 StatusCode::BAD_REQUEST,
-                "malformed-json",
+                oncely_http::kind::MALFORMED_JSON,
                 "The request body is not valid JSON",
                 format!("syntax error at line {}, column {}", e.line(), e.column()),
             )));
@@ -250,7 +250,7 @@ fn parse_order(request_headers: &http::HeaderMap, body: &[u8]) -> Result<NewOrde
         Err(e) => {
             return Err(Box::new(invalid(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid-order",
+                crate::problem::INVALID_ORDER,
                 "The order is invalid",
                 format!(
                     "the body does not match the order schema (a missing or unknown field, or a \
@@ -264,7 +264,7 @@ fn parse_order(request_headers: &http::HeaderMap, body: &[u8]) -> Result<NewOrde
     validate(&order).map_err(|detail| {
         Box::new(invalid(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-order",
+            crate::problem::INVALID_ORDER,
             "The order is invalid",
             detail,
         ))
@@ -352,7 +352,7 @@ async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Re
     } else {
         Problem::new(
             StatusCode::CONFLICT,
-            "order-conflict",
+            crate::problem::ORDER_CONFLICT,
             "An order with this source and external_ref exists with other content",
         )
         .detail("the business key (source, external_ref) is already taken by a different order")
@@ -371,7 +371,12 @@ pub(crate) async fn get_order(
     // An id that is not UTF-8 (`%ff`) names no order: the same 404 problem, instead of
     // axum's plain-text 400.
     let Ok(Path(id)) = id else {
-        return Problem::new(StatusCode::NOT_FOUND, "not-found", "No such order").into_response();
+        return Problem::new(
+            StatusCode::NOT_FOUND,
+            crate::problem::NOT_FOUND,
+            "No such order",
+        )
+        .into_response();
     };
     let sql = format!(
         "{} WHERE id = $1 AND tenant = $2",
@@ -406,9 +411,12 @@ pub(crate) async fn get_order(
             }
             Err(e) => internal(&e),
         },
-        Ok(None) => {
-            Problem::new(StatusCode::NOT_FOUND, "not-found", "No such order").into_response()
-        }
+        Ok(None) => Problem::new(
+            StatusCode::NOT_FOUND,
+            crate::problem::NOT_FOUND,
+            "No such order",
+        )
+        .into_response(),
         Err(e) => StoreFailure::from(e).into_response(),
     }
 }

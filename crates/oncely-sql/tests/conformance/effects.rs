@@ -160,6 +160,10 @@ pub(crate) async fn a_claim_starts_the_attempt_before_the_call_and_a_dead_runner
     );
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one effect's life through four settles, read top to bottom"
+)]
 pub(crate) async fn an_unavailable_provider_does_not_count_and_absent_resends_with_the_given_key(
     t: TestDb,
 ) {
