@@ -932,6 +932,10 @@ async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t:
 /// `oncely effects`: a parked (`needs_review`) effect is listed, retried — back to
 /// `unknown`, never a blind call — resolved as succeeded with the provider's id, and shown
 /// with its evidence and both audit rows; a second resolution is refused.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one effect through every operator command, read top to bottom"
+)]
 async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = oncely_sql::EffectStore::new(t.db.clone());
@@ -1408,6 +1412,10 @@ const OUTAGE_LOG_LINES: usize = 2;
 /// colour codes (stderr is not a terminal), and `/metrics` shows the broker down during
 /// the outage and up after it. Every event is published after the outage, none dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one outage scenario with its broker, process and log checks, read top to bottom"
+)]
 async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_few_plain_lines() {
     use lapin::options::{
         ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
@@ -1846,6 +1854,10 @@ mod kill {
     /// `dup_window`: `None` lets the relay create the stream (JetStream's default 2 min duplicate
     /// window: the stream must end with exactly one message per event); `Some(w)` creates it
     /// first with window `w`, so republished copies stay visible (same id, first arrival in order).
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one kill-and-restart scenario shared by two brokers' tests"
+    )]
     async fn killed_relays(extra: &[&str], dup_window: Option<Duration>) {
         let Some(t) = TestDb::new(TestBackend::Postgres).await else {
             return;

@@ -2004,6 +2004,10 @@ async fn seq_scans(pool: &sqlx::PgPool) -> BTreeMap<String, i64> {
 /// seq scan of their table. With the `DELETE … USING` joins planned for an empty table,
 /// each batch seq-scanned the whole table (the queue's receive: 3.2 s for 64 of 100,000).
 /// `oncely_subscriptions` is left out: a handful of rows, read by the fan-out trigger.
+#[allow(
+    clippy::too_many_lines,
+    reason = "five tables' backlogs and sweeps checked in one statistics snapshot"
+)]
 async fn claims_and_sweeps_on_a_backlog_believed_empty_never_seq_scan(t: TestDb) {
     const ROWS: i64 = 20_000;
     let db = oncely_sql::Database::connect(
@@ -2143,6 +2147,10 @@ async fn lease_relay(
 /// move to `oncely_outbox_published` (a missing `published_at` becomes `created_at`), stay
 /// readable through `get`, their ids cannot be enqueued again, and the pending and dead
 /// rows stay where they were and are relayed.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one migration's before and after, read top to bottom"
+)]
 async fn migration_0005_moves_rows_published_under_the_old_schema(t: TestDb) {
     let pool = t.db.as_postgres().expect("postgres").clone();
     let mut old = sqlx::migrate!("../oncely-sql/migrations/postgres");

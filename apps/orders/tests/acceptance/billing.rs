@@ -167,6 +167,10 @@ async fn order_created_with_a_new_message_id_for_the_same_order_creates_no_secon
     assert_eq!(invoice_rows(&t.db, "ord-1").await, 1);
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 async fn orders_created_through_the_service_get_one_invoice_each_shown_by_get(t: TestDb) {
     let transport = billing_setup(&t).await;
     let billing = billing_on_sql(&t.db, &transport, config(), LEASE);

@@ -75,6 +75,10 @@ async fn stop(relay: (CancellationToken, tokio::task::JoinHandle<()>)) {
 /// Orders created through the real router each yield exactly one `order.created`, with the
 /// id derived from the idempotency key; retries and replays add none; orders whose
 /// transaction rolled back yield none.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario over every broker's fixture, read top to bottom"
+)]
 async fn every_created_order_yields_exactly_one_order_created(mut h: Harness) {
     use oncely_http::IdempotencyConfig;
     let metrics = orders::metrics_handle();
