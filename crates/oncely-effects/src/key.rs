@@ -24,7 +24,24 @@ pub fn derive_key(scope: &Scope, parent: &IdempotencyKey, step: &str, generation
         h.update(part);
     }
     h.update(generation.to_be_bytes());
-    let digest = h.finalize();
+    uuid_v8(h)
+}
+
+/// The key of an effect's `generation`-th key generation: a UUID (version 8) over SHA-256 of
+/// the previous key and the generation. Raised only once the provider's status proved that
+/// nothing exists under the old key while the provider keeps replaying a stored failure for
+/// it (see [`derive_key`]), or by an operator's retry of a failed effect.
+pub fn next_key(previous: &str, generation: i32) -> String {
+    uuid_v8(
+        Sha256::new()
+            .chain_update(previous.as_bytes())
+            .chain_update(generation.to_be_bytes()),
+    )
+}
+
+/// The first 16 bytes of the digest as a UUID, version 8 (RFC 9562 §5.8: custom bits).
+fn uuid_v8(hash: Sha256) -> String {
+    let digest = hash.finalize();
     let mut bytes = [0_u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     uuid::Builder::from_custom_bytes(bytes)

@@ -31,11 +31,11 @@ mod runner;
 mod shipping;
 mod stripe;
 
-pub use key::derive_key;
+pub use key::{derive_key, next_key};
 pub use provider::{
     CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
     StatusQuery,
 };
-pub use runner::{next_key, EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
+pub use runner::{EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
 pub use shipping::{ShippingClient, ShippingConfig};
 pub use stripe::{StripeConfig, StripePayments};

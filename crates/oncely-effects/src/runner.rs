@@ -1,17 +1,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
 use oncely_core::{Failure, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
 use oncely_sql::{
     Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, StoreError, Tx,
 };
-use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as metric;
+use crate::next_key;
 use crate::{CallOutcome, EffectRequest, Provider, RemoteObject, StatusOutcome, StatusQuery};
 
 /// How an effect ended, handed to [`EffectHandler::settled`].
@@ -427,7 +427,7 @@ impl EffectRunner {
             elapsed: Duration::ZERO,
             timed_out: false,
         };
-        let unit = jitter();
+        let unit = rand::random::<f64>();
         let wait = match self
             .config
             .outage
@@ -479,7 +479,7 @@ impl EffectRunner {
                 .await
             }
             Err(e) if e.is_unavailable() => {
-                let at = now_ms() + ms(self.config.outage.delay(checks, jitter()));
+                let at = now_ms() + ms(self.config.outage.delay(checks, rand::random::<f64>()));
                 self.still_unknown(effect, started, checks, "unavailable", at, &e.to_string())
                     .await
             }
@@ -646,30 +646,6 @@ impl EffectRunner {
         }
         tx.commit().await
     }
-}
-
-/// The key of an effect's `generation`-th key generation: a UUID (version 8) over SHA-256 of
-/// the previous key and the generation. Raised only once the provider's status proved that
-/// nothing exists under the old key while the provider keeps replaying a stored failure for
-/// it (see [`crate::derive_key`]), or by an operator's retry of a failed effect.
-pub fn next_key(previous: &str, generation: i32) -> String {
-    let digest = Sha256::new()
-        .chain_update(previous.as_bytes())
-        .chain_update(generation.to_be_bytes())
-        .finalize();
-    let mut bytes = [0_u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_custom_bytes(bytes)
-        .into_uuid()
-        .to_string()
-}
-
-/// A uniform sample in `[0, 1)` for full jitter.
-fn jitter() -> f64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    f64::from(nanos % 1_000_000) / 1_000_000.0
 }
 
 fn describe_call(outcome: &CallOutcome) -> (&'static str, Option<u16>, Vec<String>, String) {
