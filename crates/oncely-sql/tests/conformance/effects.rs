@@ -34,6 +34,21 @@ async fn enqueue(s: &EffectStore, reference: &str, key: &str) -> Enqueued {
     done
 }
 
+/// Settles `effect` into `settle` with `evidence` in a transaction of its own, committed.
+async fn settle(
+    t: &TestDb,
+    effect: &oncely_sql::Effect,
+    settle: &Settle,
+    evidence: &Evidence,
+    now_ms: i64,
+) {
+    let mut tx = t.db.begin().await.unwrap();
+    EffectStore::settle(&mut tx, effect, settle, evidence, now_ms)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
 fn evidence(kind: EvidenceKind, outcome: &str) -> Evidence {
     Evidence {
         kind,
@@ -121,21 +136,18 @@ pub(crate) async fn a_claim_starts_the_attempt_before_the_call_and_a_dead_runner
     assert!(matches!(err, StoreError::NotHeld), "{err}");
     drop(tx);
     // runner-b's status check finds it.
-    let mut tx = t.db.begin().await.unwrap();
     let found = Settle::Succeeded {
         provider_id: "pi_1".into(),
         response: "{\"id\":\"pi_1\"}".into(),
     };
-    EffectStore::settle(
-        &mut tx,
+    settle(
+        &t,
         &taken[0],
         &found,
         &evidence(EvidenceKind::Status, "found"),
         41_000,
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
     let done = s.get(&taken[0].id).await.unwrap().unwrap();
     assert_eq!(
         (
@@ -160,10 +172,6 @@ pub(crate) async fn a_claim_starts_the_attempt_before_the_call_and_a_dead_runner
     );
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one effect's life through four settles, read top to bottom"
-)]
 pub(crate) async fn an_unavailable_provider_does_not_count_and_absent_resends_with_the_given_key(
     t: TestDb,
 ) {
@@ -174,22 +182,19 @@ pub(crate) async fn an_unavailable_provider_does_not_count_and_absent_resends_wi
         .await
         .unwrap()
         .remove(0);
-    let mut tx = t.db.begin().await.unwrap();
     let wait = Settle::Retry {
         at: 5_000,
         error: "connection refused".into(),
         counts: false,
     };
-    EffectStore::settle(
-        &mut tx,
+    settle(
+        &t,
         &c,
         &wait,
         &evidence(EvidenceKind::Call, "not_sent"),
         2_100,
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
     let e = s.get(&c.id).await.unwrap().unwrap();
     assert_eq!(
         (e.state().unwrap(), e.attempts, e.available_at),
@@ -209,43 +214,37 @@ pub(crate) async fn an_unavailable_provider_does_not_count_and_absent_resends_wi
         .remove(0);
     assert_eq!(c.attempts, 1);
     // Unknown, then a status check proves absence: sent again with the next key.
-    let mut tx = t.db.begin().await.unwrap();
     let unknown = Settle::Unknown {
         at: 6_000,
         error: "timeout".into(),
     };
-    EffectStore::settle(
-        &mut tx,
+    settle(
+        &t,
         &c,
         &unknown,
         &evidence(EvidenceKind::Call, "unknown"),
         5_100,
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
     let c = s
         .claim("payments", "r", 10, LEASE, 6_000)
         .await
         .unwrap()
         .remove(0);
     assert_eq!(c.state().unwrap(), EffectState::Unknown);
-    let mut tx = t.db.begin().await.unwrap();
     let absent = Settle::Absent {
         at: 6_000,
         key: "key-1-g1".into(),
         key_generation: 1,
     };
-    EffectStore::settle(
-        &mut tx,
+    settle(
+        &t,
         &c,
         &absent,
         &evidence(EvidenceKind::Status, "absent"),
         6_000,
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
     let c = s
         .claim("payments", "r", 10, LEASE, 6_000)
         .await
@@ -386,20 +385,17 @@ pub(crate) async fn operator_retries_check_the_status_first_and_resolutions_are_
         .await
         .unwrap()
         .remove(0);
-    let mut tx = t.db.begin().await.unwrap();
     let park = Settle::NeedsReview {
         error: "still unknown after 20 checks".into(),
     };
-    EffectStore::settle(
-        &mut tx,
+    settle(
+        &t,
         &c,
         &park,
         &evidence(EvidenceKind::Status, "unavailable"),
         3_000,
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
     let retried = s.retry(&c.id, "unused", "ops@acme", 4_000).await.unwrap();
     assert_eq!(
         (retried.state().unwrap(), retried.checks),
@@ -482,21 +478,18 @@ pub(crate) async fn a_failed_effect_retried_is_resent_under_the_next_key(t: Test
         .await
         .unwrap()
         .remove(0);
-    let mut tx = t.db.begin().await.unwrap();
     let refused = Settle::Failed {
         error: "card_declined".into(),
         response: None,
     };
-    EffectStore::settle(
-        &mut tx,
+    settle(
+        &t,
         &c,
         &refused,
         &evidence(EvidenceKind::Call, "failed"),
         3_000,
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
     let retried = s.retry(&c.id, "key-1-g1", "ops", 4_000).await.unwrap();
     assert_eq!(
         (
