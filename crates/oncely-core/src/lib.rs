@@ -20,8 +20,11 @@
 //!   deadline and `Retry-After`; [`OutcomeClass`] of a failed attempt and the
 //!   [`RetryDecision`] it leads to; [`parse_retry_after`] (RFC 9110 §10.2.3).
 //! - `budget` — [`RetryBudget`]: a per-dependency retry token bucket (the AWS SDKs' model).
+//! - `derive` — [`derive_key`], [`next_key`]: the idempotency key of an outgoing call,
+//!   derived from its parent operation's scope, key and step (UUIDv8 over SHA-256).
 
 mod budget;
+mod derive;
 mod fingerprint;
 mod key;
 mod message;
@@ -31,6 +34,7 @@ mod scope;
 mod time;
 
 pub use budget::RetryBudget;
+pub use derive::{derive_key, next_key};
 pub use fingerprint::{Fingerprint, FingerprintError, FingerprintMismatch};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use message::{MessageId, MessageIdError};
