@@ -25,6 +25,16 @@ pub enum StoreError {
     /// been completed already). Nothing was changed.
     #[error("the idempotency record is not held by this reservation")]
     NotHeld,
+    /// A multi-phase idempotency record was taken over: the lease named fencing token
+    /// `held`, the record carries `current` (larger). The stale holder's completion or
+    /// release changed nothing; the current holder's outcome stands.
+    #[error("stale fencing token {held}: the record was taken over (fence {current})")]
+    Fenced {
+        /// The fencing token the caller held.
+        held: i64,
+        /// The record's fencing token now.
+        current: i64,
+    },
     /// [`crate::OutboxStore::enqueue`]: an event with this message id was published already
     /// and is still within the relay's retention (PostgreSQL keeps published events apart
     /// from the outbox). Nothing was written; the caller must roll back. (A second copy of

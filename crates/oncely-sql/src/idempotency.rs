@@ -35,12 +35,12 @@ pub enum Reservation {
 /// request that did not reserve a record cannot alter it.
 #[derive(Debug)]
 pub struct ReservationToken {
-    tenant: String,
-    operation: String,
-    key: String,
-    owner: String,
-    fingerprint: Fingerprint,
-    created_at: i64,
+    pub(crate) tenant: String,
+    pub(crate) operation: String,
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) created_at: i64,
 }
 
 impl ReservationToken {
@@ -66,6 +66,12 @@ pub struct Record {
     pub completed_at: Option<i64>,
     /// Time after which the collector may delete the record, Unix ms.
     pub expires_at: Option<i64>,
+    /// Multi-phase records: the end of the holder's lease, Unix ms (`None` in atomic mode
+    /// and once completed).
+    pub lease_until: Option<i64>,
+    /// Multi-phase records: the fencing token, raised on every take-over (0 in atomic
+    /// mode, 1 for the first holder).
+    pub fence: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -79,6 +85,8 @@ pub(crate) struct RecordRow {
     created_at: i64,
     completed_at: Option<i64>,
     expires_at: Option<i64>,
+    lease_until: Option<i64>,
+    fence: i64,
 }
 
 /// The claim's row: every record column is NULL when no record exists.
@@ -94,6 +102,8 @@ pub(crate) struct ClaimRow {
     created_at: Option<i64>,
     completed_at: Option<i64>,
     expires_at: Option<i64>,
+    lease_until: Option<i64>,
+    fence: Option<i64>,
 }
 
 /// The record [`IdempotencyStore::complete`] writes.
@@ -143,7 +153,7 @@ pub(crate) const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, 
 
 /// The record columns a lookup reads (every backend).
 pub(crate) const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, response_status, \
-     response_headers, response_body, created_at, completed_at, expires_at";
+     response_headers, response_body, created_at, completed_at, expires_at, lease_until, fence";
 
 /// Finished records past their expiry (`$1` now); records in `processing` or `unknown`
 /// are never collected.
@@ -156,6 +166,12 @@ const EXPIRED_RECORDS: Sweep = Sweep {
 /// What each backend implements for [`IdempotencyStore`] (in `sqlite/`, `postgres/`,
 /// `mysql/` `idempotency.rs`).
 pub(crate) trait IdempotencyBackend: Store {
+    /// The `key` column as this backend's SQL spells it (a reserved word on MySQL).
+    const KEY_COLUMN: &'static str;
+    /// `tenant`, `operation` and the key (as `record_key`) in a select list, read as text
+    /// (MySQL's `_bin` columns through `CAST(… AS CHAR)`, as sqlx reads them as bytes).
+    const SELECT_IDS: &'static str;
+
     /// One statement: takes the key's claim for `tx` (without waiting) and reads the
     /// committed record, if any (see [`IdempotencyStore::reserve`]). `lock_id` is
     /// [`advisory_lock_id`] of the key.
@@ -180,7 +196,7 @@ pub(crate) trait IdempotencyBackend: Store {
 }
 
 impl ClaimRow {
-    fn into_record_row(self) -> Option<RecordRow> {
+    pub(crate) fn into_record_row(self) -> Option<RecordRow> {
         Some(RecordRow {
             state: self.state?,
             fingerprint: self.fingerprint?,
@@ -191,12 +207,14 @@ impl ClaimRow {
             created_at: self.created_at?,
             completed_at: self.completed_at,
             expires_at: self.expires_at,
+            lease_until: self.lease_until,
+            fence: self.fence?,
         })
     }
 }
 
 impl RecordRow {
-    fn into_record(self) -> Result<Record, StoreError> {
+    pub(crate) fn into_record(self) -> Result<Record, StoreError> {
         let state = RecordState::parse(&self.state)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown state {:?}", self.state)))?;
         let digest = |v: Vec<u8>| -> Result<[u8; 32], StoreError> {
@@ -224,6 +242,8 @@ impl RecordRow {
             created_at: self.created_at,
             completed_at: self.completed_at,
             expires_at: self.expires_at,
+            lease_until: self.lease_until,
+            fence: self.fence,
         })
     }
 }

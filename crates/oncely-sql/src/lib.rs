@@ -23,6 +23,9 @@
 //!   (rewritten to `?` on MySQL), for [`on_tx!`] bodies.
 //! - `idempotency` — [`IdempotencyStore`]: atomic reservation, lookup, completion and
 //!   the retention collector over table `oncely_idempotency`.
+//! - `idempotency_lease` — the multi-phase half of [`IdempotencyStore`]: a reservation
+//!   committed as `processing` under a [`Lease`] with a fencing token, fenced completion,
+//!   release and take-over, the lease sweep, [`LeaseReport`] and [`RecordSummary`].
 //! - `outbox` — [`OutboxStore`]: the transactional outbox over table `oncely_outbox`
 //!   (enqueue in the caller's transaction, claim by state with per-partition leases, settle,
 //!   dead rows, stats, retention).
@@ -71,6 +74,7 @@ mod dialect;
 mod effects;
 mod error;
 mod idempotency;
+mod idempotency_lease;
 mod inbox;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -94,6 +98,9 @@ pub use effects::{
 };
 pub use error::{is_lock_conflict, StoreError};
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};
+pub use idempotency_lease::{
+    Lease, LeaseReport, LeaseReservation, RecordSummary, UNKNOWN_AGE_BUCKETS,
+};
 pub use inbox::{InboxOutcome, InboxStore};
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlTx};

@@ -20,7 +20,7 @@ use crate::idempotency::{bind_record, ClaimRow, IdempotencyBackend, NewRecord, R
 const CLAIM: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
      LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) = 1 AS claimed, \
      r.state, r.fingerprint, r.route_digest, r.response_status, r.response_headers, \
-     r.response_body, r.created_at, r.completed_at, r.expires_at \
+     r.response_body, r.created_at, r.completed_at, r.expires_at, r.lease_until, r.fence \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
      ON r.tenant = ? AND r.operation = ? AND r.`key` = ?";
 
@@ -31,10 +31,14 @@ const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, 
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 const SELECT_RECORD: &str = "SELECT state, fingerprint, route_digest, response_status, \
-     response_headers, response_body, created_at, completed_at, expires_at \
+     response_headers, response_body, created_at, completed_at, expires_at, lease_until, fence \
      FROM oncely_idempotency WHERE tenant = ? AND operation = ? AND `key` = ?";
 
 impl IdempotencyBackend for MySqlStore {
+    const KEY_COLUMN: &'static str = "`key`";
+    const SELECT_IDS: &'static str = "CAST(tenant AS CHAR) AS tenant, \
+        CAST(operation AS CHAR) AS operation, CAST(`key` AS CHAR) AS record_key";
+
     async fn claim(
         tx: &mut Self::Tx,
         tenant: &str,

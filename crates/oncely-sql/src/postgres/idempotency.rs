@@ -13,11 +13,14 @@ use crate::idempotency::{
 const CLAIM: &str = "SELECT pg_try_advisory_xact_lock($4 # hashtextextended(current_schema(), 0)) \
      AS claimed, r.state, \
      r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
-     r.created_at, r.completed_at, r.expires_at \
+     r.created_at, r.completed_at, r.expires_at, r.lease_until, r.fence \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
      ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
 
 impl IdempotencyBackend for PgStore {
+    const KEY_COLUMN: &'static str = "key";
+    const SELECT_IDS: &'static str = "tenant, operation, key AS record_key";
+
     async fn claim(
         tx: &mut Self::Tx,
         tenant: &str,
