@@ -21,6 +21,7 @@ use tower::{Layer, Service, ServiceExt};
 use crate::cache::{ReplayCache, Settled};
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::metrics as metric;
+use crate::multiphase::{self, MultiPhase};
 use crate::problem::kind;
 use crate::{IdempotencyConfig, Problem, StoreFailure};
 
@@ -28,7 +29,7 @@ use crate::{IdempotencyConfig, Problem, StoreFailure};
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
-type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
 /// Response extension a handler sets on an answer that must leave nothing behind: the
 /// layer rolls the transaction back and stores no outcome, exactly as for an error found
@@ -44,11 +45,16 @@ pub struct NotStored;
 /// authentication: it reads the [`TenantId`] from the request extensions (401 when
 /// absent) and the route template from axum's [`MatchedPath`] (so use
 /// `Router::route_layer`). Only `POST` and `PATCH` are guarded; other methods pass through.
+///
+/// Atomic mode by default; [`IdempotencyLayer::multi_phase`] makes a layer for routes whose
+/// handlers call external providers (see [`MultiPhase`]). Modes are per layer, so per
+/// route: give each multi-phase route its own `route_layer`.
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
     cache: Arc<ReplayCache>,
+    multi_phase: Option<Arc<MultiPhase>>,
 }
 
 impl IdempotencyLayer {
@@ -63,7 +69,20 @@ impl IdempotencyLayer {
             store,
             cache: Arc::new(ReplayCache::new(config.replay_cache_bytes)),
             config: Arc::new(config),
+            multi_phase: None,
         }
+    }
+
+    /// This layer in multi-phase mode: the reservation commits first as `processing` under
+    /// a lease and a fencing token, the handler runs outside any transaction (it takes
+    /// [`OperationContext`](crate::OperationContext), not
+    /// [`IdempotentTx`](crate::IdempotentTx)), and its answer is stored by the holder of the
+    /// current fence only. See [`MultiPhase`] for the answers this mode adds.
+    #[must_use]
+    pub fn multi_phase(mut self, mode: MultiPhase) -> Self {
+        multiphase::register_metrics();
+        self.multi_phase = Some(Arc::new(mode));
+        self
     }
 }
 
@@ -75,6 +94,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             store: self.store.clone(),
             config: self.config.clone(),
             cache: self.cache.clone(),
+            multi_phase: self.multi_phase.clone(),
         }
     }
 }
@@ -86,6 +106,7 @@ pub struct Idempotency<S> {
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
     cache: Arc<ReplayCache>,
+    multi_phase: Option<Arc<MultiPhase>>,
 }
 
 /// Runs each request in a database transaction lent to the handler through
@@ -166,7 +187,8 @@ where
         let store = self.store.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();
-        spawned(handle(inner, store, config, cache, req))
+        let mode = self.multi_phase.clone();
+        spawned(handle(inner, store, config, cache, mode, req))
     }
 }
 
@@ -186,6 +208,7 @@ async fn handle<S>(
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
     cache: Arc<ReplayCache>,
+    multi_phase: Option<Arc<MultiPhase>>,
     req: Request<Body>,
 ) -> Response
 where
@@ -252,6 +275,9 @@ where
         key,
         fingerprint,
     };
+    if let Some(mode) = multi_phase {
+        return multiphase::reserve_and_run(inner, store, config, cache, mode, request).await;
+    }
     reserve_and_run(inner, store, config, cache, request).await
 }
 
@@ -352,12 +378,12 @@ fn fingerprint_of(
 }
 
 /// A request with a well-formed key, its body read and fingerprinted.
-struct Keyed {
-    parts: http::request::Parts,
-    bytes: Bytes,
-    scope: Scope,
-    key: IdempotencyKey,
-    fingerprint: Fingerprint,
+pub(crate) struct Keyed {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) bytes: Bytes,
+    pub(crate) scope: Scope,
+    pub(crate) key: IdempotencyKey,
+    pub(crate) fingerprint: Fingerprint,
 }
 
 /// Reserves the key and runs the handler under the reservation, or answers from the record
@@ -424,7 +450,7 @@ where
 }
 
 /// Keeps a finished record's outcome in the replay cache (until the record expires).
-fn remember(cache: &ReplayCache, request: &Keyed, record: &Record) {
+pub(crate) fn remember(cache: &ReplayCache, request: &Keyed, record: &Record) {
     if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
         cache.insert(
             &request.scope,
@@ -487,7 +513,7 @@ where
 }
 
 /// The answer for a committed record, or `None` while it is still `processing`.
-fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
+pub(crate) fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
     answer(
         record.state,
         &record.fingerprint,
@@ -498,28 +524,15 @@ fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Respons
 
 /// The answer for a record in `state`, first requested with `stored_fp`, to a request with
 /// `fingerprint`; `None` while it is still `processing`.
-fn answer(
+pub(crate) fn answer(
     state: RecordState,
     stored_fp: &Fingerprint,
     response: Option<&StoredResponse>,
     fingerprint: &Fingerprint,
 ) -> Option<Response> {
     // The fingerprint is compared on every path that can return a stored outcome.
-    if let Some(part) = stored_fp.mismatch(fingerprint) {
-        metrics::counter!(metric::FINGERPRINT_MISMATCHES_TOTAL).increment(1);
-        return Some(
-            Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                kind::IDEMPOTENCY_KEY_REUSED,
-                "The Idempotency-Key was already used for a different request",
-            )
-            .detail(format!(
-                "the request's {} differs from the one first sent with this key; mint a new key for a new operation",
-                part.as_str()
-            ))
-            .with("differs", part.as_str())
-            .into_response(),
-        );
+    if let Some(res) = mismatch(stored_fp, fingerprint) {
+        return Some(res);
     }
     match state {
         RecordState::Succeeded | RecordState::Failed => match response {
@@ -552,6 +565,25 @@ fn answer(
     }
 }
 
+/// 422 when `fingerprint` is not the one `stored_fp` was first requested with.
+pub(crate) fn mismatch(stored_fp: &Fingerprint, fingerprint: &Fingerprint) -> Option<Response> {
+    let part = stored_fp.mismatch(fingerprint)?;
+    metrics::counter!(metric::FINGERPRINT_MISMATCHES_TOTAL).increment(1);
+    Some(
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            kind::IDEMPOTENCY_KEY_REUSED,
+            "The Idempotency-Key was already used for a different request",
+        )
+        .detail(format!(
+            "the request's {} differs from the one first sent with this key; mint a new key for a new operation",
+            part.as_str()
+        ))
+        .with("differs", part.as_str())
+        .into_response(),
+    )
+}
+
 fn in_flight(retry_after_secs: u32) -> Response {
     metrics::counter!(metric::IN_FLIGHT_TOTAL).increment(1);
     Problem::new(
@@ -565,7 +597,7 @@ fn in_flight(retry_after_secs: u32) -> Response {
 }
 
 /// 503 for an execution whose commit may or may not have happened.
-fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
+pub(crate) fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
     metrics::counter!(metric::OUTCOME_UNKNOWN_TOTAL).increment(1);
     Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -579,7 +611,7 @@ fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
     .into_response()
 }
 
-fn store_problem(e: StoreError, retry_after_secs: u32) -> Response {
+pub(crate) fn store_problem(e: StoreError, retry_after_secs: u32) -> Response {
     StoreFailure::from(e)
         .retry_after(retry_after_secs)
         .into_response()
@@ -591,7 +623,7 @@ async fn release(db: &Database, tx: oncely_sql::Tx) {
     drop(db.within_store_timeout(tx.rollback()).await);
 }
 
-fn replay(stored: &StoredResponse) -> Response {
+pub(crate) fn replay(stored: &StoredResponse) -> Response {
     let mut res = Response::new(Body::from(stored.body.clone()));
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     for (name, value) in &stored.headers {
@@ -717,7 +749,7 @@ where
 /// The handler's answer body, at most `max_stored_response` bytes: what is stored is what
 /// is replayed, so an answer that cannot be stored whole is not given (500; the caller
 /// rolls back).
-async fn read_answer(body: Body, max_stored_response: usize) -> Result<Bytes, Response> {
+pub(crate) async fn read_answer(body: Body, max_stored_response: usize) -> Result<Bytes, Response> {
     let e = match Limited::new(body, max_stored_response).collect().await {
         Ok(c) => return Ok(c.to_bytes()),
         Err(e) => e,
@@ -756,14 +788,7 @@ async fn store_outcome(
     parts: &http::response::Parts,
     bytes: &Bytes,
 ) -> Result<(oncely_sql::Tx, CacheEntry), Response> {
-    let stored = StoredResponse::new(
-        parts.status.as_u16(),
-        parts
-            .headers
-            .iter()
-            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
-        bytes.to_vec(),
-    );
+    let stored = stored_response(parts, bytes);
     let now = now_ms();
     let retention_ms = i64::try_from(claim.store.retention().as_millis()).unwrap_or(i64::MAX);
     match claim
@@ -798,8 +823,20 @@ async fn store_outcome(
     }
 }
 
+/// An answer as it is stored for replay (allow-listed headers only).
+pub(crate) fn stored_response(parts: &http::response::Parts, bytes: &Bytes) -> StoredResponse {
+    StoredResponse::new(
+        parts.status.as_u16(),
+        parts
+            .headers
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
+        bytes.to_vec(),
+    )
+}
+
 /// A panicking handler: its transaction rolled back, nothing stored.
-fn panicked(error: &str) -> Response {
+pub(crate) fn panicked(error: &str) -> Response {
     metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "panic").increment(1);
     tracing::error!(error, "handler panicked; transaction rolled back");
     Problem::new(

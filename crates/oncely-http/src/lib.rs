@@ -3,10 +3,13 @@
 //! (draft-ietf-httpapi-idempotency-key-header-07), and an axum extractor that hands the
 //! handler the transaction in which the key was reserved.
 //!
-//! In atomic mode (the only mode here) the reservation, the handler's business writes and
+//! In atomic mode (the default) the reservation, the handler's business writes and
 //! the stored response commit in **one** transaction: an order and its idempotency record
 //! exist together or not at all. A handler error, panic, 5xx answer or failed commit leaves
-//! nothing behind, so the key is free for the retry.
+//! nothing behind, so the key is free for the retry. Routes whose handlers call an
+//! external provider use multi-phase mode instead ([`IdempotencyLayer::multi_phase`],
+//! [`MultiPhase`]): the reservation commits first under a lease and a fencing token, and
+//! an outcome left unknown is resolved by a status check, never by running again blindly.
 //!
 //! | situation | answer |
 //! |---|---|
@@ -29,6 +32,9 @@
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
 //!   [`TransactionLayer`] (the same transaction handling without keys).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
+//! - `multiphase` — [`MultiPhase`], [`OperationContext`] (the handler's key, derived keys
+//!   and fencing token), [`Resolver`] / [`Resolution`], and the lease sweep with its gauges
+//!   ([`sweep_leases`], [`run_lease_sweep`]).
 //! - `metrics` — the names of the metrics the layer records.
 //! - `tenant` — [`TenantLayer`]: the service's own tenant extraction, which puts the
 //!   [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
@@ -40,6 +46,7 @@ mod config;
 mod extract;
 mod layer;
 pub mod metrics;
+mod multiphase;
 mod problem;
 mod tenant;
 
@@ -47,6 +54,10 @@ pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{
     Idempotency, IdempotencyLayer, NotStored, Transaction, TransactionLayer, IDEMPOTENT_REPLAYED,
+};
+pub use multiphase::{
+    record_lease_gauges, run_lease_sweep, sweep_leases, ContextRejection, MultiPhase,
+    OperationContext, Resolution, ResolveQuery, Resolver,
 };
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
 pub use tenant::{Tenant, TenantLayer};

@@ -30,6 +30,27 @@ pub const REJECTED_TOTAL: &str = "oncely_idempotency_rejected_total";
 /// `not_stored` | `response_too_large` | `response_body` | `lost_race` | `panic`.
 pub const ROLLBACKS_TOTAL: &str = "oncely_idempotency_rollbacks_total";
 
+/// Counter: multi-phase completions or releases refused because the holder's record was
+/// taken over (a stale fencing token): the new holder's outcome stood.
+pub const FENCED_TOTAL: &str = "oncely_idempotency_fenced_total";
+/// Counter: multi-phase records turned `unknown` by their own holder, label `reason` =
+/// `5xx` | `panic` | `timeout` | `response` (it may have called out before failing).
+pub const ABANDONED_TOTAL: &str = "oncely_idempotency_abandoned_total";
+/// Counter: status checks of `unknown` records, label `outcome` = `found` (completed from
+/// the provider) | `absent` (run again with the same key) | `unknown` (still unknown).
+pub const RESOLUTIONS_TOTAL: &str = "oncely_idempotency_resolutions_total";
+/// Gauge: multi-phase records in `processing`, as of the last lease sweep.
+pub const PROCESSING: &str = "oncely_idempotency_processing";
+/// Gauge: `processing` records past their lease (a holder that died or hangs), as of the
+/// last lease sweep, before it turned them `unknown`.
+pub const PROCESSING_PAST_LEASE: &str = "oncely_idempotency_processing_past_lease";
+/// Gauge: `unknown` records by how long they have been unknown, label `age` = `under_5m` |
+/// `5m_to_1h` | `1h_to_24h` | `over_24h`, as of the last lease sweep.
+pub const UNKNOWN_RECORDS: &str = "oncely_idempotency_unknown_records";
+/// Gauge: how long the oldest `unknown` record has been unknown, in seconds (0 when there
+/// is none), as of the last lease sweep.
+pub const OLDEST_UNKNOWN_SECONDS: &str = "oncely_idempotency_oldest_unknown_seconds";
+
 /// Every counter above: registered at 0 when a layer is built, so `rate()` and alerts see
 /// them before the first event.
 pub(crate) const COUNTERS: &[&str] = &[

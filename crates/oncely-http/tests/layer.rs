@@ -18,6 +18,9 @@ use oncely_sql::{on_pool, on_tx, Database, DbOptions, IdempotencyStore};
 use oncely_testkit::{without_statement_cache, Fault, FaultProxy, TestDb};
 use serde_json::Value;
 
+#[path = "layer/multiphase.rs"]
+mod multiphase;
+
 #[derive(Clone, Default)]
 struct Calls(Arc<AtomicU32>);
 

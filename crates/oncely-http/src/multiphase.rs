@@ -1,0 +1,649 @@
+//! Multi-phase mode (docs/DESIGN.md "Multi-phase idempotency, unknown outcomes,
+//! reconciliation"): for a route whose handler calls an external provider in the request.
+//!
+//! reserve (commit `processing`, lease, fence) → run the handler outside any transaction
+//! with its [`OperationContext`] → store its answer, fenced. A record found `processing`
+//! under a live lease answers 409 with the status link; past its lease it turns `unknown`;
+//! an `unknown` record is resolved by the [`Resolver`] (found → completed from the
+//! provider and replayed; absent → taken over and run again with the same key; can't tell
+//! → 409 with the status link) or, without one, answers 409. Never a second blind run.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt as _;
+use http::request::Parts;
+use http::{HeaderValue, Request, StatusCode};
+use oncely_core::{now_ms, Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
+use oncely_sql::{
+    IdempotencyStore, Lease, LeaseReport, LeaseReservation, Record, StoreError, UNKNOWN_AGE_BUCKETS,
+};
+use tower::{Service, ServiceExt};
+
+use crate::cache::{ReplayCache, Settled};
+use crate::extract::IdempotencyContext;
+use crate::layer::{
+    answer_existing, mismatch, outcome_unknown, panicked, read_answer, remember, replay,
+    store_problem, stored_response, Keyed, NotStored,
+};
+use crate::metrics as metric;
+use crate::problem::kind;
+use crate::{IdempotencyConfig, Problem};
+
+/// The settings of a multi-phase route ([`IdempotencyLayer::multi_phase`](crate::IdempotencyLayer::multi_phase)).
+///
+/// Answers this mode adds to the crate-level table:
+///
+/// | situation | answer |
+/// |---|---|
+/// | retry while the holder's lease runs | 409 `request-in-flight` + `Retry-After` + status link |
+/// | retry after the lease ran out, no resolver (or it can't tell) | 409 `outcome-unknown` + status link |
+/// | … resolver found the provider's object | the outcome it builds, stored, replayed (`Idempotent-Replayed: true`) |
+/// | … resolver says the provider has nothing | the handler runs again, same key, fence raised |
+/// | handler answered 5xx, panicked or ran past `execution_timeout` | its answer (or 500/503); the record turns `unknown` |
+/// | handler answered with [`NotStored`] | its answer; the record is deleted (it vouches nothing was sent) |
+/// | holder's completion after a take-over | the current holder's stored outcome (or 409 while it runs) |
+///
+/// The status link is sent as `Link: <url>; rel="monitor"` (RFC 5989) and as the problem's
+/// `status_url` member.
+#[derive(Clone)]
+pub struct MultiPhase {
+    lease: Duration,
+    status_link: Option<String>,
+    resolver: Option<Arc<dyn Resolver>>,
+}
+
+impl fmt::Debug for MultiPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiPhase")
+            .field("lease", &self.lease)
+            .field("status_link", &self.status_link)
+            .field("resolver", &self.resolver)
+            .finish()
+    }
+}
+
+impl MultiPhase {
+    /// Multi-phase mode with holders leased for `lease`. It must exceed the longest a
+    /// handler may take, its provider call's timeout included: past it, a retry treats the
+    /// outcome as unknown and may (with a resolver that finds nothing) run it again.
+    pub fn new(lease: Duration) -> Self {
+        Self {
+            lease,
+            status_link: None,
+            resolver: None,
+        }
+    }
+
+    /// The URL of the operation's status resource, sent with 409s: `template` with
+    /// `{key}` replaced by the key, percent-encoded (RFC 3986 §2.1; unreserved characters
+    /// kept), e.g. `/v1/operations/{key}`.
+    #[must_use]
+    pub fn status_link(mut self, template: impl Into<String>) -> Self {
+        self.status_link = Some(template.into());
+        self
+    }
+
+    /// The status check run on an `unknown` record before any answer (see [`Resolver`]).
+    #[must_use]
+    pub fn resolver(mut self, resolver: impl Resolver + 'static) -> Self {
+        self.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// The lease of each holder.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn status_url(&self, key: &IdempotencyKey) -> Option<String> {
+        let template = self.status_link.as_ref()?;
+        Some(template.replace("{key}", &percent_encode(key.as_str())))
+    }
+
+    /// `problem` with the status link, as a response.
+    fn with_link(&self, key: &IdempotencyKey, problem: Problem) -> Response {
+        let Some(url) = self.status_url(key) else {
+            return problem.into_response();
+        };
+        let mut res = problem.with("status_url", url.as_str()).into_response();
+        if let Ok(v) = HeaderValue::try_from(format!("<{url}>; rel=\"monitor\"")) {
+            res.headers_mut().insert(http::header::LINK, v);
+        }
+        res
+    }
+
+    fn in_flight(&self, key: &IdempotencyKey, retry_after_secs: u32) -> Response {
+        metrics::counter!(metric::IN_FLIGHT_TOTAL).increment(1);
+        let problem = Problem::new(
+            StatusCode::CONFLICT,
+            kind::REQUEST_IN_FLIGHT,
+            "A request with this Idempotency-Key is still being processed",
+        )
+        .detail("its holder is calling out; retry later with the same key, or query the status resource")
+        .retry_after(retry_after_secs);
+        self.with_link(key, problem)
+    }
+
+    fn unknown(&self, key: &IdempotencyKey, why: &str) -> Response {
+        metrics::counter!(metric::UNKNOWN_TOTAL).increment(1);
+        let problem = Problem::new(
+            StatusCode::CONFLICT,
+            kind::OUTCOME_UNKNOWN,
+            "The outcome of the first request with this key is unknown",
+        )
+        .detail(format!(
+            "{why}; the operation awaits a status check or reconciliation and will not run again blindly — query its status resource"
+        ));
+        self.with_link(key, problem)
+    }
+}
+
+/// `s` with every character but RFC 3986's unreserved ones percent-encoded.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xF)]));
+        }
+    }
+    out
+}
+
+/// What a multi-phase handler gets (request extension and axum extractor): the operation's
+/// scope and key, the key of each outgoing call, and the fencing token of this holding.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct OperationContext {
+    /// Tenant and operation.
+    pub scope: Scope,
+    /// The caller's key.
+    pub key: IdempotencyKey,
+    /// The fencing token: 1 for the first holder, raised on each take-over. Pass it to
+    /// writes of your own that must be fenced too.
+    pub fence: i64,
+    /// End of this holding's lease, Unix ms; finish (or stop calling out) before it.
+    pub lease_until: i64,
+}
+
+impl OperationContext {
+    /// The idempotency key of the outgoing call `step` (e.g. `"charge"`):
+    /// [`oncely_core::derive_key`] of the scope, the caller's key and the step, generation
+    /// 0 — the same for every holder of this operation, so a take-over re-sends the same key.
+    pub fn derived_key(&self, step: &str) -> String {
+        oncely_core::derive_key(&self.scope, &self.key, step, 0)
+    }
+}
+
+/// The handler asked for [`OperationContext`] on a route that is not in multi-phase mode
+/// (a wiring error): 500 problem `no-transaction`.
+#[derive(Debug)]
+pub struct ContextRejection;
+
+impl IntoResponse for ContextRejection {
+    fn into_response(self) -> Response {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            kind::NO_TRANSACTION,
+            "The route is not wrapped by a multi-phase idempotency layer",
+        )
+        .into_response()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for OperationContext {
+    type Rejection = ContextRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ContextRejection> {
+        parts
+            .extensions
+            .get::<OperationContext>()
+            .cloned()
+            .ok_or(ContextRejection)
+    }
+}
+
+/// The status check of an `unknown` record: asks the provider whether the operation took
+/// effect, by the stable reference or the derived key the handler used.
+///
+/// Runs on a retry (same key and fingerprint) that found the record `unknown`, before any
+/// answer. Object-safe (a boxed future), so a layer holds `Arc<dyn Resolver>`.
+pub trait Resolver: Send + Sync + fmt::Debug {
+    /// What the provider knows of the operation in `query`. A provider that cannot be asked
+    /// now is [`Resolution::Unknown`]: the record stays `unknown` (nothing is counted
+    /// against it).
+    fn resolve<'a>(&'a self, query: ResolveQuery<'a>) -> BoxFuture<'a, Resolution>;
+}
+
+/// The operation a [`Resolver`] is asked about.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ResolveQuery<'a> {
+    /// Scope, key and the record's current fence ([`OperationContext::derived_key`] gives
+    /// the key the handler sent).
+    pub context: &'a OperationContext,
+    /// The retry's request head (same fingerprint as the first request's).
+    pub request: &'a Parts,
+    /// The retry's body, as fingerprinted.
+    pub body: &'a [u8],
+    /// The record as read.
+    pub record: &'a Record,
+}
+
+/// What a [`Resolver`] found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// The provider has the effect: the answer the handler would have given (1xx–4xx; a
+    /// 5xx counts as [`Resolution::Unknown`]). It is stored as the record's outcome and
+    /// replayed.
+    Found(Response),
+    /// The provider has nothing for this operation, and its lookup can be trusted to show
+    /// it by now: the handler may run again, with the same key.
+    Absent,
+    /// It cannot tell (a lookup that may lag, a provider down): the record stays `unknown`.
+    Unknown(String),
+}
+
+/// Registers the mode's counters and gauges at 0 (see [`crate::metrics`]).
+pub(crate) fn register_metrics() {
+    for name in [
+        metric::FENCED_TOTAL,
+        metric::ABANDONED_TOTAL,
+        metric::RESOLUTIONS_TOTAL,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+}
+
+/// The record a request is about, and the request's fingerprint.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    scope: &'a Scope,
+    key: &'a IdempotencyKey,
+    fingerprint: &'a Fingerprint,
+}
+
+fn who(request: &Keyed) -> Who<'_> {
+    Who {
+        scope: &request.scope,
+        key: &request.key,
+        fingerprint: &request.fingerprint,
+    }
+}
+
+/// What one look at an existing record leads to.
+enum Step {
+    Answer(Response),
+    Run(Lease),
+    Again,
+}
+
+/// The shared pieces of one multi-phase request.
+struct Ctx<'a> {
+    store: &'a IdempotencyStore,
+    config: &'a IdempotencyConfig,
+    cache: &'a Arc<ReplayCache>,
+    mode: &'a MultiPhase,
+}
+
+/// Reserves under a lease and runs, or answers from the record that holds the key. A
+/// round that loses a race (another request completed, took over or expired the record
+/// between the read and the write) reads again; three rounds at most, then 409.
+pub(crate) async fn reserve_and_run<S>(
+    inner: S,
+    store: IdempotencyStore,
+    config: Arc<IdempotencyConfig>,
+    cache: Arc<ReplayCache>,
+    mode: Arc<MultiPhase>,
+    request: Keyed,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let cx = Ctx {
+        store: &store,
+        config: &config,
+        cache: &cache,
+        mode: &mode,
+    };
+    let db = store.database().clone();
+    for _ in 0..3 {
+        let reserve = store.reserve_leased(
+            &request.scope,
+            &request.key,
+            &request.fingerprint,
+            now_ms(),
+            mode.lease,
+        );
+        let step = match db.within_store_timeout(reserve).await {
+            Err(e) => return store_problem(e, config.retry_after_secs),
+            Ok(LeaseReservation::Leased(lease)) => Step::Run(lease),
+            Ok(LeaseReservation::Existing(record)) => existing(&cx, &request, record).await,
+            Ok(_) => return mode.in_flight(&request.key, config.retry_after_secs),
+        };
+        match step {
+            Step::Answer(res) => return res,
+            Step::Run(lease) => return execute(&cx, inner, request, lease).await,
+            Step::Again => {}
+        }
+    }
+    mode.in_flight(&request.key, config.retry_after_secs)
+}
+
+/// The answer for a committed record: 422 on another fingerprint, a replay when final, 409
+/// while its lease runs; past its lease it turns `unknown` and is resolved.
+async fn existing(cx: &Ctx<'_>, request: &Keyed, mut record: Record) -> Step {
+    if let Some(res) = mismatch(&record.fingerprint, &request.fingerprint) {
+        return Step::Answer(res);
+    }
+    match record.state {
+        RecordState::Processing => {
+            let now = now_ms();
+            if record.lease_until.is_some_and(|until| until >= now) {
+                return Step::Answer(cx.mode.in_flight(&request.key, cx.config.retry_after_secs));
+            }
+            let expire = cx
+                .store
+                .expire_lease(&request.scope, &request.key, record.fence, now);
+            match expire.await {
+                Ok(true) => {
+                    record.state = RecordState::Unknown;
+                    resolve(cx, request, &record).await
+                }
+                // Renewed, completed or taken over meanwhile: read it again.
+                Ok(false) => Step::Again,
+                Err(e) => Step::Answer(store_problem(e, cx.config.retry_after_secs)),
+            }
+        }
+        RecordState::Unknown => resolve(cx, request, &record).await,
+        _ => {
+            remember(cx.cache, request, &record);
+            Step::Answer(
+                answer_existing(&record, &request.fingerprint)
+                    .unwrap_or_else(|| cx.mode.in_flight(&request.key, 1)),
+            )
+        }
+    }
+}
+
+/// The status check of an `unknown` record, when a resolver is configured.
+async fn resolve(cx: &Ctx<'_>, request: &Keyed, record: &Record) -> Step {
+    let Some(resolver) = &cx.mode.resolver else {
+        return Step::Answer(cx.mode.unknown(&request.key, "its holder's lease ran out"));
+    };
+    let context = OperationContext {
+        scope: request.scope.clone(),
+        key: request.key.clone(),
+        fence: record.fence,
+        lease_until: record.lease_until.unwrap_or(record.created_at),
+    };
+    let query = ResolveQuery {
+        context: &context,
+        request: &request.parts,
+        body: &request.bytes,
+        record,
+    };
+    match resolver.resolve(query).await {
+        Resolution::Found(res) => found(cx, request, record.fence, res).await,
+        Resolution::Absent => {
+            metrics::counter!(metric::RESOLUTIONS_TOTAL, "outcome" => "absent").increment(1);
+            let take = cx.store.take_over(
+                &request.scope,
+                &request.key,
+                record.fence,
+                now_ms(),
+                cx.mode.lease,
+            );
+            match take.await {
+                Ok(lease) => Step::Run(lease),
+                Err(StoreError::NotHeld) => Step::Again,
+                Err(e) => Step::Answer(store_problem(e, cx.config.retry_after_secs)),
+            }
+        }
+        Resolution::Unknown(why) => {
+            metrics::counter!(metric::RESOLUTIONS_TOTAL, "outcome" => "unknown").increment(1);
+            Step::Answer(cx.mode.unknown(&request.key, &why))
+        }
+    }
+}
+
+/// Completes an `unknown` record (still under `fence`) from the resolver's answer and
+/// replays it.
+async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step {
+    if res.status().is_server_error() {
+        metrics::counter!(metric::RESOLUTIONS_TOTAL, "outcome" => "unknown").increment(1);
+        return Step::Answer(
+            cx.mode
+                .unknown(&request.key, "the status check answered a server error"),
+        );
+    }
+    metrics::counter!(metric::RESOLUTIONS_TOTAL, "outcome" => "found").increment(1);
+    let (parts, body) = res.into_parts();
+    let bytes = match read_answer(body, cx.config.max_stored_response).await {
+        Ok(bytes) => bytes,
+        Err(res) => return Step::Answer(res),
+    };
+    let stored = stored_response(&parts, &bytes);
+    let now = now_ms();
+    match cx
+        .store
+        .complete_unknown(&request.scope, &request.key, fence, &stored, now)
+        .await
+    {
+        Ok(()) => {
+            settle_in_cache(cx, who(request), stored.clone(), now);
+            metrics::counter!(metric::REPLAYS_TOTAL).increment(1);
+            Step::Answer(replay(&stored))
+        }
+        Err(StoreError::NotHeld | StoreError::Fenced { .. }) => Step::Again,
+        Err(e) => Step::Answer(store_problem(e, cx.config.retry_after_secs)),
+    }
+}
+
+fn settle_in_cache(cx: &Ctx<'_>, request: Who<'_>, response: StoredResponse, now: i64) {
+    let retention_ms = i64::try_from(cx.store.retention().as_millis()).unwrap_or(i64::MAX);
+    cx.cache.insert(
+        request.scope,
+        request.key,
+        Settled {
+            state: RecordState::for_status(response.status),
+            fingerprint: *request.fingerprint,
+            response,
+            expires_at: now.saturating_add(retention_ms),
+        },
+    );
+}
+
+/// Runs the handler as the holder of `lease`, bounded by `execution_timeout`, then stores
+/// its answer (fenced), releases the record ([`NotStored`]) or turns it `unknown` (5xx,
+/// panic, timeout).
+async fn execute<S>(cx: &Ctx<'_>, inner: S, request: Keyed, lease: Lease) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    metrics::counter!(metric::EXECUTIONS_TOTAL).increment(1);
+    let Keyed {
+        mut parts,
+        bytes,
+        scope,
+        key,
+        fingerprint,
+    } = request;
+    let context = OperationContext {
+        scope: scope.clone(),
+        key: key.clone(),
+        fence: lease.fence(),
+        lease_until: lease.lease_until(),
+    };
+    parts.extensions.insert(IdempotencyContext {
+        scope: scope.clone(),
+        key: Some(key.clone()),
+    });
+    parts.extensions.insert(context);
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let run = std::panic::AssertUnwindSafe(inner.oneshot(req)).catch_unwind();
+    let res = match tokio::time::timeout(cx.config.execution_timeout, run).await {
+        Ok(Ok(res)) => res.unwrap_or_else(|e| match e {}),
+        Ok(Err(panic)) => {
+            abandon(cx, &lease, "panic").await;
+            return panicked(&panic_message(panic.as_ref()));
+        }
+        Err(_) => {
+            abandon(cx, &lease, "timeout").await;
+            return outcome_unknown("the operation did not finish in time", 1);
+        }
+    };
+    let request = Who {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+    };
+    settle(cx, request, lease, res).await
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Stores the holder's answer `res`; on a lost fence, answers with the record as it is.
+async fn settle(cx: &Ctx<'_>, request: Who<'_>, lease: Lease, res: Response) -> Response {
+    if res.status().is_server_error() {
+        abandon(cx, &lease, "5xx").await;
+        return res;
+    }
+    if res.extensions().get::<NotStored>().is_some() {
+        if let Err(e) = cx.store.release_leased(lease).await {
+            tracing::warn!(error = %e, "multi-phase release failed; the record stays until its lease ends");
+        }
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let bytes = match read_answer(body, cx.config.max_stored_response).await {
+        Ok(bytes) => bytes,
+        Err(res) => {
+            abandon(cx, &lease, "response").await;
+            return res;
+        }
+    };
+    let stored = stored_response(&parts, &bytes);
+    let now = now_ms();
+    match cx.store.complete_leased(&lease, &stored, now).await {
+        Ok(()) => {
+            settle_in_cache(cx, request, stored, now);
+            Response::from_parts(parts, Body::from(bytes))
+        }
+        Err(e @ (StoreError::Fenced { .. } | StoreError::NotHeld)) => {
+            if matches!(e, StoreError::Fenced { .. }) {
+                metrics::counter!(metric::FENCED_TOTAL).increment(1);
+            }
+            tracing::warn!(error = %e, "a stale holder's outcome was not stored");
+            current_outcome(cx, request).await
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "storing the outcome failed; it stays processing until its lease ends");
+            outcome_unknown(
+                "the outcome could not be stored",
+                cx.config.retry_after_secs,
+            )
+        }
+    }
+}
+
+/// The record's outcome as it stands now (after this holder lost its fence).
+async fn current_outcome(cx: &Ctx<'_>, request: Who<'_>) -> Response {
+    match cx.store.lookup(request.scope, request.key).await {
+        Ok(Some(record)) if record.state == RecordState::Unknown => {
+            cx.mode.unknown(request.key, "the operation was taken over")
+        }
+        Ok(Some(record)) => answer_existing(&record, request.fingerprint)
+            .unwrap_or_else(|| cx.mode.in_flight(request.key, cx.config.retry_after_secs)),
+        Ok(None) => cx.mode.in_flight(request.key, cx.config.retry_after_secs),
+        Err(e) => store_problem(e, cx.config.retry_after_secs),
+    }
+}
+
+/// Turns the holder's record `unknown` now: it may have called out before it failed.
+async fn abandon(cx: &Ctx<'_>, lease: &Lease, reason: &'static str) {
+    metrics::counter!(metric::ABANDONED_TOTAL, "reason" => reason).increment(1);
+    if let Err(e) = cx.store.abandon_leased(lease, now_ms()).await {
+        tracing::warn!(error = %e, "abandoning a multi-phase record failed; it turns unknown when its lease ends");
+    }
+}
+
+/// Sets the multi-phase gauges from `report` (see [`crate::metrics`]).
+#[allow(clippy::cast_precision_loss)] // counts and ages far below 2^52
+pub fn record_lease_gauges(report: &LeaseReport) {
+    metrics::gauge!(metric::PROCESSING).set(report.processing as f64);
+    metrics::gauge!(metric::PROCESSING_PAST_LEASE).set(report.processing_past_lease as f64);
+    for (bucket, n) in UNKNOWN_AGE_BUCKETS.iter().zip(report.unknown_by_age) {
+        metrics::gauge!(metric::UNKNOWN_RECORDS, "age" => *bucket).set(n as f64);
+    }
+    let oldest = report.oldest_unknown_ms.unwrap_or(0) as f64 / 1000.0;
+    metrics::gauge!(metric::OLDEST_UNKNOWN_SECONDS).set(oldest);
+}
+
+/// One round of the lease sweep at `now_ms`: reads the [`LeaseReport`] and sets the gauges
+/// from it (so records stuck in `processing` past their lease show before they are
+/// turned), then turns up to `batch` such records `unknown`
+/// ([`IdempotencyStore::expire_leases`]). Returns the report and how many were turned.
+///
+/// # Errors
+/// [`StoreError`] when the database fails.
+pub async fn sweep_leases(
+    store: &IdempotencyStore,
+    now_ms: i64,
+    batch: u32,
+) -> Result<(LeaseReport, u64), StoreError> {
+    let report = store.lease_report(now_ms).await?;
+    record_lease_gauges(&report);
+    let turned = store.expire_leases(now_ms, batch).await?;
+    Ok((report, turned))
+}
+
+/// Runs [`sweep_leases`] every `every` (batches of 500, repeated while full) until
+/// `shutdown` completes. A failed round is logged and retried at the next tick: a database
+/// that is down is not the records' fault.
+pub async fn run_lease_sweep(
+    store: IdempotencyStore,
+    every: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    const BATCH: u32 = 500;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = tick.tick() => {}
+        }
+        loop {
+            match sweep_leases(&store, now_ms(), BATCH).await {
+                Ok((_, turned)) if turned == u64::from(BATCH) => {}
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease sweep failed; retrying at the next tick");
+                    break;
+                }
+            }
+        }
+    }
+}
