@@ -1,11 +1,13 @@
 use std::sync::Arc;
 
 use oncely_broker::{BoxFuture, ReceivedMessage, Subscriber};
+use oncely_core::{IdempotencyKey, Operation, Scope, TenantId};
 use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
-use oncely_sql::{query, Database, Tx};
+use oncely_sql::{query, Database, EffectStore, NewEffect, Tx};
 use serde::Deserialize;
 
 use crate::events::ORDER_CREATED;
+use crate::flow::{CHARGE, PAYMENTS};
 
 /// Name of the billing consumer (its consumer group and inbox).
 pub const BILLING_CONSUMER: &str = "billing";
@@ -25,8 +27,36 @@ struct OrderCreated {
 /// stands behind the inbox: a message with a new id for the same order creates nothing.
 /// Other event types are acknowledged without effect; an `order.created` that does not
 /// decode is [`Rejected`] (dead at once).
+///
+/// [`BillingHandler::charging`] also enqueues, in the same transaction and only for an
+/// invoice it actually inserted, the invoice's charge: an effect of provider `payments`,
+/// operation `charge`, reference = the invoice id, its key derived with
+/// [`oncely_effects::derive_key`] from scope (tenant, `CONSUME billing`), the order id and
+/// step `charge` — the same key however often the event is delivered. Its request is what
+/// [`oncely_effects::StripePayments`] reads: `amount` (minor units), `currency` (lower
+/// case), `metadata` {`order_id`, `invoice_id`}. [`crate::OrderEffects`] completes it.
+/// [`BillingHandler::default`] stops at the invoice.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct BillingHandler;
+pub struct BillingHandler {
+    charge: bool,
+}
+
+impl BillingHandler {
+    /// A handler that creates invoices only (no payments configured).
+    pub fn invoices_only() -> Self {
+        Self { charge: false }
+    }
+
+    /// A handler that creates each invoice and enqueues its charge.
+    pub fn charging() -> Self {
+        Self { charge: true }
+    }
+
+    /// Whether invoices get a charge enqueued.
+    pub fn charges(&self) -> bool {
+        self.charge
+    }
+}
 
 impl Handler for BillingHandler {
     fn handle<'a>(
@@ -47,37 +77,94 @@ impl Handler for BillingHandler {
                 .ok_or_else(|| Rejected("order.created without a tenant header".to_owned()))?;
             let invoice_id = uuid::Uuid::now_v7().to_string();
             let message_id = message.id.to_string();
+            let correlation = message
+                .headers
+                .get("correlation-id")
+                .filter(|c| !c.is_empty() && c.len() <= 200)
+                .map_or(order.id.as_str(), String::as_str);
             let now = oncely_core::now_ms();
             // UNIQUE(order_id, kind): an invoice that exists already is left as it is.
-            tx.insert_ignoring_duplicate(
-                query(
-                    "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
-                     message_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            let inserted = tx
+                .insert_ignoring_duplicate(
+                    query(
+                        "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, \
+                         currency, message_id, created_at, correlation_id) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    )
+                    .bind(invoice_id.as_str())
+                    .bind(tenant.as_str())
+                    .bind(order.id.as_str())
+                    .bind(INVOICE_KIND_ORDER)
+                    .bind(order.amount_minor)
+                    .bind(order.currency.as_str())
+                    .bind(message_id)
+                    .bind(now)
+                    .bind(correlation),
+                    "(order_id, kind)",
                 )
-                .bind(invoice_id)
-                .bind(tenant.as_str())
-                .bind(order.id)
-                .bind(INVOICE_KIND_ORDER)
-                .bind(order.amount_minor)
-                .bind(order.currency)
-                .bind(message_id)
-                .bind(now),
-                "(order_id, kind)",
-            )
-            .await?;
+                .await?;
+            if inserted && self.charge {
+                enqueue_charge(tx, tenant, &order, &invoice_id, now).await?;
+            }
             Ok(())
         })
     }
 }
 
+/// Enqueues the charge of the invoice `invoice_id` just inserted for `order`, in `tx`.
+async fn enqueue_charge(
+    tx: &mut Tx,
+    tenant: &str,
+    order: &OrderCreated,
+    invoice_id: &str,
+    now: i64,
+) -> Result<(), HandlerError> {
+    let tenant_id = TenantId::parse(tenant)
+        .map_err(|e| Rejected(format!("order.created tenant header: {e}")))?;
+    let parent = IdempotencyKey::parse(order.id.as_bytes())
+        .map_err(|e| Rejected(format!("order.created id as a key: {e}")))?;
+    let scope = Scope::new(tenant_id, Operation::new("CONSUME", BILLING_CONSUMER));
+    let key = oncely_effects::derive_key(&scope, &parent, CHARGE, 0);
+    let request = serde_json::json!({
+        "amount": order.amount_minor,
+        "currency": order.currency.to_ascii_lowercase(),
+        "metadata": {"order_id": order.id, "invoice_id": invoice_id},
+    });
+    EffectStore::enqueue(
+        tx,
+        &NewEffect {
+            tenant,
+            provider: PAYMENTS,
+            operation: CHARGE,
+            reference: invoice_id,
+            key: &key,
+            request: &request,
+        },
+        now,
+    )
+    .await?;
+    Ok(())
+}
+
 /// The billing consumer over `subscriber`, which must be consumer group
 /// [`BILLING_CONSUMER`] of the order service's events topic (SQL transport, RabbitMQ or
-/// NATS JetStream), handler [`BillingHandler`]. Call [`Consumer::subscribe`] before running
-/// it.
+/// NATS JetStream), handler [`BillingHandler::invoices_only`]. Call
+/// [`Consumer::subscribe`] before running it.
 pub fn billing_consumer<S: Subscriber>(
     db: Database,
     subscriber: S,
     config: ConsumerConfig,
 ) -> Consumer<S> {
-    Consumer::new(db, subscriber, Arc::new(BillingHandler), config)
+    billing_consumer_with(db, subscriber, config, BillingHandler::invoices_only())
+}
+
+/// As [`billing_consumer`], with `handler` (e.g. [`BillingHandler::charging`] when
+/// payments are configured).
+pub fn billing_consumer_with<S: Subscriber>(
+    db: Database,
+    subscriber: S,
+    config: ConsumerConfig,
+    handler: BillingHandler,
+) -> Consumer<S> {
+    Consumer::new(db, subscriber, Arc::new(handler), config)
 }

@@ -7,6 +7,10 @@ use oncely_sql::OutboxEvent;
 pub const ORDERS_TOPIC: &str = "orders";
 /// Event type announcing a new order.
 pub const ORDER_CREATED: &str = "order.created";
+/// Event type announcing that an order's invoice was paid (its charge succeeded at the
+/// payments provider). Payload: `order_id`, `invoice_id`, `amount_minor`, `currency`,
+/// `payment_id` (the provider's object id), `paid_at` (Unix ms).
+pub const INVOICE_PAID: &str = "invoice.paid";
 
 /// Settings the handlers read from a request extension.
 #[derive(Debug, Clone)]

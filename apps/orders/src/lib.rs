@@ -1,5 +1,6 @@
 //! The reference order service: `POST /v1/orders` creates exactly one order however often a
-//! client retries, `GET /v1/orders/{id}` reads it back.
+//! client retries, `GET /v1/orders/{id}` reads it back — with its invoice, payment and
+//! shipment once the flow (order → invoice → charge → `invoice.paid` → shipment) got there.
 //!
 //! Two guards stand behind every order: the idempotency layer (the client's
 //! `Idempotency-Key`, scoped by tenant and route) and the business key
@@ -14,7 +15,12 @@
 //! - `orders` — the handlers, input validation and the business-key rule.
 //! - `events` — the `order.created` outbox event: derived message id, headers.
 //! - `billing` — [`BillingHandler`], [`billing_consumer`]: the `billing` inbox consumer of
-//!   `order.created` (one invoice per order, table `invoices`).
+//!   `order.created` (one invoice per order, table `invoices`; with payments configured,
+//!   the invoice's `payments`/`charge` effect in the same transaction).
+//! - `flow` — [`OrderEffects`]: the effect handler that marks an invoice paid and writes
+//!   `invoice.paid` when its charge succeeds; the flow's provider and operation names.
+//! - `shipping` — [`ShippingHandler`], [`shipping_consumer`]: the `shipping` inbox consumer
+//!   of `invoice.paid` (one `shipping`/`book` effect per order).
 //! - `limits` — the request-body guard: body bound, total read deadline, budget of
 //!   buffered body bytes.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
@@ -25,13 +31,19 @@ mod billing;
 mod collector;
 mod config;
 mod events;
+mod flow;
 mod limits;
 mod orders;
 pub mod problem;
+mod shipping;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
-pub use billing::{billing_consumer, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER};
+pub use billing::{
+    billing_consumer, billing_consumer_with, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER,
+};
 pub use collector::spawn_collector;
 pub use config::{parse_api_keys, AppConfig, ConfigError};
-pub use events::{ORDERS_TOPIC, ORDER_CREATED};
+pub use events::{INVOICE_PAID, ORDERS_TOPIC, ORDER_CREATED};
+pub use flow::{OrderEffects, BOOK, CHARGE, PAYMENTS, SHIPPING};
 pub use orders::{NewOrder, OrderItem};
+pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};

@@ -43,19 +43,69 @@ struct Order {
     #[serde(flatten)]
     details: NewOrder,
     created_at: i64,
-    /// Shown once the `billing` consumer has created it (additive: absent before).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    invoice: Option<Invoice>,
+}
+
+/// An order as `GET /v1/orders/{id}` shows it: the order's fields, and its invoice,
+/// payment and shipment — each `null` until the flow got there.
+#[derive(Debug, Serialize)]
+struct OrderView {
+    #[serde(flatten)]
+    order: Order,
+    /// Created by the `billing` consumer.
+    invoice: Option<InvoiceView>,
+    /// The invoice's `payments`/`charge` effect (with payments configured).
+    payment: Option<EffectView>,
+    /// The order's `shipping`/`book` effect (after `invoice.paid`).
+    shipment: Option<EffectView>,
 }
 
 /// The order's invoice as `GET /v1/orders/{id}` shows it.
-#[derive(Debug, Serialize, sqlx::FromRow)]
-struct Invoice {
+#[derive(Debug, Serialize)]
+struct InvoiceView {
     id: String,
     kind: String,
     amount_minor: i64,
     currency: String,
     created_at: i64,
+    /// `open` until its charge succeeded, then `paid`.
+    status: &'static str,
+    /// When it was paid, Unix ms; `null` while open.
+    paid_at: Option<i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct InvoiceRow {
+    id: String,
+    kind: String,
+    amount_minor: i64,
+    currency: String,
+    created_at: i64,
+    paid_at: Option<i64>,
+}
+
+impl From<InvoiceRow> for InvoiceView {
+    fn from(r: InvoiceRow) -> Self {
+        Self {
+            id: r.id,
+            kind: r.kind,
+            amount_minor: r.amount_minor,
+            currency: r.currency,
+            created_at: r.created_at,
+            status: if r.paid_at.is_some() { "paid" } else { "open" },
+            paid_at: r.paid_at,
+        }
+    }
+}
+
+/// An outgoing effect as `GET /v1/orders/{id}` shows it: its id (for `oncely effects
+/// show`), its state word (`pending`, `in_flight`, `succeeded`, `failed`, `unknown`,
+/// `absent`, `needs_review`) and the provider's object id once known.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct EffectView {
+    #[sqlx(rename = "id")]
+    effect_id: String,
+    state: String,
+    provider_id: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -84,7 +134,6 @@ impl OrderRow {
                 currency: self.currency,
             },
             created_at: self.created_at,
-            invoice: None,
         })
     }
 }
@@ -154,9 +203,10 @@ fn validate(o: &NewOrder) -> Result<(), String> {
     Ok(())
 }
 
-fn order_response(status: StatusCode, order: &Order) -> Response {
-    let mut res = (status, Json(order)).into_response();
-    if let Ok(loc) = HeaderValue::try_from(format!("/v1/orders/{}", order.id)) {
+/// `body` (an order or its view) as JSON with `Location: /v1/orders/{id}`.
+fn order_response(status: StatusCode, id: &str, body: &impl Serialize) -> Response {
+    let mut res = (status, Json(body)).into_response();
+    if let Ok(loc) = HeaderValue::try_from(format!("/v1/orders/{id}")) {
         res.headers_mut().insert(header::LOCATION, loc);
     }
     res
@@ -197,7 +247,6 @@ pub(crate) async fn create_order(
         status: "created",
         details: order,
         created_at: oncely_core::now_ms(),
-        invoice: None,
     };
     match insert_order(tx, &tenant, &created, items).await {
         Ok(true) => {
@@ -323,7 +372,7 @@ async fn announce_created(tx: &mut Tx, announced: &Announcement<'_>, created: &O
         return StoreFailure::from(e).into_response();
     }
     metrics::counter!("oncely_orders_created_total").increment(1);
-    order_response(StatusCode::CREATED, created)
+    order_response(StatusCode::CREATED, &created.id, created)
 }
 
 /// The answer when the business key of `order` is taken: the existing order (200) when its
@@ -348,7 +397,7 @@ async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Re
     };
     metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
     if existing.details == *order {
-        order_response(StatusCode::OK, &existing)
+        order_response(StatusCode::OK, &existing.id, &existing)
     } else {
         Problem::new(
             StatusCode::CONFLICT,
@@ -361,22 +410,25 @@ async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Re
     }
 }
 
-/// `GET /v1/orders/{id}`: the tenant's order, 404 for anything else (including another
-/// tenant's order).
+/// `GET /v1/orders/{id}`: the tenant's order with its invoice, payment and shipment, 404
+/// for anything else (including another tenant's order). Every read names the tenant.
 pub(crate) async fn get_order(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
-    // An id that is not UTF-8 (`%ff`) names no order: the same 404 problem, instead of
-    // axum's plain-text 400.
-    let Ok(Path(id)) = id else {
-        return Problem::new(
+    let not_found = || {
+        Problem::new(
             StatusCode::NOT_FOUND,
             crate::problem::NOT_FOUND,
             "No such order",
         )
-        .into_response();
+        .into_response()
+    };
+    // An id that is not UTF-8 (`%ff`) names no order: the same 404 problem, instead of
+    // axum's plain-text 400.
+    let Ok(Path(id)) = id else {
+        return not_found();
     };
     let sql = format!(
         "{} WHERE id = $1 AND tenant = $2",
@@ -385,38 +437,67 @@ pub(crate) async fn get_order(
     let row: Result<Option<OrderRow>, StoreError> = db
         .fetch_optional(query(sql).bind(&id).bind(tenant.as_str()))
         .await;
-    let row = match row {
-        Ok(Some(r)) => {
-            let invoice: Result<Option<Invoice>, StoreError> = db
-                .fetch_optional(
-                    query(
-                        "SELECT id, kind, amount_minor, currency, created_at FROM invoices \
-                         WHERE order_id = $1 AND tenant = $2 AND kind = $3",
-                    )
-                    .bind(&id)
-                    .bind(tenant.as_str())
-                    .bind(crate::INVOICE_KIND_ORDER),
-                )
-                .await;
-            invoice.map(|i| Some((r, i)))
-        }
-        Ok(None) => Ok(None),
-        Err(e) => Err(e),
+    let order = match row.map(|r| r.map(OrderRow::into_order)) {
+        Ok(Some(Ok(o))) => o,
+        Ok(Some(Err(e))) => return internal(&e),
+        Ok(None) => return not_found(),
+        Err(e) => return StoreFailure::from(e).into_response(),
     };
-    match row {
-        Ok(Some((r, invoice))) => match r.into_order() {
-            Ok(mut o) => {
-                o.invoice = invoice;
-                order_response(StatusCode::OK, &o)
-            }
-            Err(e) => internal(&e),
-        },
-        Ok(None) => Problem::new(
-            StatusCode::NOT_FOUND,
-            crate::problem::NOT_FOUND,
-            "No such order",
-        )
-        .into_response(),
+    match order_view(&db, &tenant, order).await {
+        Ok(view) => order_response(StatusCode::OK, &view.order.id, &view),
         Err(e) => StoreFailure::from(e).into_response(),
     }
+}
+
+/// `order` with its invoice, the invoice's charge and the order's shipment, read in
+/// `tenant`.
+async fn order_view(
+    db: &Database,
+    tenant: &TenantId,
+    order: Order,
+) -> Result<OrderView, StoreError> {
+    let invoice: Option<InvoiceRow> = db
+        .fetch_optional(
+            query(
+                "SELECT id, kind, amount_minor, currency, created_at, paid_at FROM invoices \
+                 WHERE order_id = $1 AND tenant = $2 AND kind = $3",
+            )
+            .bind(&order.id)
+            .bind(tenant.as_str())
+            .bind(crate::INVOICE_KIND_ORDER),
+        )
+        .await?;
+    let payment = match &invoice {
+        Some(i) => effect_view(db, tenant, (crate::PAYMENTS, crate::CHARGE), &i.id).await?,
+        None => None,
+    };
+    let shipment = effect_view(db, tenant, (crate::SHIPPING, crate::BOOK), &order.id).await?;
+    Ok(OrderView {
+        order,
+        invoice: invoice.map(InvoiceView::from),
+        payment,
+        shipment,
+    })
+}
+
+/// The tenant's effect of `(provider, operation)` for `reference`, if any.
+async fn effect_view(
+    db: &Database,
+    tenant: &TenantId,
+    (provider, operation): (&str, &str),
+    reference: &str,
+) -> Result<Option<EffectView>, StoreError> {
+    let sql = format!(
+        "SELECT id, state, {} FROM oncely_effects \
+         WHERE provider = $1 AND operation = $2 AND reference = $3 AND tenant = $4",
+        db.backend().text_column("provider_id")
+    );
+    db.fetch_optional(
+        query(sql)
+            .bind(provider)
+            .bind(operation)
+            .bind(reference)
+            .bind(tenant.as_str()),
+    )
+    .await
 }

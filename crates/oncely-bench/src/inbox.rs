@@ -130,7 +130,7 @@ async fn bare_drain(
     config: &ConsumerConfig,
     n: u32,
 ) -> anyhow::Result<f64> {
-    let handler = Arc::new(orders::BillingHandler);
+    let handler = Arc::new(orders::BillingHandler::invoices_only());
     let slots = Arc::new(Semaphore::new(config.concurrency));
     let tracker = TaskTracker::new();
     let done = Arc::new(std::sync::atomic::AtomicU32::new(0));

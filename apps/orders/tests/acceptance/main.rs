@@ -5,10 +5,13 @@
 //! - `billing`: the `billing` consumer of `order.created`;
 //! - `events`: every created order yields one `order.created` through the relay, on every
 //!   broker;
+//! - `flow`: order → invoice → charge → `invoice.paid` → shipment against the provider
+//!   simulators and localstripe, counted at the provider;
 //! - `verify`: `oncely verify` finds every check holding against the service.
 
 mod billing;
 mod events;
+mod flow;
 mod verify;
 
 use std::sync::Arc;

@@ -1,0 +1,153 @@
+//! The payment + shipping flow after billing: the effect handler that completes a charge
+//! (invoice paid, `invoice.paid` in the outbox, one transaction) and the names the flow's
+//! effects carry.
+
+use futures_util::future::BoxFuture;
+use oncely_core::MessageId;
+use oncely_effects::{EffectHandler, Settled};
+use oncely_sql::{query, Effect, OutboxEvent, OutboxStore, StoreError, Tx};
+
+use crate::events::INVOICE_PAID;
+
+/// Provider name of the payments effects (`oncely_effects::StripePayments`).
+pub const PAYMENTS: &str = "payments";
+/// Operation of an invoice's charge; its reference is the invoice id.
+pub const CHARGE: &str = "charge";
+/// Provider name of the shipping effects (`oncely_effects::ShippingClient`).
+pub const SHIPPING: &str = "shipping";
+/// Operation of an order's shipment booking; its reference is the order id.
+pub const BOOK: &str = "book";
+
+/// The order service's part of settling an effect ([`EffectHandler`]), inside the settle
+/// transaction:
+/// - `payments`/`charge` succeeded: the invoice (the effect's reference, in the effect's
+///   tenant) is marked paid — `paid_at` now, `payment_id` the provider's object id — and,
+///   when this settle is what paid it, `invoice.paid` is written to the outbox on `topic`:
+///   message id derived from (`invoice.paid`, invoice id), partition key the order id,
+///   headers `tenant` and `correlation-id` (the order's), payload `order_id`, `invoice_id`,
+///   `amount_minor`, `currency`, `payment_id`, `paid_at`. A second settle of the same
+///   charge (a status check that found it again) changes nothing.
+/// - `failed` / `needs_review`: the invoice stays open (`GET` shows the payment's state);
+///   logged at `WARN`.
+/// - `shipping`/`book`: nothing beyond the effect's own row (`GET` reads it); a refusal or
+///   a review is logged at `WARN`.
+#[derive(Debug, Clone)]
+pub struct OrderEffects {
+    topic: String,
+}
+
+impl OrderEffects {
+    /// A handler writing `invoice.paid` to the events topic `topic` (the service's
+    /// [`crate::AppConfig::events_topic`]).
+    pub fn new(topic: impl Into<String>) -> Self {
+        Self {
+            topic: topic.into(),
+        }
+    }
+}
+
+/// The invoice columns `invoice.paid` needs.
+#[derive(sqlx::FromRow)]
+struct PaidInvoice {
+    order_id: String,
+    amount_minor: i64,
+    currency: String,
+    correlation_id: Option<String>,
+}
+
+impl EffectHandler for OrderEffects {
+    fn settled<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        effect: &'a Effect,
+        outcome: Settled<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let charge = effect.provider == PAYMENTS && effect.operation == CHARGE;
+            match outcome {
+                Settled::Succeeded(object) if charge => {
+                    self.invoice_paid(tx, effect, &object.id).await
+                }
+                Settled::Failed { error } => {
+                    tracing::warn!(effect = %effect.id, provider = %effect.provider,
+                        operation = %effect.operation, reference = %effect.reference,
+                        error, "effect failed; the business object stays as it is");
+                    Ok(())
+                }
+                Settled::NeedsReview { error } => {
+                    tracing::warn!(effect = %effect.id, provider = %effect.provider,
+                        operation = %effect.operation, reference = %effect.reference,
+                        error, "effect needs review (oncely effects show / resolve)");
+                    Ok(())
+                }
+                // A booked shipment needs nothing beyond its effect row; Settled is
+                // non_exhaustive: what a later runner adds changes nothing here.
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+impl OrderEffects {
+    /// Marks the charged invoice paid and writes `invoice.paid`, once.
+    async fn invoice_paid(
+        &self,
+        tx: &mut Tx,
+        effect: &Effect,
+        payment_id: &str,
+    ) -> Result<(), StoreError> {
+        let invoice_id = effect.reference.as_str();
+        let tenant = effect.tenant.as_str();
+        let now = oncely_core::now_ms();
+        let paid = tx
+            .execute(
+                query(
+                    "UPDATE invoices SET paid_at = $1, payment_id = $2 \
+                     WHERE id = $3 AND tenant = $4 AND paid_at IS NULL",
+                )
+                .bind(now)
+                .bind(payment_id)
+                .bind(invoice_id)
+                .bind(tenant),
+            )
+            .await?;
+        if paid == 0 {
+            // Paid already (a second settle of the same charge), or no such invoice of
+            // this tenant: nothing to announce.
+            return Ok(());
+        }
+        let invoice: PaidInvoice = tx
+            .fetch_one(
+                query(
+                    "SELECT order_id, amount_minor, currency, correlation_id FROM invoices \
+                     WHERE id = $1 AND tenant = $2",
+                )
+                .bind(invoice_id)
+                .bind(tenant),
+            )
+            .await?;
+        let payload = serde_json::json!({
+            "order_id": invoice.order_id,
+            "invoice_id": invoice_id,
+            "amount_minor": invoice.amount_minor,
+            "currency": invoice.currency,
+            "payment_id": payment_id,
+            "paid_at": now,
+        });
+        let correlation = invoice
+            .correlation_id
+            .unwrap_or_else(|| invoice.order_id.clone());
+        let event = OutboxEvent::new(
+            MessageId::derive_from_parts(&[INVOICE_PAID, invoice_id]),
+            self.topic.as_str(),
+            invoice.order_id.as_str(),
+            INVOICE_PAID,
+            payload.to_string().into_bytes(),
+        )
+        .with_header("tenant", tenant)
+        .with_header("correlation-id", correlation);
+        OutboxStore::enqueue(tx, &event).await?;
+        metrics::counter!("oncely_orders_invoices_paid_total").increment(1);
+        Ok(())
+    }
+}
