@@ -89,6 +89,12 @@ pub struct RunnerConfig {
     /// Status checks after which a still-unknown effect goes to `needs_review`.
     /// Default 20.
     pub max_checks: u32,
+    /// Fault injection (crash tests and chaos drills only): abort the process
+    /// (`std::process::abort`) right after a provider call returned and before its outcome
+    /// is settled — the crash window in which the effect may have happened while the store
+    /// still says `in_flight`. The `oncely` binary sets it from
+    /// `ONCELY_FAULT=runner-abort-after-call`. Default `false`.
+    pub abort_after_call: bool,
 }
 
 impl Default for RunnerConfig {
@@ -108,6 +114,7 @@ impl Default for RunnerConfig {
             },
             check_delay: Duration::from_secs(1),
             max_checks: 20,
+            abort_after_call: false,
         }
     }
 }
@@ -355,6 +362,13 @@ impl EffectRunner {
                 .await;
         }
         let outcome = lane.provider.call(&request).await;
+        if self.config.abort_after_call {
+            eprintln!(
+                "ONCELY_FAULT: aborting after a {} {} call of effect {}, before settling it",
+                effect.provider, effect.operation, effect.id
+            );
+            std::process::abort();
+        }
         let (class_word, status, ids, detail) = describe_call(&outcome);
         metrics::counter!(metric::ATTEMPTS_TOTAL, "provider" => effect.provider.clone(), "outcome" => class_word)
             .increment(1);
