@@ -3,7 +3,7 @@
 //! figure beside a baseline measured in the same run, as a ratio, so that a
 //! loaded machine moves both (docs/DESIGN.md "Measuring").
 //!
-//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox> …` (these were
+//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga> …` (these were
 //! `oncely bench …`; the subcommands and flags are unchanged).
 //!
 //! Layout:
@@ -13,10 +13,13 @@
 //!   same confirmation window, and commit-to-publish latency.
 //! - `inbox` — `oncely-bench inbox`: consumed messages/s through the inbox vs the bare
 //!   handler.
+//! - `saga` — `oncely-bench saga`: ms per durable saga step p50/p99 vs the same steps in
+//!   memory.
 
 mod inbox;
 mod intake;
 mod relay;
+mod saga;
 
 use clap::{Parser, Subcommand};
 use oncely_runtime::LogFormat;
@@ -43,6 +46,8 @@ enum BenchCommand {
     /// Inbox consumer: consumed messages/s through the inbox (`billing`) beside the same
     /// handler acknowledging without the inbox.
     Inbox(inbox::InboxBenchArgs),
+    /// Saga orchestrator: ms per durable saga step p50/p99 beside the same steps in memory.
+    Saga(saga::SagaBenchArgs),
 }
 
 #[tokio::main]
@@ -53,5 +58,6 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Intake(args) => intake::run(args).await,
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Inbox(args) => inbox::run(args).await,
+        BenchCommand::Saga(args) => saga::run(args).await,
     }
 }
