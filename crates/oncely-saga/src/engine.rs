@@ -479,32 +479,8 @@ impl Engine<'_> {
                 self.forward().await
             }
             Outcome::Failed(error) => {
-                self.finish(
-                    i,
-                    Phase::Forward,
-                    &step.name,
-                    StepState::Failed,
-                    None,
-                    Some(&error),
-                    started_at,
-                )
-                .await?;
-                let attempt = u32::try_from(attempts).unwrap_or(u32::MAX);
-                if step.role != Role::Retriable {
-                    let reason = format!("step {} failed: {error}", step.name);
-                    self.compensate_from(i - 1, reason).await
-                } else if step.retry.exhausted(attempt) {
-                    let reason =
-                        format!("step {} failed {attempt} times, last: {error}", step.name);
-                    self.needs_review(reason).await
-                } else {
-                    match self.issue(i, step, attempt + 1).await? {
-                        Ran::Refused(r) => {
-                            self.needs_review(format!("step {}: {r}", step.name)).await
-                        }
-                        _ => self.save().await,
-                    }
-                }
+                self.forward_failed(i, step, started_at, attempts, &error)
+                    .await
             }
             Outcome::NeedsReview(error) => {
                 self.finish(
@@ -519,6 +495,48 @@ impl Engine<'_> {
                 .await?;
                 self.needs_review(format!("step {}: {error}", step.name))
                     .await
+            }
+        }
+    }
+
+    /// Step `i` was refused for good: before the pivot (and the pivot itself) the saga
+    /// compensates; a retriable step is issued again within its policy, and parked for
+    /// review (its row too) once the policy is spent.
+    async fn forward_failed(
+        &mut self,
+        i: i64,
+        step: &Step,
+        started_at: i64,
+        attempts: i64,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let attempt = u32::try_from(attempts).unwrap_or(u32::MAX);
+        let exhausted = step.role == Role::Retriable && step.retry.exhausted(attempt);
+        let state = if exhausted {
+            StepState::NeedsReview
+        } else {
+            StepState::Failed
+        };
+        self.finish(
+            i,
+            Phase::Forward,
+            &step.name,
+            state,
+            None,
+            Some(error),
+            started_at,
+        )
+        .await?;
+        if step.role != Role::Retriable {
+            let reason = format!("step {} failed: {error}", step.name);
+            self.compensate_from(i - 1, reason).await
+        } else if exhausted {
+            let reason = format!("step {} failed {attempt} times, last: {error}", step.name);
+            self.needs_review(reason).await
+        } else {
+            match self.issue(i, step, attempt + 1).await? {
+                Ran::Refused(r) => self.needs_review(format!("step {}: {r}", step.name)).await,
+                _ => self.save().await,
             }
         }
     }

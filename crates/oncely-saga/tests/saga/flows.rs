@@ -212,10 +212,82 @@ pub(crate) async fn a_refused_shipment_refunds_the_charge_once_and_releases_the_
     );
 }
 
+/// After the pivot the saga only goes forward: a retriable step refused for good is issued
+/// again under its attempt's key, then parked for review with its evidence — and nothing
+/// before it is compensated (the shipment stays booked, the charge stays).
+pub(crate) async fn a_retriable_step_after_the_pivot_is_retried_then_parked_without_compensating(
+    t: TestDb,
+) {
+    let shape = Shape {
+        gift: Some(UNDELIVERABLE),
+        ..Shape::default()
+    };
+    let w = World::new(t, "retriable", shape, 5_000).await;
+    w.stock("sku-1", 5).await;
+    let id = "saga-ord-gift";
+    w.start(id, &order("ord-4", "sku-1", 2, "pm_card_visa"))
+        .await;
+    let saga = w.until(id, SagaState::NeedsReview, true).await;
+    assert!(saga.error.unwrap().contains("gift failed 2 times"));
+    let steps = w.steps(id).await;
+    assert_eq!(
+        log(&steps),
+        [
+            ("reserve".into(), "forward", "succeeded"),
+            ("charge".into(), "forward", "succeeded"),
+            ("ship".into(), "forward", "succeeded"),
+            ("gift".into(), "forward", "needs_review"),
+        ]
+    );
+    assert_eq!(steps[3].attempts, 2);
+    let evidence = steps[3].evidence.as_deref().unwrap();
+    assert!(evidence.contains("cannot be shipped"), "{evidence}");
+    let ship = w.shipping.stats();
+    assert_eq!(
+        (ship.booked, ship.refused),
+        (1, 2),
+        "the pivot's shipment stays"
+    );
+    assert_eq!(w.payments.stats().refunds, 0);
+    assert_eq!(w.stock_of("sku-1").await, (3, 2));
+    let effects = EffectStore::new(w.db.clone());
+    for (reference, generation) in [(format!("{id}:gift"), 0), (format!("{id}:gift#2"), 1)] {
+        let effect = effects
+            .find("shipping", "book", &reference)
+            .await
+            .unwrap()
+            .unwrap();
+        let scope = Scope::new(
+            TenantId::parse(TENANT).unwrap(),
+            Operation::new("SAGA", &w.kind),
+        );
+        let parent = IdempotencyKey::parse(id.as_bytes()).unwrap();
+        assert_eq!(
+            effect.key,
+            oncely_effects::derive_key(&scope, &parent, "gift", generation)
+        );
+    }
+    w.orchestrator.record_gauges().await.unwrap();
+    let kind = &w.kind;
+    assert_eq!(
+        sample(&format!(
+            "oncely_saga_steps_needs_review{{kind=\"{kind}\"}}"
+        )),
+        1
+    );
+    assert_eq!(
+        sample(&format!(
+            "oncely_sagas{{kind=\"{kind}\",state=\"needs_review\"}}"
+        )),
+        1
+    );
+}
+
 oncely_testkit::matrix! {
     tests: [
         a_fulfilled_order_reserves_charges_and_ships_once,
         a_declined_card_releases_the_reservation_and_ships_nothing,
         a_refused_shipment_refunds_the_charge_once_and_releases_the_stock,
+        a_retriable_step_after_the_pivot_is_retried_then_parked_without_compensating,
     ],
 }

@@ -54,6 +54,8 @@ pub(crate) struct Shape {
     pub(crate) ledger: bool,
     /// The ship step's timeout.
     pub(crate) ship_timeout: Duration,
+    /// A retriable step `gift` after the pivot, booking one of this SKU (two attempts).
+    pub(crate) gift: Option<&'static str>,
 }
 
 impl Default for Shape {
@@ -61,6 +63,7 @@ impl Default for Shape {
         Self {
             ledger: false,
             ship_timeout: Duration::from_secs(30),
+            gift: None,
         }
     }
 }
@@ -195,7 +198,23 @@ fn ship(timeout: Duration) -> Step {
     }))
 }
 
-/// reserve (local) → charge → [record (local)] → ship (pivot).
+/// A retriable shipment of one `sku` after the pivot: two attempts, 10–50 ms apart.
+fn gift(sku: &'static str) -> Step {
+    Step::effect("gift", "shipping", "book", move |ctx| {
+        Ok(json!({
+            "order_id": ctx.input["order_id"],
+            "items": [{"sku": sku, "quantity": 1}],
+        }))
+    })
+    .retry(RetryPolicy {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+        max_attempts: 2,
+        ..RetryPolicy::default()
+    })
+}
+
+/// reserve (local) → charge → [record (local)] → ship (pivot) → [gift (retriable)].
 pub(crate) fn definition(kind: &str, shape: Shape) -> SagaDefinition {
     let mut b = SagaDefinition::builder(kind)
         .compensable(reserve())
@@ -206,7 +225,11 @@ pub(crate) fn definition(kind: &str, shape: Shape) -> SagaDefinition {
                 .compensated_by(ledger_entry("reversal", -1)),
         );
     }
-    b.pivot(ship(shape.ship_timeout)).build().unwrap()
+    b = b.pivot(ship(shape.ship_timeout));
+    if let Some(sku) = shape.gift {
+        b = b.retriable(gift(sku));
+    }
+    b.build().unwrap()
 }
 
 fn runner_config() -> RunnerConfig {
