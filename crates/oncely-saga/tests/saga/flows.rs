@@ -283,11 +283,39 @@ pub(crate) async fn a_retriable_step_after_the_pivot_is_retried_then_parked_with
     );
 }
 
+/// The first step, local, refuses (not enough stock): the saga ends `compensated` in the
+/// start's own transaction, and no provider is called.
+pub(crate) async fn an_order_out_of_stock_ends_compensated_at_start_and_calls_no_provider(
+    t: TestDb,
+) {
+    let w = World::new(t, "nostock", Shape::default(), 5_000).await;
+    w.stock("sku-1", 1).await;
+    let id = "saga-ord-nostock";
+    let started = w
+        .start(id, &order("ord-5", "sku-1", 2, "pm_card_visa"))
+        .await;
+    assert_eq!(started, Started::Created(SagaState::Compensated));
+    assert_eq!(
+        w.runner.run_once().await.unwrap(),
+        0,
+        "no effect was recorded"
+    );
+    assert_eq!(w.payments.stats().payment_intents, 0);
+    assert_eq!(w.stock_of("sku-1").await, (1, 0));
+    let saga = w.saga(id).await;
+    assert!(saga.error.unwrap().contains("not enough stock"));
+    assert_eq!(
+        log(&w.steps(id).await),
+        [("reserve".into(), "forward", "failed")]
+    );
+}
+
 oncely_testkit::matrix! {
     tests: [
         a_fulfilled_order_reserves_charges_and_ships_once,
         a_declined_card_releases_the_reservation_and_ships_nothing,
         a_refused_shipment_refunds_the_charge_once_and_releases_the_stock,
         a_retriable_step_after_the_pivot_is_retried_then_parked_without_compensating,
+        an_order_out_of_stock_ends_compensated_at_start_and_calls_no_provider,
     ],
 }
