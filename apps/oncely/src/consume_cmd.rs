@@ -13,8 +13,11 @@ use oncely_sql::Database;
 /// The consumers this binary can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ConsumerName {
-    /// `billing`: one invoice per `order.created`.
+    /// `billing`: one invoice per `order.created` (and its charge, with payments
+    /// configured).
     Billing,
+    /// `shipping`: one shipment booking per `invoice.paid`.
+    Shipping,
 }
 
 /// Inbox consumer settings (shared by `serve` and `consume`); the broker comes from
@@ -78,15 +81,33 @@ impl ConsumerArgs {
     }
 }
 
-impl ConsumerFactory for ConsumerName {
+/// A consumer to build: which, and whether billing enqueues each new invoice's charge
+/// (payments configured).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Flow {
+    /// The consumer.
+    pub(crate) name: ConsumerName,
+    /// Billing: enqueue charges.
+    pub(crate) charge: bool,
+}
+
+impl ConsumerFactory for Flow {
     fn build<S: Subscriber>(
         &self,
         db: &Database,
         subscriber: S,
         config: ConsumerConfig,
     ) -> Consumer<S> {
-        match self {
-            Self::Billing => orders::billing_consumer(db.clone(), subscriber, config),
+        match self.name {
+            ConsumerName::Billing => {
+                let handler = if self.charge {
+                    orders::BillingHandler::charging()
+                } else {
+                    orders::BillingHandler::invoices_only()
+                };
+                orders::billing_consumer_with(db.clone(), subscriber, config, handler)
+            }
+            ConsumerName::Shipping => orders::shipping_consumer(db.clone(), subscriber, config),
         }
     }
 }
@@ -129,6 +150,7 @@ pub(crate) enum DeadCommand {
 fn consumer_name(name: ConsumerName) -> &'static str {
     match name {
         ConsumerName::Billing => orders::BILLING_CONSUMER,
+        ConsumerName::Shipping => orders::SHIPPING_CONSUMER,
     }
 }
 

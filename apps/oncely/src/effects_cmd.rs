@@ -1,13 +1,152 @@
-//! `oncely effects …`: the operator's view of outgoing effects, and the two actions a person
-//! takes on one (logic in `oncely_sql::EffectStore`). Every action writes an audit row.
+//! `oncely effects …`: the operator's view of outgoing effects, the two actions a person
+//! takes on one (logic in `oncely_sql::EffectStore`; every action writes an audit row), and
+//! `oncely effects run`, the effect runner alone. [`ProviderArgs`]: the providers and runner
+//! settings shared by `serve`, `effects run` (and later `reconcile`).
 
-use clap::{Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use oncely_effects::{Provider, RunnerConfig, ShippingConfig, StripeConfig};
+use oncely_runtime::{EffectsConfig, RuntimeError};
 use oncely_sql::{Database, Effect, EffectState, EffectStore, Resolution};
 use serde_json::json;
+
+/// The outgoing-effect providers and the effect runner's settings (shared by `oncely
+/// serve` and `oncely effects run`). Without `--payments-url` and `--shipping-url` no
+/// provider is configured: `serve` then stops at the invoice, as before effects existed.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ProviderArgs {
+    /// Payments provider (Stripe API v1) base URL: https://api.stripe.com (with a test-mode
+    /// key: test mode), a localstripe, or `oncely sim payments`. Set: billing enqueues a
+    /// charge per new invoice.
+    #[arg(long, env = "ONCELY_PAYMENTS_URL")]
+    pub(crate) payments_url: Option<String>,
+    /// Payments secret key (sk_test_… / sk_live_…), sent as Authorization: Bearer.
+    #[arg(long, env = "ONCELY_PAYMENTS_SECRET_KEY", hide_env_values = true)]
+    payments_secret_key: Option<String>,
+    /// Payments: check an unknown outcome by paging the PaymentIntent list instead of the
+    /// search API (localstripe has no search; Stripe's lags writes by up to a minute).
+    #[arg(long, env = "ONCELY_PAYMENTS_NO_SEARCH")]
+    payments_no_search: bool,
+    /// Shipping provider base URL (e.g. `oncely sim shipping`). Set: the `shipping` consumer
+    /// books one shipment per paid invoice.
+    #[arg(long, env = "ONCELY_SHIPPING_URL")]
+    pub(crate) shipping_url: Option<String>,
+    /// Shipping API key, sent as Authorization: Bearer when set.
+    #[arg(long, env = "ONCELY_SHIPPING_API_KEY", hide_env_values = true)]
+    shipping_api_key: Option<String>,
+    /// Bound on one provider HTTP exchange, in ms; past it the outcome is unknown.
+    #[arg(long, env = "ONCELY_PROVIDER_TIMEOUT_MS", default_value_t = 30_000)]
+    provider_timeout_ms: u64,
+    /// Provider calls in flight at once, per provider.
+    #[arg(long, env = "ONCELY_RUNNER_CONCURRENCY", default_value_t = 8)]
+    runner_concurrency: usize,
+    /// Effects claimed per provider per round.
+    #[arg(long, env = "ONCELY_RUNNER_BATCH", default_value_t = 16)]
+    runner_batch: u32,
+    /// Lease on a claimed effect, in seconds; must exceed the provider timeout. A runner
+    /// that dies mid-call leaves its effect to be checked (never re-sent blindly) after it.
+    #[arg(long, env = "ONCELY_RUNNER_LEASE_SECS", default_value_t = 60)]
+    runner_lease_secs: u64,
+    /// Idle polling interval of the runner, in ms.
+    #[arg(long, env = "ONCELY_RUNNER_POLL_MS", default_value_t = 200)]
+    runner_poll_ms: u64,
+    /// Counted attempts (answers that prove nothing happened do not count; an unavailable
+    /// provider never counts) before an effect goes to needs_review.
+    #[arg(long, env = "ONCELY_RUNNER_MAX_ATTEMPTS", default_value_t = 10)]
+    runner_max_attempts: u32,
+    /// Wait before the first status check after an unknown outcome, in ms.
+    #[arg(long, env = "ONCELY_RUNNER_CHECK_DELAY_MS", default_value_t = 1_000)]
+    runner_check_delay_ms: u64,
+    /// Status checks after which a still-unknown effect goes to needs_review.
+    #[arg(long, env = "ONCELY_RUNNER_MAX_CHECKS", default_value_t = 20)]
+    runner_max_checks: u32,
+}
+
+impl ProviderArgs {
+    /// `true` when a payments provider is configured (billing then enqueues charges).
+    pub(crate) fn payments(&self) -> bool {
+        self.payments_url.is_some()
+    }
+
+    /// `true` when a shipping provider is configured (the shipping consumer then runs).
+    pub(crate) fn shipping(&self) -> bool {
+        self.shipping_url.is_some()
+    }
+
+    /// The providers and runner settings these arguments describe.
+    /// `ONCELY_FAULT=runner-abort-after-call` (crash tests and chaos drills only) makes the
+    /// runner abort the process right after a provider call returned, before it settles.
+    pub(crate) fn config(&self) -> EffectsConfig {
+        let timeout = Duration::from_millis(self.provider_timeout_ms.max(1));
+        let payments = self.payments_url.as_ref().map(|url| StripeConfig {
+            base_url: url.clone(),
+            secret_key: self.payments_secret_key.clone().unwrap_or_default(),
+            timeout,
+            search: !self.payments_no_search,
+            ..StripeConfig::default()
+        });
+        let shipping = self.shipping_url.as_ref().map(|url| ShippingConfig {
+            base_url: url.clone(),
+            api_key: self.shipping_api_key.clone(),
+            timeout,
+        });
+        let defaults = RunnerConfig::default();
+        let runner = RunnerConfig {
+            lease: Duration::from_secs(self.runner_lease_secs.max(1)),
+            poll: Duration::from_millis(self.runner_poll_ms.max(1)),
+            batch: self.runner_batch.max(1),
+            concurrency: self.runner_concurrency.max(1),
+            retry: oncely_core::RetryPolicy {
+                max_attempts: self.runner_max_attempts.max(1),
+                ..defaults.retry
+            },
+            check_delay: Duration::from_millis(self.runner_check_delay_ms),
+            max_checks: self.runner_max_checks.max(1),
+            abort_after_call: std::env::var("ONCELY_FAULT").as_deref()
+                == Ok("runner-abort-after-call"),
+            ..defaults
+        };
+        EffectsConfig {
+            payments,
+            shipping,
+            runner,
+        }
+    }
+
+    /// The configured providers' adapters (for the runner, and for `reconcile`).
+    ///
+    /// # Errors
+    /// As [`EffectsConfig::providers`].
+    #[allow(dead_code)] // for `oncely reconcile`, which lists the providers' objects
+    pub(crate) fn providers(&self) -> Result<Vec<Arc<dyn Provider>>, RuntimeError> {
+        self.config().providers()
+    }
+}
+
+/// `oncely effects run`: the effect runner alone.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) providers: ProviderArgs,
+    /// Topic the runner writes the service's events to (`invoice.paid`); the service's
+    /// `--events-topic`.
+    #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = orders::ORDERS_TOPIC)]
+    pub(crate) events_topic: String,
+    /// Serve the runner's metrics on `GET /metrics` at this address (e.g. 127.0.0.1:9466).
+    #[arg(long, env = "ONCELY_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+}
 
 /// `oncely effects …`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum EffectsCommand {
+    /// Runs the effect runner alone until SIGTERM / Ctrl-C (then lets calls in flight
+    /// settle): claims due effects, calls or checks each at its provider, settles it with
+    /// the order service's update (invoice paid + invoice.paid).
+    Run(RunArgs),
     /// Lists effects (oldest first), in one state when `--state` is given.
     List {
         /// Only effects in this state.
@@ -102,6 +241,9 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
     let store = EffectStore::new(db.clone());
     let now = oncely_core::now_ms();
     match cmd {
+        EffectsCommand::Run(_) => {
+            anyhow::bail!("`oncely effects run` is started by main, not as an operator command")
+        }
         EffectsCommand::List { state, limit, json } => {
             let rows = store.list(state.map(Into::into), limit).await?;
             if json {

@@ -5,10 +5,13 @@
 //! - `oncely migrate` — applies the embedded migrations and exits.
 //! - `oncely relay` — the outbox relay alone (`serve` runs one in-process by default).
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
-//! - `oncely consume billing` — an inbox consumer alone, on the SQL transport, RabbitMQ or
-//!   NATS (`--broker`; `serve` runs `billing` in-process by default on the relay's broker).
+//! - `oncely consume billing|shipping` — an inbox consumer alone, on the SQL transport,
+//!   RabbitMQ or NATS (`--broker`; `serve` runs `billing` — and, with `--shipping-url`,
+//!   `shipping` — in-process by default on the relay's broker).
 //! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
-//! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions.
+//! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions;
+//!   `oncely effects run` — the effect runner alone (`serve` runs one in-process when a
+//!   provider is configured).
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
 //! - `oncely sim payments|shipping` — a provider simulator (logic in `provider-sim`).
@@ -22,6 +25,7 @@ mod sim_cmd;
 mod verify_cmd;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -48,7 +52,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the order service.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Apply the embedded migrations and exit.
     Migrate(DbArgs),
     /// Run the outbox relay alone (publishes outbox events to the broker).
@@ -94,6 +98,10 @@ struct ConsumeCmdArgs {
     broker: relay_cmd::BrokerArgs,
     #[command(flatten)]
     consumer: consume_cmd::ConsumerArgs,
+    /// Billing: payments are configured (the URL the runner charges at), so each new
+    /// invoice's charge is enqueued with it. Unset: billing stops at the invoice.
+    #[arg(long, env = "ONCELY_PAYMENTS_URL")]
+    payments_url: Option<String>,
     /// Serve the consumer's metrics on `GET /metrics` at this address (e.g. 127.0.0.1:9465).
     #[arg(long, env = "ONCELY_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
@@ -169,10 +177,17 @@ struct ServeArgs {
     no_relay: bool,
     #[command(flatten)]
     consumer: consume_cmd::ConsumerArgs,
-    /// Do not run the `billing` consumer in this process (run `oncely consume billing`
-    /// elsewhere). It reads from the relay's broker (`--broker`).
+    /// Do not run the `billing` consumer (nor, with `--shipping-url`, the `shipping` one)
+    /// in this process (run `oncely consume billing|shipping` elsewhere). They read from
+    /// the relay's broker (`--broker`).
     #[arg(long, env = "ONCELY_NO_CONSUMER")]
     no_consumer: bool,
+    #[command(flatten)]
+    providers: effects_cmd::ProviderArgs,
+    /// Do not run the effect runner in this process although a provider is configured (run
+    /// `oncely effects run` elsewhere).
+    #[arg(long, env = "ONCELY_NO_RUNNER")]
+    no_runner: bool,
     /// Listen address.
     #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -266,7 +281,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     oncely_runtime::init_logging(cli.log_format);
     match cli.command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Migrate(args) => {
             args.connect_orders().await?;
             tracing::info!(database = %redact(&args.database_url), "migrations applied");
@@ -284,9 +299,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Inbox(args) => {
             consume_cmd::inbox(args.db.connect_existing().await?, args.command).await
         }
-        Command::Effects(args) => {
-            effects_cmd::effects(args.db.connect_existing().await?, args.command).await
-        }
+        Command::Effects(args) => match args.command {
+            effects_cmd::EffectsCommand::Run(run) => {
+                let db = args.db.connect_orders().await?;
+                let metrics = metrics_endpoint(run.metrics_listen);
+                let handler = Arc::new(orders::OrderEffects::new(&run.events_topic));
+                let effects = run.providers.config();
+                Ok(
+                    oncely_runtime::run_effects(&db, &effects, handler, metrics, shutdown_signal())
+                        .await?,
+                )
+            }
+            command => effects_cmd::effects(args.db.connect_existing().await?, command).await,
+        },
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
         Command::Consume(args) => {
@@ -294,11 +319,15 @@ async fn main() -> anyhow::Result<()> {
             let metrics = metrics_endpoint(args.metrics_listen);
             let broker = args.broker.config();
             let settings = args.consumer.settings(args.name);
+            let flow = consume_cmd::Flow {
+                name: args.name,
+                charge: args.payments_url.is_some(),
+            };
             Ok(oncely_runtime::run_consumer(
                 &db,
                 &broker,
                 &settings,
-                &args.name,
+                &flow,
                 metrics,
                 shutdown_signal(),
             )
@@ -346,37 +375,53 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     );
     // Install the metrics recorder before the relay records anything.
     let _ = orders::metrics_handle();
-    let stop_relay = tokio_util::sync::CancellationToken::new();
-    let relay = if args.no_relay {
-        None
-    } else {
-        Some(args.relay.supervisor().spawn(&db, stop_relay.clone())?)
-    };
-    // The in-process consumer reads what this service publishes.
-    args.consumer.consumer_topic.clone_from(&args.events_topic);
-    let consumer = if args.no_consumer {
-        None
-    } else {
-        Some(
-            args.consumer
-                .settings(consume_cmd::ConsumerName::Billing)
-                .spawn(
-                    &args.relay.broker.config(),
-                    &db,
-                    &consume_cmd::ConsumerName::Billing,
-                    stop_relay.clone(),
-                )
-                .await?,
-        )
-    };
+    let stop_workers = tokio_util::sync::CancellationToken::new();
+    let workers = spawn_workers(&mut args, &db, &stop_workers).await?;
     orders::serve(listener, db, config, shutdown).await?;
-    stop_relay.cancel();
-    if let Some(relay) = relay {
-        relay.await?;
-    }
-    if let Some(consumer) = consumer {
-        consumer.await?;
+    stop_workers.cancel();
+    for worker in workers {
+        worker.await?;
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts what `serve` runs beside the HTTP service, as configured: the relay, the `billing`
+/// consumer (charging with payments configured), the `shipping` consumer (with
+/// `--shipping-url`) and the effect runner (with a provider configured). Cancel `stop` and
+/// await the handles to stop them.
+async fn spawn_workers(
+    args: &mut ServeArgs,
+    db: &Database,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut workers = Vec::new();
+    if !args.no_relay {
+        workers.push(args.relay.supervisor().spawn(db, stop.clone())?);
+    }
+    // The in-process consumers read what this service publishes.
+    args.consumer.consumer_topic.clone_from(&args.events_topic);
+    let broker = args.relay.broker.config();
+    let mut consumers = vec![consume_cmd::Flow {
+        name: consume_cmd::ConsumerName::Billing,
+        charge: args.providers.payments(),
+    }];
+    if args.providers.shipping() {
+        consumers.push(consume_cmd::Flow {
+            name: consume_cmd::ConsumerName::Shipping,
+            charge: false,
+        });
+    }
+    if !args.no_consumer {
+        for flow in consumers {
+            let settings = args.consumer.settings(flow.name);
+            workers.push(settings.spawn(&broker, db, &flow, stop.clone()).await?);
+        }
+    }
+    let effects = args.providers.config();
+    if !args.no_runner && !effects.is_empty() {
+        let handler = Arc::new(orders::OrderEffects::new(&args.events_topic));
+        workers.push(effects.spawn(db, handler, stop.clone())?);
+    }
+    Ok(workers)
 }

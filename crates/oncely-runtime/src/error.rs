@@ -87,6 +87,30 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// Payments are configured without a secret key.
+    #[error("payments need a secret key (--payments-secret-key / ONCELY_PAYMENTS_SECRET_KEY)")]
+    PaymentsSecretKeyMissing,
+    /// The effect runner's lease does not exceed a provider's timeout: a call still running
+    /// could be taken over by another runner.
+    #[error("the runner's lease ({lease:?}) must exceed the provider timeout ({timeout:?})")]
+    LeaseTooShort {
+        /// The runner's lease.
+        lease: std::time::Duration,
+        /// The provider's timeout.
+        timeout: std::time::Duration,
+    },
+    /// A provider's HTTP client cannot be built.
+    #[error("building the {provider} client")]
+    ProviderClient {
+        /// `payments` or `shipping`.
+        provider: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// An effect runner was asked for without any provider configured.
+    #[error("no provider configured (--payments-url, --shipping-url)")]
+    NoProviders,
     /// A task of the runtime panicked or was aborted.
     #[error("a runtime task failed")]
     Task(#[from] tokio::task::JoinError),

@@ -11,6 +11,9 @@
 //!   shutdown.
 //! - [`ConsumerSettings`] + [`ConsumerFactory`]: an inbox consumer on the configured broker;
 //!   [`run_consumer`] runs one until shutdown.
+//! - [`EffectsConfig`]: the outgoing-effect providers (payments, shipping) and the effect
+//!   runner's settings; [`EffectsConfig::spawn`] starts a runner, [`run_effects`] runs one
+//!   until shutdown.
 //! - [`serve_metrics`]: `GET /metrics` in the Prometheus text format.
 //! - [`shutdown_signal`]: SIGTERM or Ctrl-C, handlers installed at once.
 //! - [`init_logging`]: the `tracing` subscriber, filter from `ONCELY_LOG`.
@@ -44,6 +47,7 @@
 //! - `broker` — [`BrokerKind`], [`BrokerConfig`] and the publisher factory.
 //! - `relay` — [`RelaySupervisor`], [`run_relay`].
 //! - `consumer` — [`ConsumerSettings`], [`ConsumerFactory`], [`run_consumer`].
+//! - `effects` — [`EffectsConfig`], [`run_effects`].
 //! - `metrics` — [`MetricsEndpoint`], [`serve_metrics`].
 //! - `signal` — [`shutdown_signal`].
 //! - `logging` — [`LogFormat`], [`init_logging`], [`DEFAULT_LOG_FILTER`].
@@ -52,6 +56,7 @@
 mod broker;
 mod consumer;
 mod db;
+mod effects;
 mod error;
 mod logging;
 mod metrics;
@@ -61,6 +66,7 @@ mod signal;
 pub use broker::{BrokerConfig, BrokerKind};
 pub use consumer::{run_consumer, ConsumerFactory, ConsumerSettings};
 pub use db::{connect, connect_existing, redact};
+pub use effects::{run_effects, EffectsConfig};
 pub use error::{BoxError, RuntimeError};
 pub use logging::{init_logging, LogFormat, DEFAULT_LOG_FILTER};
 pub use metrics::{serve_metrics, MetricsEndpoint};

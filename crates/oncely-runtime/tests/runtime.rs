@@ -1,6 +1,7 @@
 //! The runtime's assembly driven without a process: relay and consumer from configuration
 //! on the SQL transport, supervision of a broker that is down, the metrics endpoint,
-//! injected shutdown, and the database connection's refusals.
+//! injected shutdown, the database connection's refusals, and the effect runner from
+//! configuration.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -265,4 +266,138 @@ async fn a_database_that_cannot_be_reached_is_named_without_its_password() {
     let text = err.to_string();
     assert!(text.contains("postgres://u:***@127.0.0.1:1/db"), "{text}");
     assert!(!text.contains("secret"), "{text}");
+}
+
+/// The effect runner from configuration: its refusals, and a charge settled against the
+/// payments simulator on `127.0.0.1:0` until shutdown.
+mod effects {
+    use super::*;
+    use oncely_effects::{NoHandler, RunnerConfig, ShippingConfig, StripeConfig};
+    use oncely_runtime::EffectsConfig;
+    use oncely_sql::{EffectStore, NewEffect};
+
+    fn payments(base: &str, key: &str) -> StripeConfig {
+        StripeConfig {
+            base_url: base.to_owned(),
+            secret_key: key.to_owned(),
+            timeout: Duration::from_secs(5),
+            ..StripeConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_configuration_without_providers_a_secret_key_or_a_lease_above_the_timeout_is_refused(
+    ) {
+        let db = sqlite().await;
+        let none = EffectsConfig::default();
+        assert!(none.is_empty());
+        let refused = oncely_runtime::run_effects(
+            &db.db,
+            &none,
+            Arc::new(NoHandler),
+            None,
+            std::future::ready(()),
+        )
+        .await;
+        assert!(
+            matches!(refused, Err(RuntimeError::NoProviders)),
+            "{refused:?}"
+        );
+        let keyless = EffectsConfig {
+            payments: Some(payments("http://127.0.0.1:9", "")),
+            ..EffectsConfig::default()
+        };
+        assert!(matches!(
+            keyless.providers(),
+            Err(RuntimeError::PaymentsSecretKeyMissing)
+        ));
+        let short = EffectsConfig {
+            shipping: Some(ShippingConfig {
+                timeout: Duration::from_secs(90),
+                ..ShippingConfig::default()
+            }),
+            ..EffectsConfig::default()
+        };
+        assert!(matches!(
+            short.providers(),
+            Err(RuntimeError::LeaseTooShort { .. })
+        ));
+        let both = EffectsConfig {
+            payments: Some(payments("http://127.0.0.1:9", "sk_test_x")),
+            shipping: Some(ShippingConfig::default()),
+            ..EffectsConfig::default()
+        };
+        let names: Vec<String> = both
+            .providers()
+            .unwrap()
+            .iter()
+            .map(|p| p.name().to_owned())
+            .collect();
+        assert_eq!(names, ["payments", "shipping"]);
+    }
+
+    #[tokio::test]
+    async fn a_runner_from_configuration_settles_a_charge_at_the_simulator_and_stops_at_shutdown() {
+        let sim = provider_sim::PaymentsSim::new(provider_sim::PaymentsConfig {
+            secret_keys: vec!["sk_test_rt".to_owned()],
+            ..provider_sim::PaymentsConfig::default()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let stop_sim = CancellationToken::new();
+        tokio::spawn(provider_sim::serve(
+            listener,
+            sim.router(),
+            stop_sim.clone().cancelled_owned(),
+        ));
+        let t = sqlite().await;
+        let request = serde_json::json!({"amount": 700, "currency": "eur"});
+        let mut tx = t.db.begin().await.unwrap();
+        let new = NewEffect {
+            tenant: "acme",
+            provider: "payments",
+            operation: "charge",
+            reference: "inv-rt",
+            key: "key-rt",
+            request: &request,
+        };
+        EffectStore::enqueue(&mut tx, &new, oncely_core::now_ms())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let config = EffectsConfig {
+            payments: Some(payments(&base, "sk_test_rt")),
+            runner: RunnerConfig {
+                poll: Duration::from_millis(20),
+                ..RunnerConfig::default()
+            },
+            ..EffectsConfig::default()
+        };
+        let stop = CancellationToken::new();
+        let task = config
+            .spawn(&t.db, Arc::new(NoHandler), stop.clone())
+            .unwrap();
+        let store = EffectStore::new(t.db.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let e = store
+                .find("payments", "charge", "inv-rt")
+                .await
+                .unwrap()
+                .unwrap();
+            if e.state_word == "succeeded" {
+                assert!(e.provider_id.unwrap().starts_with("pi_"));
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not settled: {e:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the runner stops at shutdown")
+            .unwrap();
+        assert_eq!(sim.stats().payment_intents, 1);
+        stop_sim.cancel();
+    }
 }
