@@ -18,7 +18,8 @@
 //!   idempotent operation produces the message.
 //! - `retry` — [`RetryPolicy`]: exponential backoff with full jitter, cap, attempt limit,
 //!   deadline and `Retry-After`; [`OutcomeClass`] of a failed attempt and the
-//!   [`RetryDecision`] it leads to; [`parse_retry_after`] (RFC 9110 §10.2.3).
+//!   [`RetryDecision`] it leads to, the [`OutageWait`] of a dependency that is down;
+//!   [`parse_retry_after`] (RFC 9110 §10.2.3).
 //! - `budget` — [`RetryBudget`]: a per-dependency retry token bucket (the AWS SDKs' model).
 //! - `derive` — [`derive_key`], [`next_key`]: the idempotency key of an outgoing call,
 //!   derived from its parent operation's scope, key and step (UUIDv8 over SHA-256).
@@ -42,7 +43,7 @@ pub use record::{
     is_replayable_header, RecordState, StoredResponse, StoredResponseError, REPLAYABLE_HEADERS,
 };
 pub use retry::{
-    parse_retry_after, Failure, GiveUpReason, OutcomeClass, RetryDecision, RetryPolicy,
+    parse_retry_after, Failure, GiveUpReason, OutageWait, OutcomeClass, RetryDecision, RetryPolicy,
 };
 pub use scope::{Operation, Scope, TenantError, TenantId};
 pub use time::now_ms;

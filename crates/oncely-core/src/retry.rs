@@ -198,6 +198,59 @@ impl RetryPolicy {
     }
 }
 
+/// How long to wait before probing a dependency that is unavailable again:
+/// [`RetryPolicy::outage_wait`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutageWait {
+    /// The wait.
+    pub wait: Duration,
+    /// `true` when the dependency's retry budget could not pay for this retry: the wait is
+    /// then the policy's longest (its cap, or a longer `Retry-After` up to the ceiling).
+    pub budget_exhausted: bool,
+}
+
+impl RetryPolicy {
+    /// The wait after the `failures`-th consecutive failure (≥ 1) of a dependency that is
+    /// unavailable (a broker or a database that is down, a provider that refuses or
+    /// answers 429/503), decided by [`RetryPolicy::decide`] as
+    /// [`OutcomeClass::NotSent`]: an outage never gives up and never counts toward an
+    /// attempt limit (`max_attempts` and `deadline` are ignored), so the answer is always a
+    /// wait — [`RetryPolicy::delay_honouring`] while `budget` (when given) pays for the
+    /// retry, the longest wait of the policy once it does not. `unit` is a uniform sample
+    /// in `[0, 1)`.
+    pub fn outage_wait(
+        &self,
+        failures: u32,
+        retry_after: Option<Duration>,
+        budget: Option<&RetryBudget>,
+        unit: f64,
+    ) -> OutageWait {
+        let policy = RetryPolicy {
+            max_attempts: u32::MAX,
+            deadline: None,
+            ..*self
+        };
+        let failure = Failure {
+            // Below u32::MAX: the attempt limit of `policy` is never reached.
+            failures: failures.clamp(1, u32::MAX - 1),
+            class: OutcomeClass::NotSent,
+            retry_after,
+            elapsed: Duration::ZERO,
+            timed_out: false,
+        };
+        match policy.decide(&failure, budget, unit) {
+            RetryDecision::RetryAfter(wait) => OutageWait {
+                wait,
+                budget_exhausted: false,
+            },
+            _ => OutageWait {
+                wait: policy.delay_honouring(u32::MAX, 1.0, retry_after),
+                budget_exhausted: true,
+            },
+        }
+    }
+}
+
 /// A `Retry-After` value (RFC 9110 §10.2.3) as a wait from `now`: `delay-seconds`, or an
 /// HTTP-date (IMF-fixdate, and the obsolete RFC 850 and asctime forms a recipient must
 /// accept, §5.6.7) — a date in the past is a wait of zero. `None` when the value is
@@ -372,6 +425,37 @@ mod tests {
         assert_eq!(OutcomeClass::of_status(429), OutcomeClass::Retryable);
         assert_eq!(OutcomeClass::of_status(500), OutcomeClass::Unknown);
         assert_eq!(OutcomeClass::of_status(402), OutcomeClass::Final);
+    }
+
+    #[test]
+    fn outage_waits_grow_never_give_up_and_take_the_cap_once_the_budget_is_spent() {
+        let p = RetryPolicy {
+            deadline: Some(Duration::from_secs(1)),
+            ..policy()
+        };
+        let budget = RetryBudget::new(2 * RetryBudget::RETRY_COST);
+        // Far past max_attempts (3) and the deadline: still a wait, growing with failures.
+        let first = p.outage_wait(1, None, Some(&budget), 1.0);
+        let fourth = p.outage_wait(4, None, Some(&budget), 1.0);
+        assert_eq!(
+            (first.wait, first.budget_exhausted),
+            (Duration::from_millis(100), false)
+        );
+        assert_eq!(
+            (fourth.wait, fourth.budget_exhausted),
+            (Duration::from_millis(800), false)
+        );
+        assert_eq!(budget.available(), 0);
+        let spent = p.outage_wait(1, None, Some(&budget), 0.0);
+        assert_eq!((spent.wait, spent.budget_exhausted), (p.cap, true));
+        let asked = p.outage_wait(1, Some(Duration::from_secs(7)), Some(&budget), 0.0);
+        assert_eq!(asked.wait, Duration::from_secs(7));
+        // Without a budget nothing is spent; zero failures are treated as the first.
+        assert_eq!(
+            p.outage_wait(0, None, None, 1.0).wait,
+            Duration::from_millis(100)
+        );
+        assert_eq!(p.outage_wait(u32::MAX, None, None, 1.0).wait, p.cap);
     }
 
     #[test]
