@@ -124,8 +124,14 @@ pub struct Effect {
     pub state_word: String,
     /// Calls started that counted (a provider being unavailable does not count).
     pub attempts: i32,
-    /// Status checks made.
+    /// Status checks made that reached the provider (one that found it unavailable does
+    /// not count).
     pub checks: i32,
+    /// Consecutive calls or status checks that found the provider unavailable (refused
+    /// connection, 429, 503 — [`Settle::Unavailable`], or [`Settle::Retry`] that does not
+    /// count): none of them is an attempt or a check, so this is what the outage backoff
+    /// grows with. 0 after anything else.
+    pub unavailable_streak: i32,
     /// When the effect is next due, Unix ms.
     pub available_at: i64,
     /// The provider's object id, once known.
@@ -204,7 +210,9 @@ pub enum Settle {
         response: Option<String>,
     },
     /// Try the call again at `at` (Unix ms), same key. `counts`: whether the attempt just
-    /// made counts toward the limit (`false` when the provider was unavailable).
+    /// made counts toward the limit (`false` when the provider was unavailable: the attempt
+    /// is taken back and [`Effect::unavailable_streak`] raised, as by
+    /// [`Settle::Unavailable`]).
     Retry {
         /// When, Unix ms.
         at: i64,
@@ -212,6 +220,26 @@ pub enum Settle {
         error: String,
         /// Whether the attempt counts.
         counts: bool,
+    },
+    /// The provider was unavailable (refused connection, 429, 503) for the call or the
+    /// status check just made: neither counts (a call's attempt is taken back, a check is
+    /// not added) and [`Effect::unavailable_streak`] is raised by one. A call goes back to
+    /// `pending`, a status check leaves the effect `unknown`; either is due again at `at`
+    /// (Unix ms).
+    Unavailable {
+        /// When, Unix ms.
+        at: i64,
+        /// What was seen.
+        error: String,
+    },
+    /// The provider was unavailable for the call or status check just made, and the retry
+    /// policy gave up (its deadline passed): neither counts, as with
+    /// [`Settle::Unavailable`]. A call — never sent, or not acted upon — makes the effect
+    /// `failed`; a status check leaves the outcome unknown, so the effect goes to
+    /// `needs_review` (a person decides; never `failed`).
+    GaveUpUnavailable {
+        /// Why.
+        error: String,
     },
     /// The outcome is unknown: check the status at `at` (Unix ms).
     Unknown {
@@ -314,8 +342,8 @@ const INSERT_EFFECT: &str = "INSERT INTO oncely_effects (id, tenant, provider, o
 
 /// The columns of [`Effect`], for `SELECT`s and `RETURNING`.
 pub(crate) const EFFECT_COLUMNS: &str = "id, tenant, provider, operation, reference, \
-    idem_key, key_generation, request, state, attempts, checks, available_at, provider_id, \
-    response, last_error, lease_version, created_at, updated_at";
+    idem_key, key_generation, request, state, attempts, checks, unavailable_streak, \
+    available_at, provider_id, response, last_error, lease_version, created_at, updated_at";
 
 impl EffectStore {
     /// The store on `db` (migrated with [`Database::migrate`]).
@@ -423,10 +451,13 @@ impl EffectStore {
                     "UPDATE oncely_effects SET attempts = attempts - $1, checks = checks + $2, \
                      state = $3, available_at = $4, provider_id = $5, response = $6, \
                      last_error = $7, idem_key = $8, key_generation = $9, locked_by = NULL, \
-                     locked_until = NULL, updated_at = $10 WHERE id = $11 AND lease_version = $12",
+                     locked_until = NULL, updated_at = $10, unavailable_streak = $11 \
+                     WHERE id = $12 AND lease_version = $13",
                 )
                 .bind(fields.uncount)
-                .bind(i64::from(evidence.kind == EvidenceKind::Status))
+                .bind(i64::from(
+                    evidence.kind == EvidenceKind::Status && fields.counts_check,
+                ))
                 .bind(fields.state.as_str())
                 .bind(fields.available_at.unwrap_or(effect.available_at))
                 .bind(fields.provider_id)
@@ -435,6 +466,11 @@ impl EffectStore {
                 .bind(fields.key)
                 .bind(fields.key_generation)
                 .bind(now_ms)
+                .bind(if fields.raise_streak {
+                    i64::from(effect.unavailable_streak).saturating_add(1)
+                } else {
+                    0
+                })
                 .bind(effect.id.as_str())
                 .bind(effect.lease_version),
             )
@@ -601,14 +637,15 @@ impl EffectStore {
         let (to, sql) = match from {
             EffectState::NeedsReview | EffectState::Unknown => (
                 EffectState::Unknown,
-                "UPDATE oncely_effects SET state = 'unknown', checks = 0, available_at = $1, \
-                 updated_at = $2, lease_version = lease_version + 1 WHERE id = $3",
+                "UPDATE oncely_effects SET state = 'unknown', checks = 0, \
+                 unavailable_streak = 0, available_at = $1, updated_at = $2, \
+                 lease_version = lease_version + 1 WHERE id = $3",
             ),
             EffectState::Failed => (
                 EffectState::Absent,
-                "UPDATE oncely_effects SET state = 'absent', available_at = $1, updated_at = $2, \
-                 lease_version = lease_version + 1, key_generation = key_generation + 1, \
-                 idem_key = $3 WHERE id = $4",
+                "UPDATE oncely_effects SET state = 'absent', unavailable_streak = 0, \
+                 available_at = $1, updated_at = $2, lease_version = lease_version + 1, \
+                 key_generation = key_generation + 1, idem_key = $3 WHERE id = $4",
             ),
             other => {
                 return Err(StoreError::Conflict(format!(
@@ -809,6 +846,11 @@ struct SettleFields {
     key_generation: i64,
     /// 1 when the attempt the claim counted is taken back (the provider was unavailable).
     uncount: i64,
+    /// The provider was unavailable and will be tried again: the streak is raised (else it
+    /// is reset).
+    raise_streak: bool,
+    /// `false` when the provider was unavailable: a status check made is not counted.
+    counts_check: bool,
 }
 
 impl SettleFields {
@@ -822,6 +864,8 @@ impl SettleFields {
             key: effect.key.clone(),
             key_generation: i64::from(effect.key_generation),
             uncount: 0,
+            raise_streak: false,
+            counts_check: true,
         };
         match settle {
             Settle::Succeeded {
@@ -843,6 +887,28 @@ impl SettleFields {
                 f.available_at = Some(*at);
                 f.error = Some(error.clone());
                 f.uncount = i64::from(!counts && effect.state_word == "in_flight");
+                f.raise_streak = !counts;
+                f.counts_check = *counts;
+            }
+            Settle::Unavailable { at, error } => {
+                if effect.state_word == "unknown" {
+                    f.state = EffectState::Unknown;
+                }
+                f.available_at = Some(*at);
+                f.error = Some(error.clone());
+                f.uncount = i64::from(effect.state_word == "in_flight");
+                f.raise_streak = true;
+                f.counts_check = false;
+            }
+            Settle::GaveUpUnavailable { error } => {
+                f.state = if effect.state_word == "unknown" {
+                    EffectState::NeedsReview
+                } else {
+                    EffectState::Failed
+                };
+                f.error = Some(error.clone());
+                f.uncount = i64::from(effect.state_word == "in_flight");
+                f.counts_check = false;
             }
             Settle::Unknown { at, error } => {
                 f.state = EffectState::Unknown;

@@ -10,8 +10,8 @@ use crate::StoreError;
 const COLUMNS: &str = "id, CAST(tenant AS CHAR) AS tenant, CAST(provider AS CHAR) AS provider, \
     CAST(operation AS CHAR) AS operation, CAST(reference AS CHAR) AS reference, \
     CAST(idem_key AS CHAR) AS idem_key, key_generation, request, state, attempts, checks, \
-    available_at, CAST(provider_id AS CHAR) AS provider_id, response, last_error, \
-    lease_version, created_at, updated_at";
+    unavailable_streak, available_at, CAST(provider_id AS CHAR) AS provider_id, response, \
+    last_error, lease_version, created_at, updated_at";
 
 impl EffectsBackend for MySqlStore {
     const COLUMNS: &'static str = COLUMNS;

@@ -510,6 +510,167 @@ pub(crate) async fn a_failed_effect_retried_is_resent_under_the_next_key(t: Test
     );
 }
 
+/// The consecutive-unavailable streak (migration 0021): raised by every call and every
+/// status check that found the provider unavailable — neither of which counts as an
+/// attempt or a check — and reset by anything else.
+pub(crate) async fn the_unavailable_streak_grows_with_uncounted_failures_and_resets_after_others(
+    t: TestDb,
+) {
+    let s = store(&t).await;
+    enqueue(&s, "inv-s", "key-s").await;
+    let claim = |now: i64| {
+        let s = s.clone();
+        async move {
+            s.claim("payments", "r", 10, LEASE, now)
+                .await
+                .unwrap()
+                .remove(0)
+        }
+    };
+    let down = |at: i64| Settle::Unavailable {
+        at,
+        error: "connection refused".into(),
+    };
+    let mut now = 2_000;
+    // Three refused calls: the streak is 1, 2, 3 and no attempt counted.
+    for n in 1..=3 {
+        let c = claim(now).await;
+        assert_eq!((c.attempts, c.unavailable_streak), (1, n - 1));
+        now += 100;
+        let call = evidence(EvidenceKind::Call, "not_sent");
+        settle(&t, &c, &down(now), &call, now).await;
+        let e = s.get(&c.id).await.unwrap().unwrap();
+        assert_eq!(
+            (e.state().unwrap(), e.attempts, e.unavailable_streak),
+            (EffectState::Pending, 0, n)
+        );
+    }
+    // `Retry { counts: false }` is the same: raised, not counted.
+    let c = claim(now).await;
+    let wait = Settle::Retry {
+        at: now + 100,
+        error: "HTTP 429".into(),
+        counts: false,
+    };
+    now += 100;
+    settle(
+        &t,
+        &c,
+        &wait,
+        &evidence(EvidenceKind::Call, "retryable"),
+        now,
+    )
+    .await;
+    let e = s.get(&c.id).await.unwrap().unwrap();
+    assert_eq!((e.attempts, e.unavailable_streak), (0, 4));
+    // An unknown outcome resets it...
+    let c = claim(now).await;
+    let unknown = Settle::Unknown {
+        at: now + 100,
+        error: "timeout".into(),
+    };
+    now += 100;
+    settle(
+        &t,
+        &c,
+        &unknown,
+        &evidence(EvidenceKind::Call, "unknown"),
+        now,
+    )
+    .await;
+    let e = s.get(&c.id).await.unwrap().unwrap();
+    assert_eq!((e.attempts, e.unavailable_streak), (1, 0));
+    // ... status checks that find the provider down raise it, stay unknown, count no check.
+    for n in 1..=2 {
+        let c = claim(now).await;
+        assert_eq!(c.state().unwrap(), EffectState::Unknown);
+        now += 100;
+        let check = evidence(EvidenceKind::Status, "unavailable");
+        settle(&t, &c, &down(now), &check, now).await;
+        let e = s.get(&c.id).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                e.state().unwrap(),
+                e.attempts,
+                e.checks,
+                e.unavailable_streak
+            ),
+            (EffectState::Unknown, 1, 0, n)
+        );
+    }
+    // A check that reaches the provider counts, and resets the streak.
+    let c = claim(now).await;
+    let lagging = Settle::Unknown {
+        at: now + 100,
+        error: "the lookup may lag".into(),
+    };
+    now += 100;
+    let check = evidence(EvidenceKind::Status, "not_yet_visible");
+    settle(&t, &c, &lagging, &check, now).await;
+    let e = s.get(&c.id).await.unwrap().unwrap();
+    assert_eq!(
+        (e.state().unwrap(), e.checks, e.unavailable_streak),
+        (EffectState::Unknown, 1, 0)
+    );
+}
+
+/// Giving up while the provider is down ([`Settle::GaveUpUnavailable`]) counts nothing
+/// either: a call that was never sent is `failed` with its attempt taken back, an unknown
+/// outcome whose status could not be asked goes to `needs_review` with no check counted.
+pub(crate) async fn giving_up_while_the_provider_is_down_counts_nothing(t: TestDb) {
+    let s = store(&t).await;
+    let gave_up = Settle::GaveUpUnavailable {
+        error: "deadline".into(),
+    };
+    enqueue(&s, "inv-g1", "key-g1").await;
+    let c = s
+        .claim("payments", "r", 10, LEASE, 2_000)
+        .await
+        .unwrap()
+        .remove(0);
+    settle(
+        &t,
+        &c,
+        &gave_up,
+        &evidence(EvidenceKind::Call, "not_sent"),
+        2_100,
+    )
+    .await;
+    let e = s.get(&c.id).await.unwrap().unwrap();
+    assert_eq!((e.state().unwrap(), e.attempts), (EffectState::Failed, 0));
+    enqueue(&s, "inv-g2", "key-g2").await;
+    let c = s
+        .claim("payments", "r", 10, LEASE, 3_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let unknown = Settle::Unknown {
+        at: 3_000,
+        error: "timeout".into(),
+    };
+    settle(
+        &t,
+        &c,
+        &unknown,
+        &evidence(EvidenceKind::Call, "unknown"),
+        3_000,
+    )
+    .await;
+    let c = s
+        .claim("payments", "r", 10, LEASE, 3_000)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(c.state().unwrap(), EffectState::Unknown);
+    let check = evidence(EvidenceKind::Status, "unavailable");
+    settle(&t, &c, &gave_up, &check, 3_100).await;
+    let e = s.get(&c.id).await.unwrap().unwrap();
+    assert_eq!(
+        (e.state().unwrap(), e.attempts, e.checks),
+        (EffectState::NeedsReview, 1, 0)
+    );
+}
+
 oncely_testkit::matrix! {
     tests: [
         one_intent_per_reference_and_key,
@@ -519,6 +680,8 @@ oncely_testkit::matrix! {
         claims_on_a_backlog_believed_empty_never_seq_scan,
         operator_retries_check_the_status_first_and_resolutions_are_audited,
         a_failed_effect_retried_is_resent_under_the_next_key,
+        the_unavailable_streak_grows_with_uncounted_failures_and_resets_after_others,
+        giving_up_while_the_provider_is_down_counts_nothing,
     ],
     cannot_apply: [
         // Plans from statistics: SQLite's claim is one statement on its single writer, and
