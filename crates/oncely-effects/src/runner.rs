@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
-use oncely_core::{Failure, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
+use oncely_core::{Failure, GiveUpReason, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
 use oncely_sql::{
     Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, StoreError, Tx,
 };
@@ -78,16 +78,28 @@ pub struct RunnerConfig {
     pub batch: u32,
     /// Calls in flight per provider, at most. Default 8.
     pub concurrency: usize,
-    /// Calls whose attempt counts: backoff, attempt limit, deadline (from the intent's
-    /// creation), `Retry-After` ceiling. Default: 500 ms base, 5 min cap, 10 attempts.
+    /// Calls whose attempt counts (a call whose outcome a status check proved absent is
+    /// sent again after this backoff): backoff, attempt limit, and the deadline, measured
+    /// from the intent's creation — it also bounds the waits of [`RunnerConfig::outage`]
+    /// and the status checks of an unknown outcome. Past the limit or the deadline an
+    /// effect that provably did not happen is `failed`; one whose outcome is unknown goes
+    /// to `needs_review`. Default: 500 ms base, 5 min cap, 10 attempts, no deadline.
     pub retry: RetryPolicy,
-    /// Waits while a provider is unavailable (refused connections, 429, 503); these never
-    /// count as attempts. Default: 1 s base, 1 min cap.
+    /// Waits while a provider is unavailable (refused connections, 429, 503): full jitter
+    /// over the effect's consecutive-unavailable streak ([`Effect::unavailable_streak`]),
+    /// `Retry-After` honoured up to `retry_after_ceiling`, `cap` once the provider's retry
+    /// budget is spent. These never count as attempts; `max_attempts` and `deadline` are
+    /// ignored (the deadline is [`RunnerConfig::retry`]'s). Default: 1 s base, 1 min cap.
     pub outage: RetryPolicy,
+    /// Tokens of each provider's [`RetryBudget`] (every retry of a call or of a status
+    /// check that found the provider unavailable withdraws
+    /// [`RetryBudget::RETRY_COST`]; successes refill it). Default
+    /// [`RetryBudget::DEFAULT_CAPACITY`] (500).
+    pub budget_capacity: u32,
     /// First status check after an unknown outcome. Default 1 s.
     pub check_delay: Duration,
-    /// Status checks after which a still-unknown effect goes to `needs_review`.
-    /// Default 20.
+    /// Status checks after which a still-unknown effect goes to `needs_review` (a check that
+    /// found the provider unavailable does not count). Default 20.
     pub max_checks: u32,
     /// Fault injection (crash tests and chaos drills only): abort the process
     /// (`std::process::abort`) right after a provider call returned and before its outcome
@@ -114,6 +126,7 @@ impl Default for RunnerConfig {
             },
             check_delay: Duration::from_secs(1),
             max_checks: 20,
+            budget_capacity: RetryBudget::DEFAULT_CAPACITY,
             abort_after_call: false,
         }
     }
@@ -134,13 +147,19 @@ struct Lane {
 /// Per claimed effect:
 /// - `in_flight` (a call may go out): call once with the recorded key. Success or a final
 ///   refusal settles it; an unknown outcome makes it `unknown`; an unavailable provider
-///   (refused, 429, 503) waits (`Retry-After` honoured) without counting an attempt, and
-///   the provider's [`RetryBudget`] spaces the waits out when it fails broadly.
+///   (refused, 429, 503) waits (`Retry-After` honoured) without counting an attempt, the
+///   wait growing with the effect's consecutive-unavailable streak, and the provider's
+///   [`RetryBudget`] spaces the waits out when it fails broadly.
 /// - `unknown`: ask the status by reference — never call. Found: settled from the
 ///   provider's object. Absent: sent again with the same key (a provider that replays a
 ///   stored 500 under it gets the key's next generation, which cannot duplicate: nothing
-///   exists). Not yet visible: asked again when the lookup settles. After `max_checks`:
-///   `needs_review`.
+///   exists), after [`RunnerConfig::retry`]'s backoff — or `failed` once its attempt limit
+///   or deadline is reached (nothing happened at the provider). Not yet visible: asked
+///   again when the lookup settles. Unavailable: asked again after the outage wait. After
+///   `max_checks`, or past the deadline: `needs_review`.
+///
+/// Every retry-or-give-up choice goes through [`RetryPolicy::decide`]: one decision for a
+/// provider that was unavailable, one for a call proven absent, one for an unknown outcome.
 pub struct EffectRunner {
     store: EffectStore,
     lanes: HashMap<String, Lane>,
@@ -179,7 +198,7 @@ impl EffectRunner {
             .map(|p| {
                 let lane = Lane {
                     provider: p.clone(),
-                    budget: Arc::new(RetryBudget::default()),
+                    budget: Arc::new(RetryBudget::new(config.budget_capacity)),
                     permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
                 };
                 (p.name().to_owned(), lane)
@@ -191,6 +210,12 @@ impl EffectRunner {
             handler,
             config,
         }
+    }
+
+    /// The retry budget of `provider` (by [`Provider::name`]), `None` for a provider this
+    /// runner does not hold.
+    pub fn budget(&self, provider: &str) -> Option<&RetryBudget> {
+        self.lanes.get(provider).map(|l| &*l.budget)
     }
 
     /// Sets the gauges from the store: effects per provider and state, those in
@@ -339,28 +364,6 @@ impl EffectRunner {
     async fn call(&self, lane: &Lane, effect: &Effect) -> Result<(), StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
-        if u32::try_from(effect.attempts).unwrap_or(u32::MAX) > self.config.retry.max_attempts {
-            let error = format!("{} attempts without an answer", effect.attempts - 1);
-            let evidence = evidence(
-                EvidenceKind::Call,
-                &effect.key,
-                started,
-                "not_attempted",
-                None,
-                &[],
-                &error,
-            );
-            return self
-                .settle(
-                    effect,
-                    &Settle::NeedsReview {
-                        error: error.clone(),
-                    },
-                    &evidence,
-                    Some(Settled::NeedsReview { error: &error }),
-                )
-                .await;
-        }
         let outcome = lane.provider.call(&request).await;
         if self.config.abort_after_call {
             eprintln!(
@@ -383,8 +386,8 @@ impl EffectRunner {
         );
         match &outcome {
             CallOutcome::Succeeded(object) => {
-                lane.budget
-                    .on_success((effect.attempts > 1).then_some(false));
+                let retried = effect.attempts > 1 || effect.unavailable_streak > 0;
+                lane.budget.on_success(retried.then_some(false));
                 let settle = Settle::Succeeded {
                     provider_id: object.id.clone(),
                     response: object.raw.to_string(),
@@ -409,6 +412,8 @@ impl EffectRunner {
                 .await
             }
             CallOutcome::Unknown { reason, .. } => {
+                // Never a blind retry: the status is checked first (the policy's
+                // CheckStatus for an unknown outcome; checks withdraw no budget).
                 let settle = Settle::Unknown {
                     at: now_ms() + ms(self.config.check_delay),
                     error: reason.clone(),
@@ -416,41 +421,102 @@ impl EffectRunner {
                 self.settle(effect, &settle, &evidence, None).await
             }
             CallOutcome::Retryable { .. } | CallOutcome::NotSent { .. } => {
-                let at = self.outage_wait(lane, effect, &outcome);
-                let settle = Settle::Retry {
-                    at,
-                    error: detail.clone(),
-                    counts: false,
-                };
-                self.settle(effect, &settle, &evidence, None).await
+                match self.decide_outage(lane, effect, outcome.class(), outcome.retry_after()) {
+                    RetryDecision::RetryAfter(wait) => {
+                        let settle = Settle::Unavailable {
+                            at: now_ms() + ms(wait),
+                            error: detail.clone(),
+                        };
+                        self.settle(effect, &settle, &evidence, None).await
+                    }
+                    // Nothing reached the provider, or it answered that it did not act: the
+                    // effect provably did not happen, so it may be failed.
+                    decision => {
+                        let error = format!(
+                            "gave up ({}) while {} was unavailable; nothing was done: {detail}",
+                            give_up_word(decision),
+                            effect.provider
+                        );
+                        let settle = Settle::GaveUpUnavailable {
+                            error: error.clone(),
+                        };
+                        self.settle(
+                            effect,
+                            &settle,
+                            &evidence,
+                            Some(Settled::Failed { error: &error }),
+                        )
+                        .await
+                    }
+                }
             }
         }
     }
 
-    /// When to try again after the provider was unavailable: the outage backoff (its
-    /// `Retry-After` honoured), and longer once its retry budget is spent.
-    fn outage_wait(&self, lane: &Lane, effect: &Effect, outcome: &CallOutcome) -> i64 {
+    /// Whether and when to try again after a call or a status check found the provider
+    /// unavailable (`class` [`OutcomeClass::NotSent`] or [`OutcomeClass::Retryable`]):
+    /// [`RunnerConfig::outage`]'s backoff over the consecutive-unavailable streak,
+    /// `retry_after` honoured, [`RunnerConfig::retry`]'s deadline from the intent's
+    /// creation; never an attempt limit. A spent budget is no reason to give up: the wait
+    /// is the cap then (and counted in [`metric::BUDGET_EXHAUSTED_TOTAL`]).
+    fn decide_outage(
+        &self,
+        lane: &Lane,
+        effect: &Effect,
+        class: OutcomeClass,
+        retry_after: Option<Duration>,
+    ) -> RetryDecision {
+        let policy = RetryPolicy {
+            max_attempts: u32::MAX,
+            deadline: self.config.retry.deadline,
+            ..self.config.outage
+        };
+        let streak = u32::try_from(effect.unavailable_streak.max(0)).unwrap_or(0);
         let failure = Failure {
-            failures: u32::try_from(effect.attempts.max(1)).unwrap_or(1),
-            class: if outcome.class() == OutcomeClass::Retryable {
-                OutcomeClass::Retryable
-            } else {
-                OutcomeClass::NotSent
-            },
-            retry_after: outcome.retry_after(),
-            elapsed: Duration::ZERO,
+            failures: streak.saturating_add(1).min(u32::MAX - 1),
+            class,
+            retry_after,
+            elapsed: since(effect.created_at),
             timed_out: false,
         };
-        let unit = rand::random::<f64>();
-        let wait = match self
-            .config
-            .outage
-            .decide(&failure, Some(&lane.budget), unit)
-        {
-            RetryDecision::RetryAfter(wait) => wait,
-            _ => self.config.outage.cap,
+        Self::decide_within_budget(lane, effect, &policy, &failure)
+    }
+
+    /// Whether and when to send again a call that a status check proved absent:
+    /// [`RunnerConfig::retry`] over the attempts made so far (each proven to have done
+    /// nothing), with its attempt limit and deadline.
+    fn decide_resend(&self, lane: &Lane, effect: &Effect) -> RetryDecision {
+        let failure = Failure {
+            failures: u32::try_from(effect.attempts.max(1)).unwrap_or(1),
+            class: OutcomeClass::NotSent,
+            retry_after: None,
+            elapsed: since(effect.created_at),
+            timed_out: false,
         };
-        now_ms() + ms(wait)
+        Self::decide_within_budget(lane, effect, &self.config.retry, &failure)
+    }
+
+    /// [`RetryPolicy::decide`] with `lane`'s budget; a spent budget turns into the longest
+    /// wait of `policy` (its cap, or a longer `Retry-After` up to the ceiling) instead of
+    /// giving up: the budget spaces retries out, it does not fail effects.
+    fn decide_within_budget(
+        lane: &Lane,
+        effect: &Effect,
+        policy: &RetryPolicy,
+        failure: &Failure,
+    ) -> RetryDecision {
+        match policy.decide(failure, Some(&lane.budget), rand::random::<f64>()) {
+            RetryDecision::GiveUp(GiveUpReason::BudgetExhausted) => {
+                metrics::counter!(metric::BUDGET_EXHAUSTED_TOTAL, "provider" => effect.provider.clone())
+                    .increment(1);
+                RetryDecision::RetryAfter(policy.delay_honouring(
+                    u32::MAX,
+                    1.0,
+                    failure.retry_after,
+                ))
+            }
+            decision => decision,
+        }
     }
 
     /// Asks the provider for the status of an effect whose outcome is unknown, and settles
@@ -493,8 +559,8 @@ impl EffectRunner {
                 .await
             }
             Err(e) if e.is_unavailable() => {
-                let at = now_ms() + ms(self.config.outage.delay(checks, rand::random::<f64>()));
-                self.still_unknown(effect, started, checks, "unavailable", at, &e.to_string())
+                let decision = self.decide_outage(lane, effect, OutcomeClass::NotSent, None);
+                self.unavailable(effect, started, decision, &e.to_string())
                     .await
             }
             Err(e) => {
@@ -575,7 +641,8 @@ impl EffectRunner {
     /// The provider has nothing for the effect: it is sent again with the same key — or,
     /// when the provider honours keys and replayed a stored failure under this one (Stripe
     /// v1 stores a 500), under the key's next generation, which cannot duplicate anything
-    /// because nothing exists.
+    /// because nothing exists — after [`RunnerConfig::retry`]'s backoff. Past its attempt
+    /// limit or deadline it is `failed`: provably nothing happened at the provider.
     async fn absent(&self, lane: &Lane, effect: &Effect, started: i64) -> Result<(), StoreError> {
         let replayed_failure = lane.provider.honours_keys()
             && effect
@@ -599,12 +666,76 @@ impl EffectRunner {
             &[],
             "",
         );
-        let settle = Settle::Absent {
-            at: now_ms(),
-            key,
-            key_generation,
+        match self.decide_resend(lane, effect) {
+            RetryDecision::RetryAfter(wait) => {
+                let settle = Settle::Absent {
+                    at: now_ms() + ms(wait),
+                    key,
+                    key_generation,
+                };
+                self.settle(effect, &settle, &evidence, None).await
+            }
+            decision => {
+                let error = format!(
+                    "gave up ({}) after {} attempts; the provider has no such object",
+                    give_up_word(decision),
+                    effect.attempts
+                );
+                let settle = Settle::Failed {
+                    error: error.clone(),
+                    response: None,
+                };
+                self.settle(
+                    effect,
+                    &settle,
+                    &evidence,
+                    Some(Settled::Failed { error: &error }),
+                )
+                .await
+            }
+        }
+    }
+
+    /// A status check found the provider unavailable: asked again after the outage wait
+    /// (`decision`, of `decide_outage`), no check counted — or, past the
+    /// deadline, `needs_review`: the outcome could still be an effect.
+    async fn unavailable(
+        &self,
+        effect: &Effect,
+        started: i64,
+        decision: RetryDecision,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        let evidence = evidence(
+            EvidenceKind::Status,
+            &effect.key,
+            started,
+            "unavailable",
+            None,
+            &[],
+            detail,
+        );
+        if let RetryDecision::RetryAfter(wait) = decision {
+            let settle = Settle::Unavailable {
+                at: now_ms() + ms(wait),
+                error: detail.to_owned(),
+            };
+            return self.settle(effect, &settle, &evidence, None).await;
+        }
+        let error = format!(
+            "outcome still unknown, gave up ({}): {detail}",
+            give_up_word(decision)
+        );
+        let settle = Settle::GaveUpUnavailable {
+            error: error.clone(),
         };
-        self.settle(effect, &settle, &evidence, None).await
+        self.settle(
+            effect,
+            &settle,
+            &evidence,
+            Some(Settled::NeedsReview { error: &error }),
+        )
+        .await
     }
 
     async fn still_unknown(
@@ -627,22 +758,42 @@ impl EffectRunner {
         );
         if checks >= self.config.max_checks {
             let error = format!("outcome still unknown after {checks} status checks: {detail}");
-            return self
-                .settle(
-                    effect,
-                    &Settle::NeedsReview {
-                        error: error.clone(),
-                    },
-                    &evidence,
-                    Some(Settled::NeedsReview { error: &error }),
-                )
-                .await;
+            return self.park(effect, &evidence, error).await;
+        }
+        // The deadline ends the waiting too; the outcome may be an effect, so a person
+        // decides (never `failed`, never a blind call).
+        if self
+            .config
+            .retry
+            .deadline
+            .is_some_and(|d| since(effect.created_at) >= d)
+        {
+            let error = format!("outcome still unknown at the deadline: {detail}");
+            return self.park(effect, &evidence, error).await;
         }
         let settle = Settle::Unknown {
             at,
             error: detail.to_owned(),
         };
         self.settle(effect, &settle, &evidence, None).await
+    }
+
+    /// Parks `effect` in `needs_review` with `error`.
+    async fn park(
+        &self,
+        effect: &Effect,
+        evidence: &Evidence,
+        error: String,
+    ) -> Result<(), StoreError> {
+        self.settle(
+            effect,
+            &Settle::NeedsReview {
+                error: error.clone(),
+            },
+            evidence,
+            Some(Settled::NeedsReview { error: &error }),
+        )
+        .await
     }
 
     async fn settle(
@@ -659,6 +810,22 @@ impl EffectRunner {
             self.handler.settled(&mut tx, effect, outcome).await?;
         }
         tx.commit().await
+    }
+}
+
+/// Time since `created_at` (Unix ms), zero for a time in the future.
+fn since(created_at: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms().saturating_sub(created_at)).unwrap_or(0))
+}
+
+/// The reason of a give-up decision, for the effect's error.
+fn give_up_word(decision: RetryDecision) -> &'static str {
+    match decision {
+        RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted) => "attempt limit",
+        RetryDecision::GiveUp(GiveUpReason::DeadlinePassed) => "deadline",
+        RetryDecision::GiveUp(GiveUpReason::BudgetExhausted) => "retry budget",
+        RetryDecision::GiveUp(GiveUpReason::Final) => "final answer",
+        _ => "policy",
     }
 }
 

@@ -274,7 +274,7 @@ pub(crate) async fn against_localstripe_a_runner_dying_after_the_charge_leaves_o
 
 /// The process's Prometheus recorder (one per test process; counters add up across the
 /// tests that share it, so the checks below are lower bounds or per-label).
-fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+pub(crate) fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
     static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
     HANDLE.get_or_init(|| {
@@ -285,7 +285,7 @@ fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
 }
 
 /// The value of the sample `name{labels}` in Prometheus text.
-fn sample(text: &str, name_and_labels: &str) -> f64 {
+pub(crate) fn sample(text: &str, name_and_labels: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
         .unwrap_or(0.0)
