@@ -9,7 +9,7 @@ use oncely_broker::{
     BoxFuture, DependencyHealth, Incoming, ReceivedMessage, SqlSubscriber, SubscribeError,
     Subscriber,
 };
-use oncely_core::{MessageId, RetryPolicy};
+use oncely_core::{Failure, MessageId, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
 use oncely_sql::{Database, InboxOutcome, InboxStore, Tx};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -58,17 +58,27 @@ pub struct ConsumerConfig {
     /// How long one receive waits for a message (the idle polling interval on the SQL
     /// transport). Default 100 ms.
     pub poll: Duration,
-    /// Backoff (full jitter) and attempt limit for handler failures. Default: 500 ms base,
-    /// 5 min cap, 10 attempts.
+    /// Backoff (full jitter), attempt limit and deadline (from the broker's `enqueued_at`,
+    /// when it says) for handler failures, decided by [`RetryPolicy::decide`]: a delivery it
+    /// gives up on is dead-lettered. Default: 500 ms base, 5 min cap, 10 attempts.
     pub retry: RetryPolicy,
     /// Backoff while the database is unreachable ([`oncely_sql::is_outage`]): the message in
     /// hand is held — not acknowledged, not retried through the broker, no attempt counted —
-    /// and its transaction runs again after [`RetryPolicy::delay`] of the `n`-th failure in
-    /// a row, for as long as the outage lasts (`max_attempts` is ignored); receiving pauses
-    /// meanwhile, and the broker's broken-connection backoff uses the same policy. Must stay
-    /// below JetStream's `ack_wait` (the hold is refreshed once per wait). Default: 100 ms
-    /// base, 5 s cap.
+    /// and its transaction runs again after [`RetryPolicy::outage_wait`] of the `n`-th
+    /// failure in a row, for as long as the outage lasts (`max_attempts` and `deadline` are
+    /// ignored); receiving pauses meanwhile, and the broker's broken-connection backoff uses
+    /// the same policy. Must stay below JetStream's `ack_wait` (the hold is refreshed once
+    /// per wait). Default: 100 ms base, 5 s cap.
     pub outage: RetryPolicy,
+    /// The retry budget of the outage waits ([`RetryBudget`], the AWS SDKs' token bucket),
+    /// shared by every message this consumer holds through a database outage and by its
+    /// receive loop (clone the `Arc`, or the config, to share it with other consumers of
+    /// the same database): each retry withdraws [`RetryBudget::RETRY_COST`], each success
+    /// deposits; once it is spent the waits are `outage.cap` (counted in
+    /// [`m::RETRY_BUDGET_EXHAUSTED_TOTAL`]), so many held messages do not probe the
+    /// database in a storm. Default: a bucket of [`RetryBudget::DEFAULT_CAPACITY`] (500)
+    /// tokens of its own.
+    pub budget: Arc<RetryBudget>,
     /// How long inbox rows are kept; must be longer than the broker's redelivery window
     /// (a copy redelivered after it would run the effect again). Default 7 days.
     pub inbox_retention: Duration,
@@ -94,6 +104,7 @@ impl Default for ConsumerConfig {
                 max_attempts: u32::MAX,
                 ..RetryPolicy::default()
             },
+            budget: Arc::new(RetryBudget::default()),
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             collect_interval: Duration::from_secs(60),
             queue_retention: Duration::from_secs(3600),
@@ -325,6 +336,10 @@ impl<S: Subscriber> Consumer<S> {
             let error = match self.transact(&delivery, message).await {
                 Ok(processed) => {
                     self.database.up();
+                    // A retry that went through gets its cost back.
+                    self.config
+                        .budget
+                        .on_success((outage_rounds > 0).then_some(false));
                     return processed;
                 }
                 Err(error) => error,
@@ -336,15 +351,60 @@ impl<S: Subscriber> Consumer<S> {
                 tracing::debug!(consumer = self.name(), error = %e, "hold failed");
             }
             outage_rounds = outage_rounds.saturating_add(1);
-            let wait = self
-                .config
-                .outage
-                .delay(outage_rounds, rand::random::<f64>());
+            let wait = self.outage_wait(outage_rounds);
             tokio::select! {
                 () = self.stop.cancelled() => return Processed::StoreFailed,
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// The wait after the `failures`-th failure in a row to reach the database or the
+    /// broker: [`ConsumerConfig::outage`]'s backoff while [`ConsumerConfig::budget`] pays
+    /// for the retry, its cap once the budget is spent.
+    fn outage_wait(&self, failures: u32) -> Duration {
+        let decided = self.config.outage.outage_wait(
+            failures,
+            None,
+            Some(&self.config.budget),
+            rand::random::<f64>(),
+        );
+        if decided.budget_exhausted {
+            metrics::counter!(m::RETRY_BUDGET_EXHAUSTED_TOTAL, "consumer" => self.name().to_owned(), "broker" => self.subscriber.broker())
+                .increment(1);
+        }
+        decided.wait
+    }
+
+    /// Whether a handler failure of `delivery` (the `delivery.attempts + 1`-th) is retried,
+    /// and after which wait, or dead-lettered: [`RetryPolicy::decide`] over
+    /// [`ConsumerConfig::retry`] — a [`Rejected`] message is final, any other failure is
+    /// the message's own and counts toward the attempt limit.
+    fn decide(
+        &self,
+        delivery: &Incoming<S::Handle>,
+        message: &ReceivedMessage,
+        rejected: bool,
+    ) -> RetryDecision {
+        let elapsed = if message.enqueued_at > 0 {
+            u64::try_from(oncely_core::now_ms().saturating_sub(message.enqueued_at)).unwrap_or(0)
+        } else {
+            0
+        };
+        let failure = Failure {
+            failures: delivery.attempts.saturating_add(1),
+            class: if rejected {
+                OutcomeClass::Final
+            } else {
+                OutcomeClass::Retryable
+            },
+            retry_after: None,
+            elapsed: Duration::from_millis(elapsed),
+            timed_out: false,
+        };
+        self.config
+            .retry
+            .decide(&failure, None, rand::random::<f64>())
     }
 
     /// One run of `message`'s transaction and the settling of `delivery`. `Err`: the
@@ -436,11 +496,7 @@ impl<S: Subscriber> Consumer<S> {
                 let rejected = error.downcast_ref::<Rejected>().is_some();
                 let error = error.to_string();
                 let failures = delivery.attempts.saturating_add(1);
-                if rejected || self.config.retry.exhausted(failures) {
-                    tracing::error!(consumer, message_id = %id, attempts = failures, %error, "dead-lettered");
-                    Ok(self.dead_letter(delivery, &error).await)
-                } else {
-                    let delay = self.config.retry.delay(failures, rand::random::<f64>());
+                if let RetryDecision::RetryAfter(delay) = self.decide(delivery, message, rejected) {
                     tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
                     if let Err(e) = self.subscriber.retry(delivery, delay, &error).await {
                         tracing::warn!(consumer, message_id = %id, error = %e, "retry failed");
@@ -448,6 +504,9 @@ impl<S: Subscriber> Consumer<S> {
                     }
                     self.count(&self.stats.retries, m::RETRIES_TOTAL);
                     Ok(Processed::Retried)
+                } else {
+                    tracing::error!(consumer, message_id = %id, attempts = failures, %error, "dead-lettered");
+                    Ok(self.dead_letter(delivery, &error).await)
                 }
             }
         }
@@ -467,6 +526,7 @@ impl<S: Subscriber> Consumer<S> {
             m::DUPLICATES_TOTAL,
             m::RETRIES_TOTAL,
             m::DEAD_LETTERED_TOTAL,
+            m::RETRY_BUDGET_EXHAUSTED_TOTAL,
         ] {
             metrics::counter!(name, "consumer" => self.name().to_owned(), "broker" => self.subscriber.broker())
                 .increment(0);
@@ -509,6 +569,9 @@ impl<S: Subscriber> Consumer<S> {
             };
             match received {
                 Ok(deliveries) => {
+                    if failures > 0 {
+                        this.config.budget.on_success(Some(false));
+                    }
                     failures = 0;
                     this.broker.up();
                     for d in deliveries {
@@ -525,7 +588,7 @@ impl<S: Subscriber> Consumer<S> {
                 Err(e) => {
                     this.broker.down(&e);
                     failures = failures.saturating_add(1);
-                    let wait = this.config.outage.delay(failures, rand::random::<f64>());
+                    let wait = this.outage_wait(failures);
                     idle(&shutdown, wait).await;
                 }
             }

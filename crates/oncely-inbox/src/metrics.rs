@@ -9,6 +9,9 @@ pub const DUPLICATES_TOTAL: &str = "oncely_inbox_duplicates_skipped_total";
 pub const RETRIES_TOTAL: &str = "oncely_inbox_retries_total";
 /// Counter: deliveries parked as dead after the attempt limit.
 pub const DEAD_LETTERED_TOTAL: &str = "oncely_inbox_dead_lettered_total";
+/// Counter: outage waits (database or broker unreachable) whose retry the consumer's budget
+/// could not pay for, so it waited its outage cap (`ConsumerConfig::budget`).
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "oncely_inbox_retry_budget_exhausted_total";
 /// Histogram: handler run time (inbox insert to handler return), seconds.
 pub const HANDLER_SECONDS: &str = "oncely_inbox_handler_seconds";
 /// Histogram bucket bounds (seconds) suited to [`HANDLER_SECONDS`]: 0.5 ms … 30 s.

@@ -635,7 +635,7 @@ mod conformance {
         RabbitMqConfig, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscriberConfig,
         SqlSubscriber, SqlTransport, Subscriber,
     };
-    use oncely_core::{MessageId, RetryPolicy};
+    use oncely_core::{MessageId, RetryBudget, RetryPolicy};
     use oncely_inbox::{Consumer, ConsumerConfig, Handler, Processed};
     use oncely_sql::{Database, DbOptions};
     use oncely_testkit::{
@@ -1471,6 +1471,11 @@ mod conformance {
         });
         let mut config = config(retry);
         config.outage.cap = Duration::from_millis(300);
+        // A budget for four outage retries, shared by every held message: the outage
+        // spends it (the holds then probe at the cap, not each on its own schedule), the
+        // transactions that go through after it refill it.
+        let budget = Arc::new(RetryBudget::new(4 * RetryBudget::RETRY_COST));
+        config.budget = budget.clone();
         let settle = Duration::from_secs(3);
         let subscriber = f.subscriber_via(&db, "billing", settle);
         let c = Consumer::new(db, subscriber, handler as Arc<dyn Handler>, config);
@@ -1497,11 +1502,17 @@ mod conformance {
         assert_eq!(stats.dead_lettered(), 0, "dead-lettered during the outage");
         assert_eq!(stats.retries(), 0, "an outage counted as a failed attempt");
         assert!(f.dead_letters("billing").await.is_empty());
+        assert_eq!(budget.available(), 0, "the held messages spent the budget");
         proxy.restore();
         eventually(Duration::from_secs(30), || async {
             invoices(f.db(), "billing").await >= 30
         })
         .await;
+        assert!(
+            budget.available() >= RetryBudget::RETRY_COST,
+            "the transactions after the outage refill the budget ({})",
+            budget.available()
+        );
         // Redelivered copies (if any) must find the inbox row, not bill twice.
         tokio::time::sleep(Duration::from_secs(1)).await;
         shutdown.cancel();

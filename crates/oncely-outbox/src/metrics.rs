@@ -16,6 +16,9 @@ pub const PUBLISH_LATENCY_SECONDS: &str = "oncely_outbox_publish_latency_seconds
 pub const PUBLISH_BATCH_SECONDS: &str = "oncely_outbox_publish_batch_seconds";
 /// Counter: failed publish attempts (label `broker`).
 pub const PUBLISH_FAILURES_TOTAL: &str = "oncely_outbox_publish_failures_total";
+/// Counter: outage rounds whose retry the relay's budget could not pay for, so the relay
+/// waited its outage cap (label `broker`; `RelayConfig::budget`).
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "oncely_outbox_retry_budget_exhausted_total";
 /// Counter: rows that went dead after the attempt limit.
 pub const DEAD_TOTAL: &str = "oncely_outbox_dead_total";
 /// Counter: published rows deleted after retention.

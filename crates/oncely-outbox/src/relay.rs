@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_broker::{DependencyHealth, Message, PublishError, Publisher};
-use oncely_core::{MessageId, RetryPolicy};
+use oncely_core::{Failure, MessageId, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
 use oncely_sql::{
     ClaimedBatch, Database, OutboxEvent, OutboxRow, OutboxStore, PublishFailure, Rescheduled,
     Settled, StoreError,
@@ -37,19 +37,28 @@ pub struct RelayConfig {
     /// Use PostgreSQL LISTEN/NOTIFY (channel `oncely_outbox`) to wake up at once when a
     /// transaction with outbox rows commits. Ignored on SQLite. Default `true`.
     pub listen: bool,
-    /// Backoff and attempt limit for publishes that failed through the message's own fault
-    /// (refused, unroutable, too large). A broker that is unavailable or does not confirm
-    /// in time ([`PublishError::is_transient`]) does not count: see
-    /// [`RelayConfig::outage`].
+    /// Backoff, attempt limit and deadline (from the row's `created_at`) for publishes that
+    /// failed through the message's own fault (refused, unroutable, too large), decided by
+    /// [`RetryPolicy::decide`]: a row it gives up on goes `dead`. A broker that is
+    /// unavailable or does not confirm in time ([`PublishError::is_transient`]) does not
+    /// count: see [`RelayConfig::outage`].
     pub retry: RetryPolicy,
     /// Backoff of the relay as a whole while the broker or the database is unavailable: the
     /// rows of the failed batch go back unchanged (pending, no attempt counted, no
-    /// `last_error`), and the relay waits [`RetryPolicy::delay`] after the `n`-th round in a
-    /// row that found a dependency down before it tries again (one batch is the probe).
-    /// `max_attempts` is ignored: an outage, however long, never makes an event dead.
-    /// Default: 100 ms base, 5 s cap, so events flow again within about 5 s of the
-    /// dependency's return.
+    /// `last_error`), and the relay waits [`RetryPolicy::outage_wait`] after the `n`-th
+    /// round in a row that found a dependency down before it tries again (one batch is the
+    /// probe). `max_attempts` and `deadline` are ignored: an outage, however long, never
+    /// makes an event dead. Default: 100 ms base, 5 s cap, so events flow again within
+    /// about 5 s of the dependency's return.
     pub outage: RetryPolicy,
+    /// The retry budget of the relay's outage rounds ([`RetryBudget`], the AWS SDKs' token
+    /// bucket): each round after a failed one withdraws [`RetryBudget::RETRY_COST`], each
+    /// round that finds the dependencies up deposits; once it is spent the relay waits
+    /// `outage.cap` between rounds (counted in [`m::RETRY_BUDGET_EXHAUSTED_TOTAL`]). Relays
+    /// that share a broker share one budget by cloning this `Arc` (a cloned config shares
+    /// it), so many of them failing at once do not become a retry storm. Default: a bucket
+    /// of [`RetryBudget::DEFAULT_CAPACITY`] (500) tokens of its own.
+    pub budget: Arc<RetryBudget>,
     /// How long published rows are kept (for audit, and as a guard against enqueueing a
     /// published message id again) before deletion. Default zero, which keeps none: on
     /// PostgreSQL a published row is forgotten when its batch is settled — no published
@@ -87,6 +96,7 @@ impl Default for RelayConfig {
                 max_attempts: u32::MAX,
                 ..RetryPolicy::default()
             },
+            budget: Arc::new(RetryBudget::default()),
             retention: Duration::ZERO,
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 500,
@@ -497,16 +507,36 @@ impl Relay {
         out
     }
 
-    /// Adds a failure of `row` itself to `out`, its next attempt after the retry policy's
-    /// backoff; `permanent`: it can never succeed.
+    /// Adds a failure of `row` itself to `out`; `permanent`: it can never succeed. Whether
+    /// it is retried (after the backoff) or goes dead is [`RetryPolicy::decide`]'s answer
+    /// for this attempt: a final failure, the attempt limit or the deadline make it dead.
     fn fail(&self, out: &mut Outcomes, row: &OutboxRow, error: String, permanent: bool) {
         let failures_so_far = row.attempts.saturating_add(1);
-        let delay = self
+        let now = oncely_core::now_ms();
+        let failure = Failure {
+            failures: failures_so_far,
+            // The broker answered that it did not take the message (refused, unroutable);
+            // a message over its size limit can never be taken.
+            class: if permanent {
+                OutcomeClass::Final
+            } else {
+                OutcomeClass::Retryable
+            },
+            retry_after: None,
+            elapsed: Duration::from_millis(
+                u64::try_from(now.saturating_sub(row.created_at)).unwrap_or(0),
+            ),
+            timed_out: false,
+        };
+        let (delay, dead) = match self
             .config
             .retry
-            .delay(failures_so_far, rand::random::<f64>());
-        let retry_at = oncely_core::now_ms()
-            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+            .decide(&failure, None, rand::random::<f64>())
+        {
+            RetryDecision::RetryAfter(delay) => (delay, false),
+            _ => (Duration::ZERO, true),
+        };
+        let retry_at = now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
         metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => self.publisher.name())
             .increment(1);
         out.attempts.insert(
@@ -519,7 +549,8 @@ impl Relay {
             },
         );
         let mut failure = PublishFailure::new(row.id, error, retry_at);
-        failure.permanent = permanent;
+        // The store makes a permanent failure dead at once, this attempt counted.
+        failure.permanent = dead;
         out.failures.push(failure);
     }
 
@@ -598,6 +629,23 @@ impl Relay {
         });
     }
 
+    /// The wait after the `rounds`-th round in a row that found a dependency down:
+    /// [`RelayConfig::outage`]'s backoff while [`RelayConfig::budget`] pays for the retry,
+    /// its cap once the budget is spent.
+    fn outage_wait(&self, rounds: u32) -> Duration {
+        let decided = self.config.outage.outage_wait(
+            rounds,
+            None,
+            Some(&self.config.budget),
+            rand::random::<f64>(),
+        );
+        if decided.budget_exhausted {
+            metrics::counter!(m::RETRY_BUDGET_EXHAUSTED_TOTAL, "broker" => self.publisher.name())
+                .increment(1);
+        }
+        decided.wait
+    }
+
     /// Runs until `shutdown` is cancelled: rounds back to back while there is work, else
     /// waits for a PostgreSQL notification or the poll interval. Alongside, updates the
     /// outbox gauges every `stats_interval` and deletes published rows past `retention`.
@@ -606,7 +654,11 @@ impl Relay {
         // Counters show 0 from the start, so `rate()` and alerts see them before the first
         // event (Prometheus' advice for counters).
         let broker = self.publisher.name();
-        for name in [m::PUBLISHED_TOTAL, m::PUBLISH_FAILURES_TOTAL] {
+        for name in [
+            m::PUBLISHED_TOTAL,
+            m::PUBLISH_FAILURES_TOTAL,
+            m::RETRY_BUDGET_EXHAUSTED_TOTAL,
+        ] {
             metrics::counter!(name, "broker" => broker).increment(0);
         }
         for name in [m::DEAD_TOTAL, m::DELETED_TOTAL, m::VACUUMS_TOTAL] {
@@ -647,16 +699,18 @@ impl Relay {
             };
             if self.health.any_down() {
                 outage_rounds = outage_rounds.saturating_add(1);
-                let wait = self
-                    .config
-                    .outage
-                    .delay(outage_rounds, rand::random::<f64>());
+                let wait = self.outage_wait(outage_rounds);
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(wait) => {}
                 }
                 continue;
             }
+            // A round that found everything up: a retry that succeeded gets its cost back,
+            // any other success deposits the bucket's increment.
+            self.config
+                .budget
+                .on_success((outage_rounds > 0).then_some(false));
             outage_rounds = 0;
             if busy {
                 continue;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use oncely_broker::{
     KafkaPublisher, Message, NatsPublisher, Publisher, RabbitMqPublisher, SqlTransport,
 };
-use oncely_core::{MessageId, RetryPolicy};
+use oncely_core::{MessageId, RetryBudget, RetryPolicy};
 use oncely_outbox::{Relay, RelayConfig};
 use oncely_sql::{OutboxEvent, OutboxState, OutboxStore, RequeueTarget};
 use oncely_testkit::{
@@ -515,7 +515,11 @@ async fn private_tansu() -> (FaultProxy, tokio::process::Child, String) {
 
 async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<dyn Publisher>) {
     let observed = Arc::new(Observed::new(publisher));
+    // A budget for three outage retries: the 6 s outage spends it, after which the relay
+    // probes at the outage cap; the rounds after the broker's return refill it.
+    let budget = Arc::new(RetryBudget::new(3 * RetryBudget::RETRY_COST));
     let relay = spawn_relay(h.relay(observed.clone(), |c| {
+        c.budget = budget.clone();
         c.retry = RetryPolicy {
             base: Duration::from_millis(50),
             cap: Duration::from_secs(1),
@@ -554,6 +558,7 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
             row.last_error
         );
     }
+    assert_eq!(budget.available(), 0, "the outage rounds spent the budget");
     proxy.restore();
     got.extend(
         h.consumer
@@ -571,6 +576,11 @@ async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<
     }
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
+    assert!(
+        budget.available() >= RetryBudget::RETRY_COST,
+        "the rounds after the outage refill the budget ({})",
+        budget.available()
+    );
     // Per-partition order survives the outage (retries may add copies of the same id).
     let mut per: HashMap<String, Vec<usize>> = HashMap::new();
     for d in &got {
