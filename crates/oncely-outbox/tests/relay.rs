@@ -515,9 +515,10 @@ async fn private_tansu() -> (FaultProxy, tokio::process::Child, String) {
 
 async fn broker_down_through(mut h: Harness, proxy: &FaultProxy, publisher: Arc<dyn Publisher>) {
     let observed = Arc::new(Observed::new(publisher));
-    // A budget for three outage retries: the 6 s outage spends it, after which the relay
-    // probes at the outage cap; the rounds after the broker's return refill it.
-    let budget = Arc::new(RetryBudget::new(3 * RetryBudget::RETRY_COST));
+    // A budget for one outage retry: the 6 s outage spends it (on NATS a round lasts as
+    // long as the publish's confirmation timeout, so there are only a few), after which
+    // the relay probes at the outage cap; the rounds after the broker's return refill it.
+    let budget = Arc::new(RetryBudget::new(RetryBudget::RETRY_COST));
     let relay = spawn_relay(h.relay(observed.clone(), |c| {
         c.budget = budget.clone();
         c.retry = RetryPolicy {
