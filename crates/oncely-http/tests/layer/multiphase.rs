@@ -82,19 +82,20 @@ fn paid(intent: &RemoteObject, fence: i64) -> Response {
 }
 
 /// The handler's shared state: how often it started, a signal when it reached its chosen
-/// point (`x-mode`), and a gate that `x-mode: gate` waits on before calling.
+/// point (`x-mode`), and the gates that `x-mode: gate` / `gate2` wait on before calling.
 #[derive(Clone)]
 struct Pay {
     payments: StripePayments,
     calls: Arc<AtomicU32>,
     reached: Arc<Notify>,
     gate: Arc<Notify>,
+    gate2: Arc<Notify>,
 }
 
 /// `POST /v1/orders/{id}/payments`: charges the order. `x-mode` (not fingerprinted) picks
 /// how this execution ends: `normal`, `die-before` / `die-after` (signal, then never
-/// finish: the test kills the runtime), `gate` (wait for the gate, then charge), `fail`
-/// (503 before calling).
+/// finish: the test kills the runtime), `gate` / `gate2` (signal, wait for that gate, then
+/// charge), `fail` (503 before calling).
 async fn charge_order(
     State(p): State<Pay>,
     ctx: OperationContext,
@@ -115,6 +116,10 @@ async fn charge_order(
         "gate" => {
             p.reached.notify_one();
             p.gate.notified().await;
+        }
+        "gate2" => {
+            p.reached.notify_one();
+            p.gate2.notified().await;
         }
         "fail" => return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response(),
         _ => {}
@@ -177,6 +182,7 @@ async fn serve(db: Database, sim: &str, lease: Duration, resolver: bool) -> Serv
         calls: Arc::default(),
         reached: Arc::default(),
         gate: Arc::default(),
+        gate2: Arc::default(),
     };
     let app = Router::new()
         .route(ROUTE, post(charge_order))
@@ -311,42 +317,54 @@ async fn problem(r: reqwest::Response) -> Value {
     r.json().await.unwrap()
 }
 
-/// Fencing: the first holder waits past its lease; a retry finds the lease ended, the
-/// provider has nothing, so it takes the record over (fence 2) and charges. When the first
-/// holder finally charges (same derived key: the provider replays the same PaymentIntent)
-/// and tries to complete, its fence is stale: nothing changes, and it answers with the new
-/// holder's stored outcome.
+/// Fencing: the first holder waits past its lease; a retry finds the lease ended and the
+/// provider without a charge, so it takes the record over (fence 2) and waits in turn. The
+/// first holder now charges (same derived key: the provider replays the same
+/// PaymentIntent) and tries to complete while the new holder is still `processing`: its
+/// fence is stale, nothing changes, and it answers 409 with the status link. The new
+/// holder's outcome is the one stored and replayed.
 async fn a_taken_over_holder_cannot_complete_and_the_new_holders_outcome_stands(t: TestDb) {
     t.db.migrate().await.unwrap();
     let (sim, sim_base) = payments_sim().await;
-    let server = Arc::new(serve(t.db.clone(), &sim_base, Duration::from_millis(800), true).await);
+    let lease = Duration::from_secs(1);
+    let server = Arc::new(serve(t.db.clone(), &sim_base, lease, true).await);
     let client = Arc::new(Client(reqwest::Client::new()));
-    let first = {
+    let send = |mode: &'static str| {
         let (server, client) = (server.clone(), client.clone());
-        tokio::spawn(async move { client.pay(&server, "o-1", "k-fence", "gate").await })
+        tokio::spawn(async move { client.pay(&server, "o-1", "k-fence", mode).await })
     };
+    let first = send("gate");
     reached(&server.pay).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let second = client.pay(&server, "o-1", "k-fence", "normal").await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let second = send("gate2");
+    reached(&server.pay).await;
+    assert_eq!(record(&t.db, "k-fence").await, (RecordState::Processing, 2));
+
+    server.pay.gate.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(
+        first.status(),
+        StatusCode::CONFLICT,
+        "the stale holder stored nothing"
+    );
+    assert_eq!(link(&first), "</v1/operations/k-fence>; rel=\"monitor\"");
+    assert_eq!(record(&t.db, "k-fence").await, (RecordState::Processing, 2));
+    assert_eq!(sim.stats().payment_intents, 1);
+
+    server.pay.gate2.notify_one();
+    let second = second.await.unwrap();
     assert_eq!(second.status(), StatusCode::CREATED);
     assert!(!replayed(&second), "the new holder ran");
     let second: Value = second.json().await.unwrap();
     assert_eq!(second["fence"], 2);
     assert_eq!(record(&t.db, "k-fence").await, (RecordState::Succeeded, 2));
-
-    server.pay.gate.notify_one();
-    let first = first.await.unwrap();
-    assert_eq!(first.status(), StatusCode::CREATED);
-    assert!(
-        replayed(&first),
-        "the stale holder answers with the stored outcome"
-    );
-    let first: Value = first.json().await.unwrap();
-    assert_eq!(first, second, "the new holder's outcome stands");
-    assert_eq!(record(&t.db, "k-fence").await, (RecordState::Succeeded, 2));
     let again = client.pay(&server, "o-1", "k-fence", "normal").await;
     assert!(replayed(&again));
-    assert_eq!(again.json::<Value>().await.unwrap(), second);
+    assert_eq!(
+        again.json::<Value>().await.unwrap(),
+        second,
+        "the new holder's outcome stands"
+    );
     assert_eq!(server.pay.calls.load(Ordering::SeqCst), 2);
     assert_eq!(sim.stats().payment_intents, 1, "one charge at the provider");
     assert_eq!(charges_under(&sim, "k-fence"), 1);
