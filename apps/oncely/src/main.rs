@@ -20,6 +20,7 @@
 
 mod consume_cmd;
 mod effects_cmd;
+mod idempotency_cmd;
 mod relay_cmd;
 mod sim_cmd;
 mod verify_cmd;
@@ -65,6 +66,9 @@ enum Command {
     Inbox(InboxArgs),
     /// Outgoing effects: list, show with evidence, retry, resolve (audited).
     Effects(EffectsArgs),
+    /// Idempotency records: list them, e.g. the multi-phase ones left `processing` or
+    /// `unknown`.
+    Idempotency(IdempotencyArgs),
     /// Check that an HTTP endpoint is idempotent under retries (key handling, S1-S4, scope).
     Verify(verify_cmd::VerifyArgs),
     /// Run a provider simulator (Stripe v1 subset or keyless shipping) with fault injection.
@@ -77,6 +81,14 @@ struct EffectsArgs {
     db: DbArgs,
     #[command(subcommand)]
     command: effects_cmd::EffectsCommand,
+}
+
+#[derive(Debug, Args)]
+struct IdempotencyArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(subcommand)]
+    command: idempotency_cmd::IdempotencyCommand,
 }
 
 #[derive(Debug, Args)]
@@ -312,6 +324,9 @@ async fn main() -> anyhow::Result<()> {
             }
             command => effects_cmd::effects(args.db.connect_existing().await?, command).await,
         },
+        Command::Idempotency(args) => {
+            idempotency_cmd::idempotency(args.db.connect_existing().await?, args.command).await
+        }
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
         Command::Consume(args) => {

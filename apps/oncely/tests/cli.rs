@@ -116,6 +116,7 @@ oncely_testkit::matrix! {
         serve_bills_200_orders_created_with_retries_over_dropped_connections_once_each,
         inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
         effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail,
+        idempotency_list_shows_multi_phase_records_by_state,
         outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
         relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
         serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
@@ -927,6 +928,54 @@ async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t:
         .await
         .unwrap();
     assert_eq!(again.len(), 1, "pending again");
+}
+
+/// `oncely idempotency list --state processing|unknown`: the multi-phase records a holder
+/// still leases, and those whose lease ran out, each in its own listing.
+async fn idempotency_list_shows_multi_phase_records_by_state(t: TestDb) {
+    use oncely_core::{Fingerprint, IdempotencyKey, Operation, Scope, TenantId};
+    t.db.migrate().await.unwrap();
+    let store = oncely_sql::IdempotencyStore::new(t.db.clone(), Duration::from_secs(60));
+    let scope = Scope::new(
+        TenantId::parse("acme").unwrap(),
+        Operation::new("POST", "/v1/orders/{id}/payments"),
+    );
+    let fp = Fingerprint::compute("POST", "/p", "/p", None, b"").unwrap();
+    let now = oncely_core::now_ms();
+    for (k, lease) in [("k-held", 60_000), ("k-lost", 1)] {
+        let key = IdempotencyKey::parse(k.as_bytes()).unwrap();
+        let r = store
+            .reserve_leased(&scope, &key, &fp, now, Duration::from_millis(lease))
+            .await
+            .unwrap();
+        assert!(matches!(r, oncely_sql::LeaseReservation::Leased(_)));
+    }
+    assert_eq!(store.expire_leases(now + 1_000, 10).await.unwrap(), 1);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(["idempotency", "--database-url", &t.url, "list"])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let unknown = run(&["--state", "unknown"]);
+    assert!(
+        unknown.contains("acme\tPOST /v1/orders/{id}/payments\tk-lost\tunknown\t1\t"),
+        "{unknown}"
+    );
+    assert!(!unknown.contains("k-held"), "{unknown}");
+    let processing = run(&["--state", "processing", "--json"]);
+    let rows: Vec<Value> = processing
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{processing}");
+    assert_eq!(rows[0]["key"], "k-held");
+    assert_eq!(rows[0]["state"], "processing");
+    assert_eq!(rows[0]["fence"], 1);
 }
 
 /// `oncely effects`: a parked (`needs_review`) effect is listed, retried — back to
