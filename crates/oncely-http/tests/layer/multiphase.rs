@@ -526,6 +526,22 @@ async fn the_collector_leaves_processing_and_unknown_records_alone(t: TestDb) {
     let report = store.lease_report(later).await.unwrap();
     assert_eq!(report.processing_past_lease, 1);
     assert_eq!(report.unknown_by_age, [0, 0, 0, 1]);
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let gauges = recorder.handle();
+    metrics::with_local_recorder(&recorder, || oncely_http::record_lease_gauges(&report));
+    let text = gauges.render();
+    for sample in [
+        "oncely_idempotency_processing 1",
+        "oncely_idempotency_processing_past_lease 1",
+        "oncely_idempotency_unknown_records{age=\"under_5m\"} 0",
+        "oncely_idempotency_unknown_records{age=\"over_24h\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == sample), "{sample} in {text}");
+    }
+    assert!(
+        text.contains("oncely_idempotency_oldest_unknown_seconds 2592"),
+        "about 30 days: {text}"
+    );
 
     assert_eq!(store.collect_expired(later, 100).await.unwrap(), 1);
     let states: Vec<String> = on_pool!(&t.db, |p| sqlx::query_scalar(
