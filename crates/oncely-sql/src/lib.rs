@@ -34,6 +34,10 @@
 //! - `effects` — [`EffectStore`]: outgoing effects over table `oncely_effects` (the intent
 //!   recorded in the caller's transaction, claims under a fenced lease, settle with the
 //!   evidence in `oncely_effect_attempts`).
+//! - `reconcile` — [`DiscrepancyStore`], [`DiscrepancyKind`]: what reconciliation runs
+//!   found over tables `oncely_discrepancies` (one open row per provider, kind and
+//!   reference), `oncely_reconcile_runs` and `oncely_discrepancy_audit`; and the effect
+//!   queries a run needs ([`EffectStore::created_since`], [`EffectStore::lease_unknown`]).
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures, and [`is_lock_conflict`].
 //! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
@@ -57,7 +61,8 @@
 //! Per backend, as sqlx's drivers: `sqlite/`, `postgres/`, `mysql/`, each a `mod.rs` with
 //! the store and transaction types ([`SqliteStore`] / [`SqliteTx`], [`PgStore`],
 //! [`MySqlStore`] / [`MySqlTx`]), connecting, migrations and the sweep, and one file per
-//! store with backend-specific SQL (`idempotency.rs`, `outbox.rs`, `queue.rs`) implementing
+//! store with backend-specific SQL (`idempotency.rs`, `outbox.rs`, `queue.rs`,
+//! `effects.rs`, `reconcile.rs`) implementing
 //! its trait.
 //! The inbox has none left: its insert is [`Tx::insert_ignoring_duplicate`] and its
 //! collector the sweep.
@@ -86,6 +91,7 @@ mod plan;
 mod postgres;
 mod query;
 mod queue;
+mod reconcile;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -118,6 +124,10 @@ pub use query::row as __row;
 pub use query::{query, FromBackendRow, Query, Value};
 pub use queue::{
     ClaimedDelivery, DeadQueueDelivery, NewQueueMessage, QueueMessage, QueueStore, TakenMessage,
+};
+pub use reconcile::{
+    Discrepancy, DiscrepancyAudit, DiscrepancyKind, DiscrepancyStore, NewDiscrepancy, ReconcileRun,
+    Recorded, ACKNOWLEDGE, REFUND,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};

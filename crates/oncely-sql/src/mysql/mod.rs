@@ -7,6 +7,7 @@ mod effects;
 mod idempotency;
 mod outbox;
 mod queue;
+mod reconcile;
 
 use std::time::Duration;
 

@@ -5,6 +5,7 @@ mod effects;
 mod idempotency;
 mod outbox;
 mod queue;
+mod reconcile;
 
 pub(crate) use outbox::settle_locked;
 

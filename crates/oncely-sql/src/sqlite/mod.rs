@@ -5,6 +5,7 @@ mod effects;
 mod idempotency;
 mod outbox;
 mod queue;
+mod reconcile;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
