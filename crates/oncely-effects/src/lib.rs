@@ -20,6 +20,10 @@
 //! - `runner` — [`EffectRunner`], [`RunnerConfig`], [`EffectHandler`], [`Settled`]: the
 //!   library runtime that claims due effects, calls or checks each, and settles it with the
 //!   business update in one transaction.
+//! - `reconcile` — [`Reconciler`], [`ReconcileConfig`], [`ReconcileReport`],
+//!   [`LocalSource`] (and [`EffectsSource`]), [`resolve`] with [`ResolveAction`]: both
+//!   sides compared by stable reference over a window, discrepancies stored, unknown
+//!   effects completed from the provider's record.
 //! - `shipping` — [`ShippingClient`]: the keyless shipping contract, booked by
 //!   `merchant_reference`.
 
@@ -27,6 +31,7 @@ mod http;
 mod key;
 pub mod metrics;
 mod provider;
+mod reconcile;
 mod runner;
 mod shipping;
 mod stripe;
@@ -35,6 +40,10 @@ pub use key::{derive_key, next_key};
 pub use provider::{
     CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
     StatusQuery,
+};
+pub use reconcile::{
+    default_operation, resolve, Completion, EffectsSource, LocalIntent, LocalSource, LocalStatus,
+    ReconcileConfig, ReconcileError, ReconcileReport, Reconciler, ResolveAction,
 };
 pub use runner::{EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
 pub use shipping::{ShippingClient, ShippingConfig};

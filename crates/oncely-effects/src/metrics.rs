@@ -1,5 +1,5 @@
-//! Metric names the effect runner records (through the `metrics` facade). Labels:
-//! `provider` always; `outcome`, `result` and `state` as named.
+//! Metric names the effect runner and the reconciler record (through the `metrics`
+//! facade). Labels: `provider` always; `outcome`, `result`, `state` and `kind` as named.
 
 /// Counter: calls made, label `outcome` = `succeeded` | `failed` | `retryable` | `unknown` |
 /// `not_sent`. A rising `unknown` rate means the provider times out or drops answers.
@@ -18,3 +18,11 @@ pub const NEEDS_REVIEW: &str = "oncely_effects_needs_review";
 /// Gauge: seconds since the longest-waiting `unknown` effect last changed (0 when none).
 /// Alert when it exceeds the provider's settle time plus a few status checks.
 pub const OLDEST_UNKNOWN_AGE_SECONDS: &str = "oncely_effect_oldest_unknown_age_seconds";
+/// Gauge: open reconciliation discrepancies, label `kind` = `missing_remote` |
+/// `missing_local` | `amount_mismatch` | `status_mismatch` | `duplicate_remote`. Alert on
+/// any; each is resolved by a person (`oncely reconcile resolve`).
+pub const RECONCILE_DISCREPANCIES: &str = "oncely_reconcile_discrepancies";
+/// Gauge: when the provider's latest reconciliation run finished, Unix seconds. Alert when
+/// it is older than a few reconciliation intervals.
+pub const RECONCILE_LAST_RUN_TIMESTAMP_SECONDS: &str =
+    "oncely_reconcile_last_run_timestamp_seconds";

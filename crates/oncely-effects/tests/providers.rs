@@ -19,6 +19,8 @@ use serde_json::json;
 
 #[path = "providers/outage.rs"]
 mod outage;
+#[path = "providers/reconcile.rs"]
+mod reconcile;
 #[path = "providers/s6.rs"]
 mod s6;
 
