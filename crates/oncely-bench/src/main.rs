@@ -3,7 +3,7 @@
 //! figure beside a baseline measured in the same run, as a ratio, so that a
 //! loaded machine moves both (docs/DESIGN.md "Measuring").
 //!
-//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga> …` (these were
+//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects> …` (these were
 //! `oncely bench …`; the subcommands and flags are unchanged).
 //!
 //! Layout:
@@ -15,7 +15,10 @@
 //!   handler.
 //! - `saga` — `oncely-bench saga`: ms per durable saga step p50/p99 vs the same steps in
 //!   memory.
+//! - `effects` — `oncely-bench effects`: charges/s driven to `succeeded` by the effect
+//!   runner vs raw HTTP calls to the payments simulator at the same concurrency.
 
+mod effects;
 mod inbox;
 mod intake;
 mod relay;
@@ -48,6 +51,10 @@ enum BenchCommand {
     Inbox(inbox::InboxBenchArgs),
     /// Saga orchestrator: ms per durable saga step p50/p99 beside the same steps in memory.
     Saga(saga::SagaBenchArgs),
+    /// Effect runner: charges/s driven to `succeeded` through the runner (claim, call,
+    /// settle with evidence) beside the same charges as raw HTTP calls to the payments
+    /// simulator, at the same concurrency.
+    Effects(effects::EffectsBenchArgs),
 }
 
 #[tokio::main]
@@ -59,5 +66,6 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Inbox(args) => inbox::run(args).await,
         BenchCommand::Saga(args) => saga::run(args).await,
+        BenchCommand::Effects(args) => effects::run(args).await,
     }
 }
