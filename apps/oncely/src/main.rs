@@ -12,6 +12,8 @@
 //! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions;
 //!   `oncely effects run` — the effect runner alone (`serve` runs one in-process when a
 //!   provider is configured).
+//! - `oncely reconcile [resolve]` — a provider's records against the local intents over a
+//!   window, and the audited resolution of a discrepancy (logic in `oncely-effects`).
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
 //! - `oncely sim payments|shipping` — a provider simulator (logic in `provider-sim`).
@@ -21,6 +23,7 @@
 mod consume_cmd;
 mod effects_cmd;
 mod idempotency_cmd;
+mod reconcile_cmd;
 mod relay_cmd;
 mod sim_cmd;
 mod verify_cmd;
@@ -69,6 +72,9 @@ enum Command {
     /// Idempotency records: list them, e.g. the multi-phase ones left `processing` or
     /// `unknown`.
     Idempotency(IdempotencyArgs),
+    /// Reconcile a provider's records with the local intents over a window; resolve a
+    /// discrepancy (audited).
+    Reconcile(reconcile_cmd::ReconcileArgs),
     /// Check that an HTTP endpoint is idempotent under retries (key handling, S1-S4, scope).
     Verify(verify_cmd::VerifyArgs),
     /// Run a provider simulator (Stripe v1 subset or keyless shipping) with fault injection.
@@ -327,6 +333,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Idempotency(args) => {
             idempotency_cmd::idempotency(args.db.connect_existing().await?, args.command).await
         }
+        Command::Reconcile(args) => reconcile_cmd::reconcile(args).await,
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
         Command::Consume(args) => {

@@ -10,6 +10,10 @@ use std::time::Duration;
 use oncely_testkit::TestDb;
 use serde_json::{json, Value};
 
+#[path = "cli/reconcile.rs"]
+mod reconcile;
+use reconcile::reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row;
+
 const API_KEY: &str = "cli-key-0123456789abcdef";
 /// A second tenant's credential, for `oncely verify`'s scope check.
 const API_KEY_B: &str = "cli-key-b-0123456789abcdef";
@@ -117,6 +121,7 @@ oncely_testkit::matrix! {
         inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
         effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail,
         idempotency_list_shows_multi_phase_records_by_state,
+        reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row,
         outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
         relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
         serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
