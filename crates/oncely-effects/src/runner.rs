@@ -165,6 +165,8 @@ pub struct EffectRunner {
     lanes: HashMap<String, Lane>,
     handler: Arc<dyn EffectHandler>,
     config: RunnerConfig,
+    /// Signalled when a call or check finishes and frees its lane's permit.
+    freed: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for EffectRunner {
@@ -209,6 +211,7 @@ impl EffectRunner {
             lanes,
             handler,
             config,
+            freed: tokio::sync::Notify::new(),
         }
     }
 
@@ -271,8 +274,15 @@ impl EffectRunner {
                 }
             };
             if started == 0 {
+                // Every lane full: claim again as soon as a call finishes, not after a whole
+                // poll interval (which capped a busy runner at `concurrency` calls per poll).
+                let full = self
+                    .lanes
+                    .values()
+                    .all(|l| l.permits.available_permits() == 0);
                 tokio::select! {
                     () = shutdown.cancelled() => break,
+                    () = self.freed.notified(), if full => {}
                     () = tokio::time::sleep(self.config.poll) => {}
                 }
             }
@@ -326,6 +336,7 @@ impl EffectRunner {
                 tasks.spawn(async move {
                     runner.process(effect).await;
                     drop(permit);
+                    runner.freed.notify_one();
                 });
             }
         }
