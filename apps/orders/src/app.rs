@@ -62,7 +62,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 }
 
 /// The service's routes: `POST /v1/orders` (idempotent, key required),
-/// `GET /v1/orders/{id}`, `GET /healthz`, `GET /metrics`.
+/// `GET /v1/orders` (a page of the tenant's orders), `GET /v1/orders/{id}`, `GET /healthz`, `GET /metrics`.
 pub fn router(db: Database, config: &AppConfig) -> Router {
     let store = IdempotencyStore::new(db.clone(), config.retention);
     build(
@@ -101,6 +101,8 @@ where
             post(orders::create_order).layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route_layer(tx_layer)
+        // Reads run outside the idempotency layer (which takes only unsafe methods).
+        .route("/v1/orders", get(crate::list::list_orders))
         .route("/v1/orders/{id}", get(orders::get_order))
         // Inside authentication: an unauthenticated client gets 401 with its body unread
         // and spends none of the body budget.

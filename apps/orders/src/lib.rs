@@ -13,6 +13,7 @@
 //! - `auth` — `Authorization: Bearer <api key>` → [`oncely_core::TenantId`].
 //! - `problem` — the service's own problem kinds (the layer's are `oncely_http::kind`).
 //! - `orders` — the handlers, input validation and the business-key rule.
+//! - `list` — `GET /v1/orders`: the tenant's orders newest first, cursor pagination.
 //! - `events` — the `order.created` outbox event: derived message id, headers.
 //! - `billing` — [`BillingHandler`], [`billing_consumer`]: the `billing` inbox consumer of
 //!   `order.created` (one invoice per order, table `invoices`; with payments configured,
@@ -33,6 +34,7 @@ mod config;
 mod events;
 mod flow;
 mod limits;
+mod list;
 mod orders;
 pub mod problem;
 mod shipping;
@@ -45,5 +47,6 @@ pub use collector::spawn_collector;
 pub use config::{parse_api_keys, AppConfig, ConfigError};
 pub use events::{INVOICE_PAID, ORDERS_TOPIC, ORDER_CREATED};
 pub use flow::{OrderEffects, BOOK, CHARGE, PAYMENTS, SHIPPING};
+pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use orders::{NewOrder, OrderItem};
 pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};

@@ -37,7 +37,7 @@ pub struct OrderItem {
 }
 
 #[derive(Debug, Serialize)]
-struct Order {
+pub(crate) struct Order {
     id: String,
     status: &'static str,
     #[serde(flatten)]
@@ -109,19 +109,19 @@ struct EffectView {
 }
 
 #[derive(sqlx::FromRow)]
-struct OrderRow {
-    id: String,
+pub(crate) struct OrderRow {
+    pub(crate) id: String,
     source: String,
     external_ref: String,
     customer_id: String,
     items: String,
     amount_minor: i64,
     currency: String,
-    created_at: i64,
+    pub(crate) created_at: i64,
 }
 
 impl OrderRow {
-    fn into_order(self) -> Result<Order, serde_json::Error> {
+    pub(crate) fn into_order(self) -> Result<Order, serde_json::Error> {
         Ok(Order {
             id: self.id,
             status: "created",
@@ -141,7 +141,7 @@ impl OrderRow {
 /// The order select for `backend`, without its `WHERE` clause. The business-key columns
 /// have a binary collation on MySQL (exact comparison), read back as text
 /// ([`Backend::text_column`]).
-fn select_order(backend: Backend) -> String {
+pub(crate) fn select_order(backend: Backend) -> String {
     format!(
         "SELECT id, {}, {}, customer_id, items, amount_minor, currency, created_at FROM orders",
         backend.text_column("source"),

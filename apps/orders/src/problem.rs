@@ -19,3 +19,6 @@ pub const REQUEST_TIMEOUT: &str = "request-timeout";
 pub const INTERNAL: &str = "internal";
 /// 415: the order body is not `application/json`.
 pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported-media-type";
+/// 400: a `GET /v1/orders` query with a limit outside 1–100, a cursor the service did not
+/// issue, or an unknown parameter.
+pub const INVALID_QUERY: &str = "invalid-query";

@@ -7,11 +7,13 @@
 //!   broker;
 //! - `flow`: order → invoice → charge → `invoice.paid` → shipment against the provider
 //!   simulators and localstripe, counted at the provider;
+//! - `list`: `GET /v1/orders` pages, tenant scope, bad cursors;
 //! - `verify`: `oncely verify` finds every check holding against the service.
 
 mod billing;
 mod events;
 mod flow;
+mod list;
 mod verify;
 
 use std::sync::Arc;

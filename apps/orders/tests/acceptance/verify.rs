@@ -1,15 +1,11 @@
 //! `oncely verify` against the order service's router over real HTTP on `127.0.0.1:0`,
 //! on every backend: every check holds.
 
-use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
-use oncely_sql::{on_pool, Database};
+use axum::Router;
 use oncely_testkit::TestDb;
 use oncely_verify::{
     verify, BodyTemplate, CheckId, Header, Mutation, Outcome, VerifyConfig, ALL_CHECKS,
 };
-use serde_json::{json, Value};
 
 const KEY_A: &str = "verify-tenant-a-0123456789";
 const KEY_B: &str = "verify-tenant-b-0123456789";
@@ -43,16 +39,6 @@ fn order_body() -> BodyTemplate {
     )
 }
 
-async fn count_orders(State(db): State<Database>) -> Json<Value> {
-    let n = on_pool!(&db, |p| sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM orders"
-    )
-    .fetch_one(p)
-    .await)
-    .unwrap();
-    Json(json!({ "count": n }))
-}
-
 oncely_testkit::matrix! {
     tests: [every_check_holds_against_the_order_service],
 }
@@ -63,11 +49,7 @@ async fn every_check_holds_against_the_order_service(t: TestDb) {
         api_keys: orders::parse_api_keys(&format!("{KEY_A}=tenant-a,{KEY_B}=tenant-b")).unwrap(),
         ..orders::AppConfig::default()
     };
-    let router = orders::router(t.db.clone(), &config).merge(
-        Router::new()
-            .route("/test/count", get(count_orders))
-            .with_state(t.db.clone()),
-    );
+    let router = orders::router(t.db.clone(), &config);
     let s = spawn(router).await;
 
     let mut cfg = VerifyConfig::new(&format!("{}/v1/orders", s.base), order_body()).unwrap();
@@ -77,7 +59,8 @@ async fn every_check_holds_against_the_order_service(t: TestDb) {
     ))
     .unwrap()]);
     cfg.mutations = vec![Mutation::parse("/amount_minor=2999").unwrap()];
-    cfg.count_url = Some(format!("{}/test/count", s.base).parse().unwrap());
+    // The service's own list: its `total` counts the credential's tenant's orders.
+    cfg.count_url = Some(format!("{}/v1/orders?limit=1", s.base).parse().unwrap());
     let report = verify(cfg).await.unwrap();
     println!("{}", report.to_table());
 
@@ -90,6 +73,10 @@ async fn every_check_holds_against_the_order_service(t: TestDb) {
     assert_eq!(s2.ids_seen.len(), 1);
     assert_eq!(s2.count_after.unwrap() - s2.count_before.unwrap(), 1);
     assert!(s2.requests.len() > 16);
+    // The list counts the first credential's tenant only: the second tenant's order under
+    // the same key is not in it.
+    let scope = report.check(CheckId::Scope).unwrap();
+    assert_eq!(scope.count_after.unwrap() - scope.count_before.unwrap(), 1);
     // The same key under quoted sf-string syntax is the same key.
     let mut quoted = VerifyConfig::new(&format!("{}/v1/orders", s.base), order_body()).unwrap();
     quoted.headers = vec![Header::parse(&format!("Authorization: Bearer {KEY_A}")).unwrap()];
