@@ -8,6 +8,8 @@
 //! - `oncely consume billing|shipping` — an inbox consumer alone, on the SQL transport,
 //!   RabbitMQ or NATS (`--broker`; `serve` runs `billing` — and, with `--shipping-url`,
 //!   `shipping` — in-process by default on the relay's broker).
+//! - `oncely orders import FILE --tenant T` — the manual fallback: NDJSON order bodies
+//!   through the service's own rules (idempotency key per line, business key).
 //! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
 //! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions;
 //!   `oncely effects run` — the effect runner alone (`serve` runs one in-process when a
@@ -23,6 +25,7 @@
 mod consume_cmd;
 mod effects_cmd;
 mod idempotency_cmd;
+mod orders_cmd;
 mod reconcile_cmd;
 mod relay_cmd;
 mod sim_cmd;
@@ -75,6 +78,8 @@ enum Command {
     /// Reconcile a provider's records with the local intents over a window; resolve a
     /// discrepancy (audited).
     Reconcile(reconcile_cmd::ReconcileArgs),
+    /// Orders: the manual fallback `import` (NDJSON through the service's rules).
+    Orders(OrdersArgs),
     /// Check that an HTTP endpoint is idempotent under retries (key handling, S1-S4, scope).
     Verify(verify_cmd::VerifyArgs),
     /// Run a provider simulator (Stripe v1 subset or keyless shipping) with fault injection.
@@ -95,6 +100,14 @@ struct IdempotencyArgs {
     db: DbArgs,
     #[command(subcommand)]
     command: idempotency_cmd::IdempotencyCommand,
+}
+
+#[derive(Debug, Args)]
+struct OrdersArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(subcommand)]
+    command: orders_cmd::OrdersCommand,
 }
 
 #[derive(Debug, Args)]
@@ -314,6 +327,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Outbox(args) => {
             relay_cmd::outbox(args.db.connect_existing().await?, args.command).await
         }
+        Command::Orders(args) => orders_cmd::run(args.command, || args.db.connect_orders()).await,
         Command::Inbox(args) => {
             consume_cmd::inbox(args.db.connect_existing().await?, args.command).await
         }

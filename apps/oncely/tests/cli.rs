@@ -109,6 +109,9 @@ async fn count_orders(t: &TestDb, ext: &str) -> i64 {
     .unwrap()
 }
 
+#[path = "cli/import.rs"]
+mod import;
+
 oncely_testkit::matrix! {
     tests: [
         s8_second_process_on_the_same_database_obeys_the_same_keys,
@@ -1671,6 +1674,8 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
     )
     .unwrap();
     let url = format!("{}/v1/orders", p.base);
+    // The service's own list counts the first credential's orders (`total`).
+    let count_url = format!("{}/v1/orders?limit=1", p.base);
     let (auth_a, auth_b) = (
         format!("Authorization: Bearer {API_KEY}"),
         format!("Authorization: Bearer {API_KEY_B}"),
@@ -1683,6 +1688,7 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
                 .arg(&body)
                 .args(["--header", &auth_a, "--header-b", &auth_b])
                 .args(["--mutate", "/amount_minor=2999", "--object-id", "/id"])
+                .args(["--count-url", &count_url])
                 .args(["--concurrency", "16", "--json"])
                 .arg(&report)
                 .stderr(Stdio::inherit())
@@ -1703,6 +1709,12 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
         assert_eq!(c["outcome"], "holds", "{c}");
     }
     assert_eq!(report["all_applicable_hold"], true);
+    let s2 = checks.iter().find(|c| c["id"] == "s2-concurrent").unwrap();
+    assert_eq!(
+        s2["count_after"].as_u64().unwrap() - s2["count_before"].as_u64().unwrap(),
+        1,
+        "{s2}"
+    );
     assert!(table.contains("9 checks: 9 hold, 0 fail, 0 not applicable"));
     // One object per logical operation: key-max-length, S1, S2, S3 (twice), S4, scope (2).
     let orders: i64 = oncely_sql::on_pool!(&t.db, |p| sqlx::query_scalar(
