@@ -30,6 +30,10 @@ pub(crate) struct ProviderArgs {
     /// search API (localstripe has no search; Stripe's lags writes by up to a minute).
     #[arg(long, env = "ONCELY_PAYMENTS_NO_SEARCH")]
     payments_no_search: bool,
+    /// Payments: seconds after the latest create before a status lookup that finds nothing
+    /// proves the charge absent (Stripe's search lags writes by up to a minute).
+    #[arg(long, env = "ONCELY_PAYMENTS_SETTLE_SECS", default_value_t = 60)]
+    payments_settle_secs: u64,
     /// Shipping provider base URL (e.g. `oncely sim shipping`). Set: the `shipping` consumer
     /// books one shipment per paid invoice.
     #[arg(long, env = "ONCELY_SHIPPING_URL")]
@@ -86,6 +90,7 @@ impl ProviderArgs {
             secret_key: self.payments_secret_key.clone().unwrap_or_default(),
             timeout,
             search: !self.payments_no_search,
+            settle_time: Duration::from_secs(self.payments_settle_secs),
             ..StripeConfig::default()
         });
         let shipping = self.shipping_url.as_ref().map(|url| ShippingConfig {

@@ -1751,6 +1751,9 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
 }
 
 /// Relay processes SIGKILLed at random (see the module's first comment).
+#[path = "cli/chaos.rs"]
+mod chaos;
+
 mod kill {
     // Chaos: several `oncely relay` *processes* on one PostgreSQL outbox, publishing to NATS
     // JetStream, SIGKILLed at random moments and restarted, while new events keep committing —

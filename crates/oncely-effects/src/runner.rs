@@ -539,7 +539,7 @@ impl EffectRunner {
             |ms: i64| UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
         let query = StatusQuery {
             request: &request,
-            last_sent: Some(to_time(effect.updated_at)),
+            last_sent: Some(to_time(effect.sent_at.unwrap_or(effect.updated_at))),
             // Five minutes of clock skew between us and the provider.
             since: to_time(effect.created_at - 300_000),
         };
@@ -654,13 +654,34 @@ impl EffectRunner {
     /// v1 stores a 500), under the key's next generation, which cannot duplicate anything
     /// because nothing exists — after [`RunnerConfig::retry`]'s backoff. Past its attempt
     /// limit or deadline it is `failed`: provably nothing happened at the provider.
-    async fn absent(&self, lane: &Lane, effect: &Effect, started: i64) -> Result<(), StoreError> {
-        let replayed_failure = lane.provider.honours_keys()
-            && effect
+    /// Whether the provider keeps a stored failure under the effect's current key, so that a
+    /// resend under it would only replay that failure: the provider honours keys and a call
+    /// under this key was answered with a 5xx (Stripe v1 stores a 500 with the key and
+    /// replays it). Read from the evidence, not from `last_error`, which the status checks
+    /// since then have overwritten.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the evidence cannot be read.
+    async fn key_holds_a_stored_failure(
+        &self,
+        lane: &Lane,
+        effect: &Effect,
+    ) -> Result<bool, StoreError> {
+        if !lane.provider.honours_keys() {
+            return Ok(false);
+        }
+        let answered_5xx = self.store.evidence(&effect.id).await?.iter().any(|row| {
+            row.kind == "call" && row.key == effect.key && row.http_status.is_some_and(|s| s >= 500)
+        });
+        Ok(answered_5xx
+            || effect
                 .last_error
                 .as_deref()
-                .is_some_and(|e| e.contains("replayed"));
-        let (key, key_generation) = if replayed_failure {
+                .is_some_and(|e| e.contains("replayed")))
+    }
+
+    async fn absent(&self, lane: &Lane, effect: &Effect, started: i64) -> Result<(), StoreError> {
+        let (key, key_generation) = if self.key_holds_a_stored_failure(lane, effect).await? {
             (
                 next_key(&effect.key, effect.key_generation + 1),
                 effect.key_generation + 1,

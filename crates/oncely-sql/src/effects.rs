@@ -134,6 +134,9 @@ pub struct Effect {
     pub unavailable_streak: i32,
     /// When the effect is next due, Unix ms.
     pub available_at: i64,
+    /// When its latest call was allowed out (the claim that made it `in_flight`), Unix ms;
+    /// `None` before the first. A status check's settle time counts from it.
+    pub sent_at: Option<i64>,
     /// The provider's object id, once known.
     pub provider_id: Option<String>,
     /// The provider's answer (JSON text), once known.
@@ -343,7 +346,8 @@ const INSERT_EFFECT: &str = "INSERT INTO oncely_effects (id, tenant, provider, o
 /// The columns of [`Effect`], for `SELECT`s and `RETURNING`.
 pub(crate) const EFFECT_COLUMNS: &str = "id, tenant, provider, operation, reference, \
     idem_key, key_generation, request, state, attempts, checks, unavailable_streak, \
-    available_at, provider_id, response, last_error, lease_version, created_at, updated_at";
+    available_at, provider_id, response, last_error, lease_version, created_at, updated_at, \
+    sent_at";
 
 impl EffectStore {
     /// The store on `db` (migrated with [`Database::migrate`]).
@@ -947,6 +951,7 @@ pub(crate) struct Claim<'a> {
 /// evaluates assignments left to right, so a later one would see the new `state`.
 pub(crate) const CLAIM_SET: &str = "attempts = CASE WHEN state IN ('pending', 'absent') \
     THEN attempts + 1 ELSE attempts END, \
+    sent_at = CASE WHEN state IN ('pending', 'absent') THEN $3 ELSE sent_at END, \
     state = CASE WHEN state IN ('pending', 'absent') THEN 'in_flight' ELSE 'unknown' END, \
     locked_by = $1, locked_until = $2, lease_version = lease_version + 1, updated_at = $3";
 

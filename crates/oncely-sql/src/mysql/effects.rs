@@ -11,7 +11,7 @@ const COLUMNS: &str = "id, CAST(tenant AS CHAR) AS tenant, CAST(provider AS CHAR
     CAST(operation AS CHAR) AS operation, CAST(reference AS CHAR) AS reference, \
     CAST(idem_key AS CHAR) AS idem_key, key_generation, request, state, attempts, checks, \
     unavailable_streak, available_at, CAST(provider_id AS CHAR) AS provider_id, response, \
-    last_error, lease_version, created_at, updated_at";
+    last_error, lease_version, created_at, updated_at, sent_at";
 
 impl EffectsBackend for MySqlStore {
     const COLUMNS: &'static str = COLUMNS;
@@ -39,11 +39,13 @@ impl EffectsBackend for MySqlStore {
         let update = format!(
             "UPDATE oncely_effects SET attempts = CASE WHEN state IN ('pending', 'absent') \
              THEN attempts + 1 ELSE attempts END, \
+             sent_at = CASE WHEN state IN ('pending', 'absent') THEN ? ELSE sent_at END, \
              state = CASE WHEN state IN ('pending', 'absent') THEN 'in_flight' ELSE 'unknown' END, \
              locked_by = ?, locked_until = ?, lease_version = lease_version + 1, updated_at = ? \
              WHERE id IN ({list})"
         );
         let mut q = sqlx::query(&update)
+            .bind(claim.now_ms)
             .bind(claim.runner)
             .bind(claim.lease_until)
             .bind(claim.now_ms);
