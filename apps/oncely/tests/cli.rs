@@ -1750,10 +1750,74 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// Relay processes SIGKILLed at random (see the module's first comment).
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// xorshift64*: reproducible from the printed seed (as far as scheduling allows).
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// An `oncely sim <api>` process and its base URL (read from its first stdout line).
+fn sim(api: &str, extra: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["sim", api, "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn oncely sim");
+    let stdout = child.stdout.take().unwrap();
+    let line = BufReader::new(stdout)
+        .lines()
+        .next()
+        .expect("oncely sim exited before listening")
+        .unwrap();
+    let addr = line
+        .rsplit(' ')
+        .next()
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let base = format!("http://{addr}");
+    (
+        Proc {
+            child,
+            base: base.clone(),
+        },
+        base,
+    )
+}
+
+async fn stats(base: &str) -> Value {
+    reqwest::get(format!("{base}/_sim/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 #[path = "cli/chaos.rs"]
 mod chaos;
 
+/// Relay processes SIGKILLed at random (see the module's first comment).
 mod kill {
     // Chaos: several `oncely relay` *processes* on one PostgreSQL outbox, publishing to NATS
     // JetStream, SIGKILLed at random moments and restarted, while new events keep committing —
@@ -1775,30 +1839,7 @@ mod kill {
     use oncely_testkit::{TestBackend, TestDb};
     use serde_json::Value;
 
-    fn env_u64(name: &str, default: u64) -> u64 {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    }
-
-    /// xorshift64*: reproducible from the printed seed (as far as scheduling allows).
-    #[derive(Clone)]
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            let mut x = self.0;
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            self.0 = x;
-            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
+    use super::{env_u64, Rng};
 
     /// What the test knows of each event it committed.
     #[derive(Debug, Clone)]
@@ -2499,36 +2540,6 @@ mod slow_clients {
 mod flow {
     use super::*;
 
-    /// An `oncely sim <api>` process and its base URL (read from its first stdout line).
-    fn sim(api: &str, extra: &[&str]) -> (Proc, String) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
-            .args(["sim", api, "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn oncely sim");
-        let stdout = child.stdout.take().unwrap();
-        let line = BufReader::new(stdout)
-            .lines()
-            .next()
-            .expect("oncely sim exited before listening")
-            .unwrap();
-        let addr = line
-            .rsplit(' ')
-            .next()
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        let base = format!("http://{addr}");
-        (
-            Proc {
-                child,
-                base: base.clone(),
-            },
-            base,
-        )
-    }
-
     fn sqlite_url() -> (std::path::PathBuf, String) {
         let dir = std::env::temp_dir().join(format!("oncely-flow-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -2550,15 +2561,6 @@ mod flow {
             "--runner-check-delay-ms",
             "200",
         ]
-    }
-
-    async fn stats(base: &str) -> Value {
-        reqwest::get(format!("{base}/_sim/stats"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 
     /// Posts `n` orders to `serve` and waits until `GET` shows each one's invoice paid, its

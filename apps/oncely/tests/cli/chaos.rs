@@ -14,7 +14,6 @@
 //! Process logs go to `$TMPDIR/oncely-chaos-<suffix>/`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,7 +23,7 @@ use std::time::{Duration, Instant};
 use oncely_testkit::TestDb;
 use serde_json::Value;
 
-use super::{order, serve_with, API_KEY};
+use super::{env_u64, order, serve_with, sim, stats, Rng, API_KEY};
 
 oncely_testkit::matrix! {
     tests: [
@@ -42,62 +41,6 @@ async fn postgres_one_thousand_orders_through_processes_sigkilled_at_random_agai
         return;
     };
     one_thousand_orders(t).await;
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// xorshift64*: reproducible draws from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// A simulator process (`oncely sim payments|shipping`) and its base URL.
-struct Sim {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        drop(self.child.kill());
-        drop(self.child.wait());
-    }
-}
-
-/// Starts `oncely sim <api>` on a free port with `args`; reads the bound address it prints.
-fn sim(api: &str, args: &[String]) -> Sim {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["sim", api, "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn oncely sim");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next().expect("sim exited").unwrap();
-    let addr = line.rsplit(' ').next().unwrap().to_owned();
-    std::thread::spawn(move || for _ in lines {});
-    Sim {
-        child,
-        base: format!("http://{addr}"),
-    }
 }
 
 /// Every fault of the simulators at `rate`.
@@ -195,6 +138,10 @@ impl Drop for Slot {
     }
 }
 
+fn strs(owned: &[String]) -> Vec<&str> {
+    owned.iter().map(String::as_str).collect()
+}
+
 fn strings(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -247,7 +194,7 @@ async fn wait_for_subscriptions(t: &TestDb) {
                 "SELECT consumer FROM oncely_subscriptions WHERE topic = 'orders'",
             ))
             .await
-            .unwrap_or_default();
+            .unwrap();
         let has = |g: &str| groups.iter().any(|(c,)| c == g);
         if has("billing") && has("shipping") {
             return;
@@ -292,17 +239,6 @@ fn settled(states: &BTreeMap<(String, String), i64>, orders: i64) -> bool {
         && terminal("payments") == orders
         && all("shipping") == of("payments", "succeeded")
         && terminal("shipping") == all("shipping")
-}
-
-async fn stats(client: &reqwest::Client, base: &str) -> Value {
-    client
-        .get(format!("{base}/_sim/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 /// Posts `n` orders at 16 at a time, each retried with its key until it has an answer.
@@ -373,8 +309,8 @@ async fn one_thousand_orders(t: TestDb) {
         logs.display()
     );
     orders::migrate(&t.db).await.unwrap();
-    let payments = sim("payments", &faults(rate, seed));
-    let shipping = sim("shipping", &faults(rate, seed ^ 0x5DEE_CE66));
+    let (payments, _) = sim("payments", &strs(&faults(rate, seed)));
+    let (shipping, _) = sim("shipping", &strs(&faults(rate, seed ^ 0x5DEE_CE66)));
     let providers = provider_args(&payments.base, &shipping.base);
     let mut serve_args = strings(&["--no-relay", "--no-consumer", "--no-runner"]);
     serve_args.extend(providers.iter().cloned());
@@ -450,9 +386,8 @@ async fn assert_counted_at_the_providers(
     shipping: &str,
     states: &BTreeMap<(String, String), i64>,
 ) {
-    let client = reqwest::Client::new();
-    let pay = stats(&client, payments).await;
-    let ship = stats(&client, shipping).await;
+    let pay = stats(payments).await;
+    let ship = stats(shipping).await;
     eprintln!(
         "chaos: payments faults {} requests {}; shipping faults {}",
         pay["faults_injected"], pay["requests"], ship["faults_injected"]
@@ -534,8 +469,8 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
     t: TestDb,
 ) {
     orders::migrate(&t.db).await.unwrap();
-    let payments = sim("payments", &strings(&["--search-lag-ms", "300"]));
-    let shipping = sim("shipping", &[]);
+    let (payments, _) = sim("payments", &["--search-lag-ms", "300"]);
+    let (shipping, _) = sim("shipping", &[]);
     let providers = provider_args(&payments.base, &shipping.base);
     let mut serve_args = strings(&["--no-runner"]);
     serve_args.extend(providers.iter().cloned());
@@ -574,7 +509,7 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         .unwrap();
     let exit = super::wait_exit(&mut aborted).await;
     assert!(!exit.success(), "the runner was to abort after its call");
-    let pay = stats(&client, &payments.base).await;
+    let pay = stats(&payments.base).await;
     assert_eq!(pay["payment_intents"], 1, "the provider committed: {pay}");
     let states = effect_states(&t).await;
     assert_eq!(
@@ -609,7 +544,7 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
     };
     drop(second.kill());
     drop(second.wait());
-    let pay = stats(&client, &payments.base).await;
+    let pay = stats(&payments.base).await;
     assert_eq!(pay["payment_intents"], 1, "a second create went out: {pay}");
     let evidence: Vec<(String, String)> = t
         .db
