@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use oncely_effects::{Provider, RunnerConfig, ShippingConfig, StripeConfig};
+use oncely_effects::{EffectHandler, Provider, RunnerConfig, ShippingConfig, StripeConfig};
 use oncely_runtime::{EffectsConfig, RuntimeError};
 use oncely_sql::{Database, Effect, EffectState, EffectStore, Resolution};
 use serde_json::json;
@@ -196,7 +196,18 @@ pub(crate) enum EffectsCommand {
         /// Who resolves (for the audit row).
         #[arg(long, env = "USER", default_value = "operator")]
         actor: String,
+        /// Topic of the event the resolution writes (`invoice.paid` for a charge resolved
+        /// as succeeded); the service's `--events-topic`.
+        #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = orders::ORDERS_TOPIC)]
+        events_topic: String,
     },
+}
+
+/// The order service's completion of its effects (an invoice marked paid and `invoice.paid`
+/// for a succeeded charge), in the transaction that settles each: the one handler every
+/// runner, reconciler and operator resolution of this binary uses.
+pub(crate) fn service_handler(events_topic: &str) -> Arc<dyn EffectHandler> {
+    Arc::new(orders::OrderEffects::new(events_topic))
 }
 
 /// An effect state on the command line.
@@ -319,6 +330,7 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
             provider_id,
             reason,
             actor,
+            events_topic,
         } => {
             let resolution = Resolution {
                 to: match outcome {
@@ -329,9 +341,11 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
                 actor: &actor,
                 reason: &reason,
             };
-            let mut tx = db.begin().await?;
-            let e = store.resolve(&mut tx, &id, &resolution, now).await?;
-            tx.commit().await?;
+            // The business update the runner would have made (invoice paid, invoice.paid)
+            // commits with the resolution and its audit row.
+            let handler = service_handler(&events_topic);
+            let e =
+                oncely_effects::resolve_effect(&store, &*handler, &id, &resolution, now).await?;
             println!("{}", row(&e));
         }
     }

@@ -32,7 +32,6 @@ mod sim_cmd;
 mod verify_cmd;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -335,7 +334,7 @@ async fn main() -> anyhow::Result<()> {
             effects_cmd::EffectsCommand::Run(run) => {
                 let db = args.db.connect_orders().await?;
                 let metrics = metrics_endpoint(run.metrics_listen);
-                let handler = Arc::new(orders::OrderEffects::new(&run.events_topic));
+                let handler = effects_cmd::service_handler(&run.events_topic);
                 let effects = run.providers.config();
                 Ok(
                     oncely_runtime::run_effects(&db, &effects, handler, metrics, shutdown_signal())
@@ -456,7 +455,7 @@ async fn spawn_workers(
     }
     let effects = args.providers.config();
     if !args.no_runner && !effects.is_empty() {
-        let handler = Arc::new(orders::OrderEffects::new(&args.events_topic));
+        let handler = effects_cmd::service_handler(&args.events_topic);
         workers.push(effects.spawn(db, handler, stop.clone())?);
     }
     Ok(workers)

@@ -267,7 +267,7 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     let provider = provider(name, run)?;
     let operation = oncely_effects::default_operation(provider.name()).unwrap_or("charge");
     // A completed charge marks its invoice paid, as the runner's settle would.
-    let handler = Arc::new(orders::OrderEffects::new(&run.events_topic));
+    let handler = crate::effects_cmd::service_handler(&run.events_topic);
     let reconciler = Reconciler::new(
         provider,
         EffectStore::new(db),

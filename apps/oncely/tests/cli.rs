@@ -988,13 +988,23 @@ async fn idempotency_list_shows_multi_phase_records_by_state(t: TestDb) {
 
 /// `oncely effects`: a parked (`needs_review`) effect is listed, retried — back to
 /// `unknown`, never a blind call — resolved as succeeded with the provider's id, and shown
-/// with its evidence and both audit rows; a second resolution is refused.
+/// with its evidence and both audit rows — its invoice paid and one `invoice.paid` written
+/// with the resolution; a second resolution is refused.
 #[allow(
     clippy::too_many_lines,
     reason = "one effect through every operator command, read top to bottom"
 )]
 async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail(t: TestDb) {
-    t.db.migrate().await.unwrap();
+    orders::migrate(&t.db).await.unwrap();
+    // The invoice the parked charge pays: resolving the charge as succeeded marks it paid
+    // and writes invoice.paid, as the runner's settle would have.
+    t.db.execute(oncely_sql::query(
+        "INSERT INTO invoices (id, tenant, order_id, kind, amount_minor, currency, \
+             message_id, created_at) VALUES ('inv-ops', 'acme', 'ord-ops', 'order', 100, \
+             'eur', 'm-ops', 1000)",
+    ))
+    .await
+    .unwrap();
     let store = oncely_sql::EffectStore::new(t.db.clone());
     let request = serde_json::json!({"amount": 100, "currency": "eur"});
     let mut tx = t.db.begin().await.unwrap();
@@ -1072,6 +1082,24 @@ async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_t
         (resolved["state"].as_str(), resolved["provider_id"].as_str()),
         (Some("succeeded"), Some("pi_seen"))
     );
+    let (paid_at, payment_id): (Option<i64>, Option<String>) =
+        t.db.fetch_optional(oncely_sql::query(format!(
+            "SELECT paid_at, {} FROM invoices WHERE id = 'inv-ops'",
+            t.db.backend().text_column("payment_id")
+        )))
+        .await
+        .unwrap()
+        .expect("the invoice");
+    assert!(paid_at.is_some(), "the resolved charge paid its invoice");
+    assert_eq!(payment_id.as_deref(), Some("pi_seen"));
+    let (paid_events,): (i64,) =
+        t.db.fetch_optional(oncely_sql::query(
+            "SELECT COUNT(*) FROM oncely_outbox WHERE event_type = 'invoice.paid'",
+        ))
+        .await
+        .unwrap()
+        .expect("a count");
+    assert_eq!(paid_events, 1, "one invoice.paid with the resolution");
     assert!(
         !run(&["resolve", &id, "--as", "failed"]).status.success(),
         "settled: refused"
