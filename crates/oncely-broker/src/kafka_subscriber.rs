@@ -153,7 +153,7 @@ fn unavailable(e: &impl std::fmt::Display) -> SubscribeError {
     SubscribeError::unavailable(e.to_string())
 }
 
-fn header_map(m: &OwnedMessage) -> BTreeMap<String, String> {
+pub(crate) fn header_map(m: &OwnedMessage) -> BTreeMap<String, String> {
     m.headers()
         .map(|h| {
             h.iter()

@@ -9,6 +9,16 @@
 //! `idempotency-key`, `traceparent`).
 //!
 //! # Layout
+//! - `dead_letter` — the [`DeadLetters`] trait (list a consumer group's dead letters,
+//!   requeue them to that group only), [`DeadLetter`], [`DeadLetterPosition`],
+//!   [`Requeue`], [`DeadLetterError`]; the design (requeue first, then remove) in its
+//!   module docs. [`SqlDeadLetters`] (in `sql`) is the SQL transport's.
+//! - `rabbitmq_dead_letter` (feature `rabbitmq`) — [`RabbitMqDeadLetters`]: the group's
+//!   dead queue, requeued through the default exchange to the group's queue.
+//! - `nats_dead_letter` (feature `nats`) — [`NatsDeadLetters`]: the DLQ stream, requeued
+//!   to the original subject for the group alone.
+//! - `kafka_dead_letter` (feature `kafka`) — [`KafkaDeadLetters`]: the dead-letter topic,
+//!   requeued to the group's retry topic, with a marker topic of requeued letters.
 //! - `delivery` — [`ReceivedMessage`], a delivered message in the same shape for every
 //!   broker, and its [`DeliveryPosition`] (SQL row id, AMQP delivery tag, JetStream stream
 //!   sequence, Kafka partition and offset).
@@ -40,40 +50,57 @@
 //!   manual offset commits after the inbox commit, a per-group retry topic with a
 //!   not-before header, a per-group dead-letter topic.
 
+mod dead_letter;
 mod delivery;
 mod failure;
 mod health;
 #[cfg(feature = "kafka")]
 mod kafka;
 #[cfg(feature = "kafka")]
+mod kafka_dead_letter;
+#[cfg(feature = "kafka")]
 mod kafka_subscriber;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "nats")]
+mod nats_dead_letter;
+#[cfg(feature = "nats")]
 mod nats_subscriber;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq_dead_letter;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq_subscriber;
 mod sql;
 mod subscriber;
 
+pub use dead_letter::{
+    BadPosition, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters, Requeue,
+    PREVIEW_BYTES, REQUEUED_FOR,
+};
 pub use delivery::{DeliveryPosition, ReceivedMessage};
 pub use failure::{Cause, PermanentError, TransientError};
 pub use health::{error_chain, DependencyHealth, DEPENDENCY_UP};
 #[cfg(feature = "kafka")]
 pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
 #[cfg(feature = "kafka")]
+pub use kafka_dead_letter::{KafkaDeadLetters, KafkaDeadLettersConfig};
+#[cfg(feature = "kafka")]
 pub use kafka_subscriber::{KafkaHandle, KafkaSubscriber, KafkaSubscriberConfig};
 pub use message::{headers, BoxFuture, Message, PublishError, Publisher};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsPublisher};
 #[cfg(feature = "nats")]
+pub use nats_dead_letter::{NatsDeadLetters, NatsDeadLettersConfig};
+#[cfg(feature = "nats")]
 pub use nats_subscriber::{NatsHandle, NatsSubscriber, NatsSubscriberConfig};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{amqp_connection_properties, RabbitMqConfig, RabbitMqPublisher};
 #[cfg(feature = "rabbitmq")]
+pub use rabbitmq_dead_letter::{RabbitMqDeadLetters, RabbitMqDeadLettersConfig};
+#[cfg(feature = "rabbitmq")]
 pub use rabbitmq_subscriber::{RabbitMqHandle, RabbitMqSubscriber, RabbitMqSubscriberConfig};
-pub use sql::{DeadDelivery, Delivery, SqlHandle, SqlSubscriber, SqlTransport};
+pub use sql::{DeadDelivery, Delivery, SqlDeadLetters, SqlHandle, SqlSubscriber, SqlTransport};
 pub use subscriber::{retry_headers, Incoming, SubscribeError, Subscriber, Undecodable};

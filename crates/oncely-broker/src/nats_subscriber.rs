@@ -86,6 +86,9 @@ pub struct NatsHandle {
 /// - Dead: a copy is published (PubAck awaited) to `<dlq_prefix>.<consumer>.<subject>`
 ///   with headers `x-oncely-last-error`, `x-oncely-attempts`, `x-oncely-consumer`,
 ///   `x-oncely-topic`, then the original is terminated (`+TERM`: not redelivered).
+/// - A message carrying `x-oncely-requeued-for` naming another group (a dead letter
+///   [`NatsDeadLetters`](crate::NatsDeadLetters) requeued for that group) is acknowledged
+///   and not handed out.
 pub struct NatsSubscriber {
     config: NatsSubscriberConfig,
     js: Mutex<Option<jetstream::Context>>,
@@ -228,6 +231,20 @@ impl NatsSubscriber {
     }
 }
 
+impl NatsSubscriber {
+    /// Whether `d` is a copy [`NatsDeadLetters`](crate::NatsDeadLetters) requeued for
+    /// another consumer group (header [`REQUEUED_FOR`](crate::REQUEUED_FOR)).
+    fn requeued_for_another(&self, d: &Incoming<NatsHandle>) -> bool {
+        d.handle
+            .message
+            .message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(crate::REQUEUED_FOR))
+            .is_some_and(|g| g.as_str() != self.config.consumer)
+    }
+}
+
 impl Subscriber for NatsSubscriber {
     type Handle = NatsHandle;
 
@@ -274,7 +291,19 @@ impl Subscriber for NatsSubscriber {
                 _ => break,
             }
         }
-        Ok(out)
+        drop(guard);
+        let mut mine = Vec::with_capacity(out.len());
+        for d in out {
+            if self.requeued_for_another(&d) {
+                // A dead letter another group requeued for itself: not this group's.
+                if let Err(e) = self.ack(&d).await {
+                    tracing::warn!(error = %e, "cannot acknowledge another group's requeued copy");
+                }
+            } else {
+                mine.push(d);
+            }
+        }
+        Ok(mine)
     }
 
     async fn ack<'a>(&'a self, delivery: &'a Incoming<NatsHandle>) -> Result<(), SubscribeError> {

@@ -141,11 +141,11 @@ fn unavailable(e: &lapin::Error) -> SubscribeError {
     SubscribeError::unavailable(e.to_string())
 }
 
-fn long(v: impl Into<String>) -> AMQPValue {
+pub(crate) fn long(v: impl Into<String>) -> AMQPValue {
     AMQPValue::LongString(LongString::from(v.into()))
 }
 
-fn value_str(v: &AMQPValue) -> Option<String> {
+pub(crate) fn value_str(v: &AMQPValue) -> Option<String> {
     match v {
         AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
@@ -546,6 +546,7 @@ impl Subscriber for RabbitMqSubscriber {
             ),
             (retry_headers::LAST_ERROR, error.to_owned()),
             (retry_headers::CONSUMER, self.config.consumer.clone()),
+            (retry_headers::DEAD_AT, oncely_core::now_ms().to_string()),
         ];
         if let Err(e) = self
             .publish_copy(h, &self.config.dead_queue, &extra, None)

@@ -3,9 +3,11 @@ use oncely_sql::{Database, NewQueueMessage, QueueMessage, QueueStore, StoreError
 
 use std::time::Duration;
 
+use crate::dead_letter::preview;
 use crate::{
-    BoxFuture, Cause, DeliveryPosition, Incoming, Message, PublishError, Publisher,
-    ReceivedMessage, SubscribeError, Subscriber,
+    BoxFuture, Cause, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters,
+    DeliveryPosition, Incoming, Message, PublishError, Publisher, ReceivedMessage, Requeue,
+    SubscribeError, Subscriber,
 };
 
 /// The SQL transport: the embedded default broker, a queue table (`oncely_queue`, created
@@ -423,5 +425,87 @@ impl Subscriber for SqlSubscriber {
 
     async fn collect(&self, before_ms: i64, batch: u32) -> Result<u64, SubscribeError> {
         Ok(self.transport.collect_fanned_out(before_ms, batch).await?)
+    }
+}
+
+/// [`DeadLetters`] of the SQL transport: a group's `oncely_deliveries` rows in state
+/// `dead` ([`QueueStore::dead_deliveries_after`]), requeued by one `UPDATE` back to
+/// `pending` for that group only, ready now, attempts reset
+/// ([`QueueStore::requeue_dead`]). Positions are [`DeadLetterPosition::Sql`] row ids.
+#[derive(Debug, Clone)]
+pub struct SqlDeadLetters {
+    queue: QueueStore,
+}
+
+impl SqlDeadLetters {
+    /// The dead letters of the SQL transport in `db`.
+    pub fn new(db: Database) -> Self {
+        Self {
+            queue: QueueStore::new(db),
+        }
+    }
+
+    async fn page(
+        &self,
+        group: &str,
+        limit: u32,
+        after: Option<&DeadLetterPosition>,
+    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        let after = match after {
+            None => None,
+            Some(DeadLetterPosition::Sql(id)) => Some(*id),
+            Some(other) => {
+                return Err(DeadLetterError::rejected(format!(
+                    "position {other} is not an SQL-transport position"
+                )))
+            }
+        };
+        Ok(self
+            .queue
+            .dead_deliveries_after(group, after, limit)
+            .await?
+            .into_iter()
+            .map(|d| DeadLetter {
+                position: DeadLetterPosition::Sql(d.delivery_id),
+                message_id: Some(d.message_id),
+                topic: d.topic,
+                group: group.to_owned(),
+                event_type: d.event_type,
+                attempts: d.attempts,
+                last_error: d.last_error,
+                dead_at_ms: d.dead_at,
+                payload_size: usize::try_from(d.payload_size).unwrap_or(usize::MAX),
+                payload_preview: preview(&d.payload_preview),
+            })
+            .collect())
+    }
+}
+
+impl DeadLetters for SqlDeadLetters {
+    fn broker(&self) -> &'static str {
+        "sql"
+    }
+
+    fn list<'a>(
+        &'a self,
+        group: &'a str,
+        limit: u32,
+        after: Option<&'a DeadLetterPosition>,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, DeadLetterError>> {
+        Box::pin(self.page(group, limit, after))
+    }
+
+    fn requeue<'a>(
+        &'a self,
+        group: &'a str,
+        which: Requeue,
+    ) -> BoxFuture<'a, Result<u64, DeadLetterError>> {
+        Box::pin(async move {
+            let id = match &which {
+                Requeue::Message(id) => Some(id),
+                Requeue::All => None,
+            };
+            Ok(self.queue.requeue_dead(group, id).await?)
+        })
     }
 }

@@ -21,6 +21,9 @@ pub mod retry_headers {
     /// Kafka retry records: Unix ms before which the record must not be handled (the
     /// retry's delay; the subscriber waits until then).
     pub const NOT_BEFORE: &str = "x-oncely-not-before";
+    /// RabbitMQ dead letters: when the message was dead-lettered, Unix ms (NATS and Kafka
+    /// keep the dead letter's own publish time instead).
+    pub const DEAD_AT: &str = "x-oncely-dead-at";
 }
 
 /// A subscriber could not receive or settle a delivery.

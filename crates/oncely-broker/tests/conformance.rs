@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use oncely_broker::{Message, Publisher, SqlSubscriber, SqlTransport};
+use oncely_broker::{DeadLetters, Message, Publisher, SqlDeadLetters, SqlSubscriber, SqlTransport};
 use oncely_sql::{Database, DbOptions};
 use oncely_testkit::broker_conformance::{message, BrokerUnderTest, DeadLetter};
 use oncely_testkit::{FaultProxy, TestBackend, TestDb};
@@ -112,6 +112,10 @@ impl BrokerUnderTest for SqlBroker {
             .collect()
     }
 
+    fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+        Box::new(SqlDeadLetters::new(self.t.db.clone()))
+    }
+
     async fn cleanup(&self) {}
 }
 
@@ -136,6 +140,7 @@ macro_rules! sql_cases {
             a_republished_copy_with_the_same_message_id_is_delivered_once,
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
+            dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
         ]);
     };
 }
@@ -190,8 +195,8 @@ mod rabbitmq {
 
     use lapin::options::{BasicGetOptions, ExchangeDeleteOptions};
     use oncely_broker::{
-        retry_headers, Message, Publisher, RabbitMqConfig, RabbitMqPublisher, RabbitMqSubscriber,
-        RabbitMqSubscriberConfig,
+        retry_headers, DeadLetters, Message, Publisher, RabbitMqConfig, RabbitMqDeadLetters,
+        RabbitMqDeadLettersConfig, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscriberConfig,
     };
     use oncely_core::MessageId;
     use oncely_testkit::broker_conformance::{message, BrokerUnderTest, DeadLetter};
@@ -327,6 +332,12 @@ mod rabbitmq {
             out
         }
 
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            let mut c = RabbitMqDeadLettersConfig::new(amqp_url());
+            c.queue_prefix = format!("t.{}", self.ns);
+            Box::new(RabbitMqDeadLetters::new(c))
+        }
+
         async fn cleanup(&self) {
             let configs = self.queues.lock().unwrap().clone();
             let mut seen = std::collections::BTreeSet::new();
@@ -357,6 +368,7 @@ mod rabbitmq {
             delivery_dead_lettered_at_the_attempt_limit_lands_in_the_dead_letters_and_comes_no_more,
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
+            dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
@@ -370,8 +382,8 @@ mod nats {
     use std::time::Duration;
 
     use oncely_broker::{
-        retry_headers, Message, NatsConfig, NatsPublisher, NatsSubscriber, NatsSubscriberConfig,
-        Publisher,
+        retry_headers, DeadLetters, Message, NatsConfig, NatsDeadLetters, NatsDeadLettersConfig,
+        NatsPublisher, NatsSubscriber, NatsSubscriberConfig, Publisher,
     };
     use oncely_core::MessageId;
     use oncely_testkit::broker_conformance::{message, BrokerUnderTest, DeadLetter};
@@ -481,6 +493,13 @@ mod nats {
             out
         }
 
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            let mut c = NatsDeadLettersConfig::new(nats_url());
+            c.dlq_prefix = format!("t{}.dlq", self.ns);
+            c.dlq_stream = format!("T{}_DLQ", self.ns);
+            Box::new(NatsDeadLetters::new(c))
+        }
+
         async fn cleanup(&self) {
             let js = self.publisher.jetstream();
             drop(js.delete_stream(format!("T{}", self.ns)).await);
@@ -498,6 +517,7 @@ mod nats {
             a_republished_copy_with_the_same_message_id_is_delivered_once,
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
+            dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
@@ -511,8 +531,8 @@ mod kafka {
     use std::time::Duration;
 
     use oncely_broker::{
-        retry_headers, KafkaConfig, KafkaPublisher, KafkaSubscriber, KafkaSubscriberConfig,
-        Message, Publisher,
+        retry_headers, DeadLetters, KafkaConfig, KafkaDeadLetters, KafkaDeadLettersConfig,
+        KafkaPublisher, KafkaSubscriber, KafkaSubscriberConfig, Message, Publisher,
     };
     use oncely_core::MessageId;
     use oncely_testkit::broker_conformance::{message, BrokerUnderTest, DeadLetter};
@@ -651,6 +671,12 @@ mod kafka {
             out
         }
 
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            let mut c = KafkaDeadLettersConfig::new(kafka_brokers(), vec![self.topic()]);
+            c.partitions = PARTITIONS;
+            Box::new(KafkaDeadLetters::new(c))
+        }
+
         async fn cleanup(&self) {}
     }
 
@@ -664,6 +690,7 @@ mod kafka {
             delivery_dead_lettered_at_the_attempt_limit_lands_in_the_dead_letters_and_comes_no_more,
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
+            dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use oncely_broker::{Publisher, SqlTransport};
+use oncely_broker::{DeadLetters, Publisher, SqlDeadLetters, SqlTransport};
 use oncely_sql::Database;
 
 use crate::RuntimeError;
@@ -142,6 +142,47 @@ impl BrokerConfig {
                     ))
                     .map_err(|e| RuntimeError::KafkaProducer(e.into()))?,
                 )
+            }
+            #[allow(unreachable_patterns)] // with every broker feature on
+            other => return Err(not_built(other)),
+        })
+    }
+
+    /// The inbox consumer groups' dead letters on the configured broker, to list and
+    /// requeue ([`DeadLetters`]): the SQL transport's in `db`; RabbitMQ's dead queues
+    /// `<amqp_queue_prefix>.<group>.dead`; NATS's DLQ stream `ONCELY_DLQ`; Kafka's
+    /// `<topic>.dlq.<group>` for each of [`BrokerConfig::kafka_topics`]. Connects nothing
+    /// yet: each call reaches the broker.
+    ///
+    /// # Errors
+    /// [`RuntimeError::DatabaseRequired`] for the SQL transport without `db`;
+    /// [`RuntimeError::BrokerNotBuilt`] for a broker whose feature is off.
+    pub fn dead_letters(
+        &self,
+        db: Option<&Database>,
+    ) -> Result<Arc<dyn DeadLetters>, RuntimeError> {
+        Ok(match self.kind {
+            BrokerKind::Sql => Arc::new(SqlDeadLetters::new(
+                db.ok_or(RuntimeError::DatabaseRequired)?.clone(),
+            )),
+            #[cfg(feature = "rabbitmq")]
+            BrokerKind::Rabbitmq => {
+                let mut c = oncely_broker::RabbitMqDeadLettersConfig::new(&self.amqp_url);
+                c.queue_prefix.clone_from(&self.amqp_queue_prefix);
+                Arc::new(oncely_broker::RabbitMqDeadLetters::new(c))
+            }
+            #[cfg(feature = "nats")]
+            BrokerKind::Nats => Arc::new(oncely_broker::NatsDeadLetters::new(
+                oncely_broker::NatsDeadLettersConfig::new(&self.nats_url),
+            )),
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => {
+                let mut c = oncely_broker::KafkaDeadLettersConfig::new(
+                    &self.kafka_brokers,
+                    self.kafka_topics.clone(),
+                );
+                c.partitions = self.kafka_partitions.max(1);
+                Arc::new(oncely_broker::KafkaDeadLetters::new(c))
             }
             #[allow(unreachable_patterns)] // with every broker feature on
             other => return Err(not_built(other)),

@@ -47,6 +47,9 @@ pub enum RuntimeError {
         /// `rabbitmq`, `nats` or `kafka`.
         broker: &'static str,
     },
+    /// The SQL transport's dead letters were asked for without its database.
+    #[error("the SQL transport's dead letters live in the database: give --database-url")]
+    DatabaseRequired,
     /// RabbitMQ cannot be connected to.
     #[error("connecting to RabbitMQ")]
     RabbitMqConnect(#[source] BoxError),

@@ -5,7 +5,8 @@
 //! - [`connect`] / [`connect_existing`]: a [`Database`](oncely_sql::Database) from a URL,
 //!   the error naming the URL without its password ([`redact`]).
 //! - [`BrokerConfig`]: which broker and how to reach it; [`BrokerConfig::publisher`] makes
-//!   the relay's publisher, [`ConsumerSettings::spawn`] the consumers' subscriber.
+//!   the relay's publisher, [`ConsumerSettings::spawn`] the consumers' subscriber,
+//!   [`BrokerConfig::dead_letters`] the consumer groups' dead letters (list, requeue).
 //! - [`RelaySupervisor`]: a relay task that waits out a broker down at start-up (1 s
 //!   doubling to 30 s) while the outbox keeps every event; [`run_relay`] runs one until
 //!   shutdown.

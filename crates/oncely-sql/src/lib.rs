@@ -124,6 +124,7 @@ pub use query::row as __row;
 pub use query::{query, FromBackendRow, Query, Value};
 pub use queue::{
     ClaimedDelivery, DeadQueueDelivery, NewQueueMessage, QueueMessage, QueueStore, TakenMessage,
+    DEAD_PREVIEW_BYTES,
 };
 pub use reconcile::{
     Discrepancy, DiscrepancyAudit, DiscrepancyKind, DiscrepancyStore, NewDiscrepancy, ReconcileRun,

@@ -78,12 +78,42 @@ pub struct ClaimedDelivery {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeadQueueDelivery {
+    /// Row id in `oncely_deliveries` (dead-letter order within the group's rows).
+    pub delivery_id: i64,
     /// The message id.
     pub message_id: MessageId,
+    /// The topic it was published to.
+    pub topic: String,
+    /// Event type.
+    pub event_type: String,
     /// Failed attempts.
     pub attempts: u32,
     /// The last handler error.
     pub last_error: Option<String>,
+    /// When it went dead, Unix ms.
+    pub dead_at: i64,
+    /// Payload size, bytes.
+    pub payload_size: u64,
+    /// The payload's first [`DEAD_PREVIEW_BYTES`] bytes.
+    pub payload_preview: Vec<u8>,
+}
+
+/// Bytes of the payload [`QueueStore::dead_deliveries_after`] returns
+/// ([`DeadQueueDelivery::payload_preview`]).
+pub const DEAD_PREVIEW_BYTES: usize = 256;
+
+/// A dead `oncely_deliveries` row as [`QueueStore::dead_deliveries_after`] selects it.
+#[derive(sqlx::FromRow)]
+struct DeadRow {
+    id: i64,
+    message_id: String,
+    topic: String,
+    event_type: String,
+    attempts: i32,
+    last_error: Option<String>,
+    available_at: i64,
+    payload_size: i64,
+    preview: Vec<u8>,
 }
 
 /// A `oncely_queue` row as every backend's statements return it.
@@ -353,24 +383,53 @@ impl QueueStore {
         consumer: &str,
         limit: u32,
     ) -> Result<Vec<DeadQueueDelivery>, StoreError> {
-        let rows: Vec<(String, i32, Option<String>)> = on_pool!(&self.db, |p| {
-            sqlx::query_as(&sql_text(
-                p,
-                "SELECT message_id, attempts, last_error FROM oncely_deliveries \
-                 WHERE consumer = $1 AND state = 'dead' ORDER BY id LIMIT $2",
-            ))
-            .bind(consumer)
-            .bind(i64::from(limit))
-            .fetch_all(p)
-            .await
+        self.dead_deliveries_after(consumer, None, limit).await
+    }
+
+    /// Up to `limit` dead deliveries of `consumer` whose row id is above `after` (all with
+    /// `None`), in row-id order: one page of the group's dead letters.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn dead_deliveries_after(
+        &self,
+        consumer: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<DeadQueueDelivery>, StoreError> {
+        // `LENGTH(payload) + $1` with a 64-bit zero: PostgreSQL's LENGTH is a 32-bit
+        // integer, MySQL's and SQLite's 64-bit; the sum is 64-bit everywhere. SUBSTR on a
+        // binary value counts bytes on every backend.
+        // `topic` is binary-collated on MySQL (read as text through `text_column`).
+        let sql = format!(
+            "SELECT id, message_id, {}, event_type, attempts, last_error, available_at, \
+             LENGTH(payload) + $1 AS payload_size, SUBSTR(payload, 1, 256) AS preview \
+             FROM oncely_deliveries \
+             WHERE consumer = $2 AND state = 'dead' AND id > $3 ORDER BY id LIMIT $4",
+            self.db.backend().text_column("topic")
+        );
+        let rows: Vec<DeadRow> = on_pool!(&self.db, |p| {
+            sqlx::query_as(&sql_text(p, &sql))
+                .bind(0_i64)
+                .bind(consumer)
+                .bind(after.unwrap_or(i64::MIN))
+                .bind(i64::from(limit))
+                .fetch_all(p)
+                .await
         })?;
         rows.into_iter()
-            .map(|(id, attempts, last_error)| {
+            .map(|r| {
                 Ok(DeadQueueDelivery {
-                    message_id: MessageId::parse(&id)
+                    delivery_id: r.id,
+                    message_id: MessageId::parse(&r.message_id)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                    attempts: u32::try_from(attempts).unwrap_or(0),
-                    last_error,
+                    topic: r.topic,
+                    event_type: r.event_type,
+                    attempts: u32::try_from(r.attempts).unwrap_or(0),
+                    last_error: r.last_error,
+                    dead_at: r.available_at,
+                    payload_size: u64::try_from(r.payload_size).unwrap_or(0),
+                    payload_preview: r.preview,
                 })
             })
             .collect()

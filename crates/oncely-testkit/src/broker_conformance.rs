@@ -13,6 +13,7 @@
 //!   de-duplicate by message id: the SQL transport, JetStream)
 //! - [`messages_of_one_partition_key_arrive_in_publish_order`]
 //! - [`a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes`]
+//! - [`dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset`]
 //! - [`publishing_to_an_unreachable_broker_is_a_transient_failure`] and
 //!   [`subscribing_at_an_unreachable_broker_is_a_transient_failure`] (brokers with a network
 //!   path to cut)
@@ -22,7 +23,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use oncely_broker::{
-    headers, Incoming, Message, PublishError, Publisher, ReceivedMessage, Subscriber,
+    headers, DeadLetters, Incoming, Message, PublishError, Publisher, ReceivedMessage, Requeue,
+    Subscriber,
 };
 use oncely_core::MessageId;
 
@@ -76,6 +78,10 @@ pub trait BrokerUnderTest: Send + Sync {
 
     /// The dead letters of consumer group `group`.
     fn dead_letters(&self, group: &str) -> impl Future<Output = Vec<DeadLetter>> + Send;
+
+    /// The broker's [`DeadLetters`] on this test's namespace (what `oncely inbox dead` and
+    /// the console use).
+    fn dead_letter_admin(&self) -> Box<dyn DeadLetters>;
 
     /// Removes what the test created on the broker.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
@@ -400,6 +406,148 @@ pub async fn a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of
     assert_eq!(ids, expected, "the batch's other messages are delivered");
     sub.close().await;
     broker.cleanup().await;
+}
+
+/// The dead-letter API ([`DeadLetters`]): three messages dead-lettered by group `g` are
+/// listed with their id, topic, group, attempts, last error and payload, in two pages that
+/// meet without overlap; group `other` has none. One requeued by message id comes again to
+/// `g` with attempts reset and is listed no more; the other two requeued with
+/// [`Requeue::All`] come again too; then the list is empty and a requeue finds nothing.
+/// Group `other` got each message exactly once: no requeue reached it.
+///
+/// # Panics
+/// When the broker breaks the behaviour.
+pub async fn dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset(
+    broker: &impl BrokerUnderTest,
+) {
+    let admin = broker.dead_letter_admin();
+    let sub = broker.subscriber("g", Duration::from_secs(30));
+    let other = broker.subscriber("other", Duration::from_secs(30));
+    sub.subscribe().await.expect("subscribe");
+    other.subscribe().await.expect("subscribe");
+    let topic = broker.topic();
+    let sent: Vec<Message> = (1..=3)
+        .map(|i| message(&topic, &format!("p-{i}"), &format!("dead-{i}")))
+        .collect();
+    publish(broker, &sent).await;
+    let got = receive_n(&sub, 3, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 3, "the messages are delivered");
+    for d in &got {
+        let payload = String::from_utf8_lossy(&decoded(d).payload).into_owned();
+        sub.dead(d, &format!("refused {payload}"))
+            .await
+            .expect("dead");
+    }
+    let letters = list_until(&*admin, "g", 3).await;
+    assert_listed(&letters, &sent, &topic);
+    let first = admin.list("g", 2, None).await.expect("first page");
+    assert_eq!(first.len(), 2, "a page of two");
+    let rest = admin
+        .list("g", 10, Some(&first[1].position))
+        .await
+        .expect("second page");
+    let mut paged: Vec<_> = first.iter().chain(&rest).map(|l| l.message_id).collect();
+    paged.sort_by_key(|i| i.map(|i| i.to_string()));
+    let mut all: Vec<_> = letters.iter().map(|l| l.message_id).collect();
+    all.sort_by_key(|i| i.map(|i| i.to_string()));
+    assert_eq!(paged, all, "the pages meet without overlap");
+    assert!(admin
+        .list("other", 10, None)
+        .await
+        .expect("list")
+        .is_empty());
+
+    let one = first[0].message_id.expect("an id");
+    assert_eq!(
+        admin
+            .requeue("g", Requeue::Message(one))
+            .await
+            .expect("requeue"),
+        1
+    );
+    let again = receive_n(&sub, 1, Duration::from_secs(20)).await;
+    assert_eq!(again.len(), 1, "the requeued message comes again");
+    let r = decoded(&again[0]);
+    assert_eq!(r.id, one);
+    assert_eq!(r.topic, topic);
+    assert_eq!(again[0].attempts, 0, "attempts reset");
+    sub.ack(&again[0]).await.expect("ack");
+    let left = admin.list("g", 10, None).await.expect("list");
+    assert_eq!(
+        left.len(),
+        2,
+        "the requeued letter is listed no more: {left:?}"
+    );
+    assert!(left.iter().all(|l| l.message_id != Some(one)));
+
+    assert_eq!(admin.requeue("g", Requeue::All).await.expect("requeue"), 2);
+    let back = receive_n(&sub, 2, Duration::from_secs(20)).await;
+    assert_eq!(back.len(), 2, "both come again");
+    for d in &back {
+        assert_eq!(d.attempts, 0, "attempts reset");
+        sub.ack(d).await.expect("ack");
+    }
+    assert!(admin.list("g", 10, None).await.expect("list").is_empty());
+    assert_eq!(
+        admin
+            .requeue("g", Requeue::Message(one))
+            .await
+            .expect("requeue"),
+        0
+    );
+    assert!(drain(&sub, Duration::from_secs(2)).await.is_empty());
+    let mut copies: Vec<String> = drain(&other, Duration::from_secs(4))
+        .await
+        .iter()
+        .map(|r| r.id.to_string())
+        .collect();
+    copies.sort();
+    let mut expected: Vec<String> = sent.iter().map(|m| m.id.to_string()).collect();
+    expected.sort();
+    assert_eq!(copies, expected, "the other group got each message once");
+    admin.close().await;
+    sub.close().await;
+    other.close().await;
+    broker.cleanup().await;
+}
+
+/// `letters` are the dead letters of `sent` (group `g`, `topic`), each with one attempt and
+/// the error `refused <payload>`.
+fn assert_listed(letters: &[oncely_broker::DeadLetter], sent: &[Message], topic: &str) {
+    assert_eq!(letters.len(), sent.len(), "the dead letters: {letters:?}");
+    for m in sent {
+        let l = letters
+            .iter()
+            .find(|l| l.message_id == Some(m.id))
+            .unwrap_or_else(|| panic!("{} not listed: {letters:?}", m.id));
+        let payload = String::from_utf8_lossy(&m.payload).into_owned();
+        assert_eq!(l.topic, topic);
+        assert_eq!(l.group, "g");
+        assert_eq!(l.event_type, m.event_type);
+        assert_eq!(l.attempts, 1, "{l:?}");
+        assert_eq!(
+            l.last_error.as_deref(),
+            Some(format!("refused {payload}").as_str())
+        );
+        assert_eq!(l.payload_size, m.payload.len());
+        assert_eq!(l.payload_preview, payload);
+    }
+}
+
+/// Lists `group`'s dead letters until `n` show (or 20 s passed).
+async fn list_until(
+    admin: &dyn DeadLetters,
+    group: &str,
+    n: usize,
+) -> Vec<oncely_broker::DeadLetter> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let letters = admin.list(group, 100, None).await.expect("list");
+        if letters.len() >= n || Instant::now() > deadline {
+            return letters;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Transient failures: publishing to a broker that cannot be reached fails every message
