@@ -10,7 +10,7 @@
 //!   `shipping` — in-process by default on the relay's broker).
 //! - `oncely orders import FILE --tenant T` — the manual fallback: NDJSON order bodies
 //!   through the service's own rules (idempotency key per line, business key).
-//! - `oncely inbox dead list|requeue` — dead deliveries of a consumer.
+//! - `oncely inbox dead list|requeue` — a consumer group's dead letters on any broker.
 //! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions;
 //!   `oncely effects run` — the effect runner alone (`serve` runs one in-process when a
 //!   provider is configured).
@@ -67,7 +67,7 @@ enum Command {
     Outbox(OutboxArgs),
     /// Run an inbox consumer alone (from the broker `--broker` names).
     Consume(ConsumeCmdArgs),
-    /// Inbox consumer operator commands (SQL transport).
+    /// Inbox consumer operator commands: dead letters on the broker `--broker` names.
     Inbox(InboxArgs),
     /// Outgoing effects: list, show with evidence, retry, resolve (audited).
     Effects(EffectsArgs),
@@ -328,7 +328,13 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Orders(args) => orders_cmd::run(args.command, || args.db.connect_orders()).await,
         Command::Inbox(args) => {
-            consume_cmd::inbox(args.db.connect_existing().await?, args.command).await
+            let broker = args.command.broker().config();
+            // Only the SQL transport keeps its dead letters in the database.
+            let db = match broker.kind {
+                oncely_runtime::BrokerKind::Sql => Some(args.db.connect_existing().await?),
+                _ => None,
+            };
+            consume_cmd::inbox(broker.dead_letters(db.as_ref())?, args.command).await
         }
         Command::Effects(args) => match args.command {
             effects_cmd::EffectsCommand::Run(run) => {

@@ -10,6 +10,8 @@ use std::time::Duration;
 use oncely_testkit::TestDb;
 use serde_json::{json, Value};
 
+#[path = "cli/dead_letters.rs"]
+mod dead_letters;
 #[path = "cli/reconcile.rs"]
 mod reconcile;
 use reconcile::reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row;
@@ -921,7 +923,27 @@ async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t:
     let list = run(&["list"]);
     assert!(list.status.success());
     let out = String::from_utf8(list.stdout).unwrap();
-    assert!(out.contains(&format!("{id}\t1\tboom in billing")), "{out}");
+    assert!(
+        out.contains(&format!("{id}\t1\tboom in billing\torders\t")),
+        "{out}"
+    );
+    let json = run(&["list", "--json", "--consumer", "billing"]);
+    assert!(json.status.success());
+    let rows: Vec<Value> = String::from_utf8(json.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["message_id"], id.to_string());
+    assert_eq!(rows[0]["attempts"], 1);
+    assert_eq!(rows[0]["last_error"], "boom\tin billing");
+    assert_eq!(rows[0]["payload_preview"], "{}");
+    let position = rows[0]["position"].as_str().unwrap().to_owned();
+    assert!(position.starts_with("sql:"), "{position}");
+    let after = run(&["list", "--json", "--after", &position]);
+    assert!(after.status.success());
+    assert!(after.stdout.is_empty(), "nothing after the last letter");
     let requeue = run(&["requeue", &id.to_string()]);
     assert!(requeue.status.success());
     assert!(String::from_utf8(requeue.stdout)

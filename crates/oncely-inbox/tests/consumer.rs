@@ -26,6 +26,9 @@ const TOPIC: &str = "orders";
 #[derive(Debug, Default)]
 struct Billing {
     consumer: String,
+    /// Refuses every message for good ([`Rejected`]) while set: a handler bug an operator
+    /// fixes, then requeues the dead letters.
+    refuse: AtomicBool,
     fail_first: AtomicU32,
     delay: Duration,
     calls: AtomicU32,
@@ -52,6 +55,9 @@ impl Handler for Billing {
                 tokio::time::sleep(self.delay).await;
             }
             assert!(message.payload != b"panic", "handler bug on purpose");
+            if self.refuse.load(Ordering::SeqCst) {
+                return Err(Rejected("refused: handler bug".to_owned()).into());
+            }
             if message.payload == b"poison" {
                 return Err("poison pill: no such order".into());
             }
@@ -630,10 +636,12 @@ mod conformance {
 
     use lapin::options::{BasicGetOptions, ExchangeDeleteOptions};
     use oncely_broker::{
-        retry_headers, KafkaConfig, KafkaPublisher, KafkaSubscriber, KafkaSubscriberConfig,
-        Message, NatsConfig, NatsPublisher, NatsSubscriber, NatsSubscriberConfig, Publisher,
-        RabbitMqConfig, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscriberConfig,
-        SqlSubscriber, SqlTransport, Subscriber,
+        retry_headers, DeadLetters, KafkaConfig, KafkaDeadLetters, KafkaDeadLettersConfig,
+        KafkaPublisher, KafkaSubscriber, KafkaSubscriberConfig, Message, NatsConfig,
+        NatsDeadLetters, NatsDeadLettersConfig, NatsPublisher, NatsSubscriber,
+        NatsSubscriberConfig, Publisher, RabbitMqConfig, RabbitMqDeadLetters,
+        RabbitMqDeadLettersConfig, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscriberConfig,
+        Requeue, SqlDeadLetters, SqlSubscriber, SqlTransport, Subscriber,
     };
     use oncely_core::{MessageId, RetryBudget, RetryPolicy};
     use oncely_inbox::{Consumer, ConsumerConfig, Handler, Processed};
@@ -686,6 +694,8 @@ mod conformance {
         /// Publishes a message without a message id; `false` where none can exist.
         async fn publish_undecodable(&self) -> bool;
         async fn dead_letters(&self, group: &str) -> Vec<DeadLetter>;
+        /// The broker's dead-letter API on this fixture's namespace.
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters>;
         async fn cleanup(&self);
     }
 
@@ -777,6 +787,9 @@ mod conformance {
                     error: d.last_error.unwrap_or_default(),
                 })
                 .collect()
+        }
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            Box::new(SqlDeadLetters::new(self.t.db.clone()))
         }
         async fn cleanup(&self) {}
     }
@@ -900,6 +913,11 @@ mod conformance {
             drop(conn.close(200, "bye").await);
             out
         }
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            let mut c = RabbitMqDeadLettersConfig::new(amqp_url());
+            c.queue_prefix = format!("t.{}", self.ns);
+            Box::new(RabbitMqDeadLetters::new(c))
+        }
         async fn cleanup(&self) {
             let configs = self.queues.lock().unwrap().clone();
             let mut seen = std::collections::BTreeSet::new();
@@ -1018,6 +1036,12 @@ mod conformance {
                 });
             }
             out
+        }
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            let mut c = NatsDeadLettersConfig::new(nats_url());
+            c.dlq_prefix = format!("t{}.dlq", self.ns);
+            c.dlq_stream = format!("T{}_DLQ", self.ns);
+            Box::new(NatsDeadLetters::new(c))
         }
         async fn cleanup(&self) {
             let js = self.publisher.jetstream();
@@ -1141,6 +1165,11 @@ mod conformance {
                 });
             }
             out
+        }
+        fn dead_letter_admin(&self) -> Box<dyn DeadLetters> {
+            let mut c = KafkaDeadLettersConfig::new(kafka_brokers(), vec![self.topic()]);
+            c.partitions = KAFKA_PARTITIONS;
+            Box::new(KafkaDeadLetters::new(c))
         }
         async fn cleanup(&self) {}
     }
@@ -1434,6 +1463,105 @@ mod conformance {
         c.close().await;
     }
 
+    /// The operator's fallback for a handler bug (issue 19 §3): while the handler refuses
+    /// every message for good, the message lands in group `billing`'s dead letters, listed
+    /// with its id, one attempt and the error, and group `audit` handles it normally. The
+    /// handler is fixed and the letter requeued: `billing` processes it once (one invoice),
+    /// the list no longer shows it, a second requeue finds nothing, and `audit` never sees
+    /// it again.
+    pub(super) async fn refused_message_requeued_after_the_handler_is_fixed_is_processed_once_by_its_group_only<
+        F: Fixture,
+    >(
+        f: &F,
+    ) {
+        let admin = f.dead_letter_admin();
+        let billing_handler = Arc::new(Billing {
+            refuse: AtomicBool::new(true),
+            ..Billing::new("billing")
+        });
+        let audit_handler = Arc::new(Billing::new("audit"));
+        let settle = Duration::from_secs(30);
+        let retry = RetryPolicy {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(100),
+            max_attempts: 5,
+            ..RetryPolicy::default()
+        };
+        let billing = consumer(f, "billing", billing_handler.clone(), config(retry), settle);
+        let audit = consumer(f, "audit", audit_handler.clone(), config(retry), settle);
+        billing.subscribe().await.unwrap();
+        audit.subscribe().await.unwrap();
+        let m = message(f, "o-1", b"o-1");
+        f.publish(std::slice::from_ref(&m)).await;
+        let (bs, au) = (billing.stats(), audit.stats());
+        let shutdown = CancellationToken::new();
+        let runs = [
+            tokio::spawn(billing.run(shutdown.clone())),
+            tokio::spawn(audit.run(shutdown.clone())),
+        ];
+        eventually(Duration::from_secs(20), || async {
+            bs.dead_lettered() == 1 && invoices(f.db(), "audit").await == 1
+        })
+        .await;
+        let listed = {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let l = admin.list("billing", 10, None).await.unwrap();
+                if !l.is_empty() || tokio::time::Instant::now() > deadline {
+                    break l;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].message_id, Some(m.id));
+        assert_eq!(listed[0].attempts, 1);
+        assert!(
+            listed[0]
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused: handler bug")),
+            "{listed:?}"
+        );
+        assert_eq!(invoices(f.db(), "billing").await, 0);
+
+        billing_handler.refuse.store(false, Ordering::SeqCst);
+        assert_eq!(
+            admin
+                .requeue("billing", Requeue::Message(m.id))
+                .await
+                .unwrap(),
+            1
+        );
+        eventually(Duration::from_secs(20), || async {
+            invoices(f.db(), "billing").await == 1
+        })
+        .await;
+        // Time for a stray copy to reach either group, were the requeue fanned out.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        shutdown.cancel();
+        for r in runs {
+            r.await.unwrap();
+        }
+        assert!(admin.list("billing", 10, None).await.unwrap().is_empty());
+        assert_eq!(
+            admin
+                .requeue("billing", Requeue::Message(m.id))
+                .await
+                .unwrap(),
+            0,
+            "nothing dead any more"
+        );
+        assert_eq!(invoices(f.db(), "billing").await, 1, "one invoice");
+        assert_eq!(billing_handler.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(bs.consumed(), 1);
+        assert_eq!(bs.dead_lettered(), 1);
+        assert_eq!(audit_handler.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(au.duplicates(), 0, "audit was not sent the requeue");
+        assert_eq!(invoices(f.db(), "audit").await, 1);
+        admin.close().await;
+    }
+
     /// The consumer's database (PostgreSQL or MariaDB, behind a [`FaultProxy`]) is cut for
     /// 6 s — far longer than the consumer's retry schedule (3 attempts, 20 ms doubling to
     /// 100 ms) — while messages are mid-transaction (the handler takes 300 ms) and while
@@ -1578,6 +1706,7 @@ mod conformance {
             handler_failing_twice_then_succeeding_yields_one_invoice_after_two_delayed_retries_sent_to_that_group_only,
             always_failing_handler_ends_in_the_dead_letter_destination_with_its_error_while_others_flow,
             rejected_and_undecodable_messages_are_dead_lettered_at_once,
+            refused_message_requeued_after_the_handler_is_fixed_is_processed_once_by_its_group_only,
             database_outage_longer_than_the_retry_schedule_dead_letters_nothing_and_bills_each_order_once,
         ],
         cannot_apply: [
