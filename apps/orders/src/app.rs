@@ -56,13 +56,15 @@ pub fn metrics_handle() -> PrometheusHandle {
             // Another recorder may already be installed (e.g. by an embedding program);
             // then this handle renders nothing but the service still runs.
             drop(metrics::set_global_recorder(recorder));
+            crate::metrics::describe_all();
             handle
         })
         .clone()
 }
 
 /// The service's routes: `POST /v1/orders` (idempotent, key required),
-/// `GET /v1/orders` (a page of the tenant's orders), `GET /v1/orders/{id}`, `GET /healthz`, `GET /metrics`.
+/// `GET /v1/orders` (a page of the tenant's orders), `GET /v1/orders/{id}`, `GET /healthz`
+/// (liveness), `GET /readyz` (database, broker and providers), `GET /metrics`, `GET /openapi.json` (the OpenAPI 3.1 document, [`crate::openapi_document`]).
 pub fn router(db: Database, config: &AppConfig) -> Router {
     let store = IdempotencyStore::new(db.clone(), config.retention);
     build(
@@ -117,7 +119,12 @@ where
         .with_state(db.clone());
     let ops = Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(crate::ready::readyz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(crate::openapi::openapi_json))
+        .layer(axum::Extension(crate::ready::Readiness {
+            dependencies: Arc::new(config.dependencies.clone()),
+        }))
         .with_state(db);
     api.merge(ops)
         .fallback(|| async {
@@ -136,13 +143,26 @@ where
             )
             .into_response()
         })
+        .layer(middleware::from_fn(crate::metrics::track))
 }
 
 /// `{"status":"ok","checks":{"database":"ok"}}`, or a 503 problem with
 /// `"checks":{"database":"unavailable"}`. Unauthenticated, so it names each dependency's
 /// state with a stable word and never the driver's error text (which can carry host names,
 /// users, paths); the error goes to the log instead.
-async fn healthz(State(db): State<Database>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "The process is up and reaches its database",
+         content_type = "application/json", body = Object),
+        (status = 503, description = "store-unavailable: the database cannot be reached",
+         body = crate::openapi::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn healthz(State(db): State<Database>) -> Response {
     match db.ping().await {
         Ok(()) => {
             Json(serde_json::json!({"status": "ok", "checks": {"database": "ok"}})).into_response()
@@ -160,7 +180,18 @@ async fn healthz(State(db): State<Database>) -> Response {
     }
 }
 
-async fn metrics() -> String {
+/// `GET /metrics`: every metric in the Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "The Prometheus text exposition format",
+         content_type = "text/plain", body = String),
+    )
+)]
+pub(crate) async fn metrics() -> String {
     metrics_handle().render()
 }
 

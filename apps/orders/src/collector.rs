@@ -22,7 +22,7 @@ pub fn spawn_collector(
             loop {
                 match store.collect_expired(oncely_core::now_ms(), batch).await {
                     Ok(n) => {
-                        metrics::counter!("oncely_idempotency_collected_total").increment(n);
+                        metrics::counter!(crate::metrics::IDEMPOTENCY_COLLECTED_TOTAL).increment(n);
                         if n < u64::from(batch) {
                             break;
                         }

@@ -45,6 +45,9 @@ pub struct AppConfig {
     /// `Retry-After` at once. Default 64 MiB. See [`crate::serve`] for why 503 and not a
     /// wait.
     pub max_body_bytes_in_flight: usize,
+    /// What `GET /readyz` checks besides the database: the broker and the providers this
+    /// process uses. Default none.
+    pub dependencies: Vec<crate::Dependency>,
 }
 
 impl Default for AppConfig {
@@ -61,6 +64,7 @@ impl Default for AppConfig {
             write_timeout: Duration::from_secs(30),
             max_connections: 512,
             max_body_bytes_in_flight: 64 * 1024 * 1024,
+            dependencies: Vec::new(),
         }
     }
 }

@@ -147,7 +147,7 @@ impl OrderEffects {
         .with_header("tenant", tenant)
         .with_header("correlation-id", correlation);
         OutboxStore::enqueue(tx, &event).await?;
-        metrics::counter!("oncely_orders_invoices_paid_total").increment(1);
+        metrics::counter!(crate::metrics::ORDERS_INVOICES_PAID_TOTAL).increment(1);
         Ok(())
     }
 }

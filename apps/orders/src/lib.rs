@@ -22,8 +22,14 @@
 //!   `invoice.paid` when its charge succeeds; the flow's provider and operation names.
 //! - `shipping` — [`ShippingHandler`], [`shipping_consumer`]: the `shipping` inbox consumer
 //!   of `invoice.paid` (one `shipping`/`book` effect per order).
+//! - `openapi` — [`openapi_document`]: the OpenAPI 3.1 document generated from the
+//!   handlers and types, served at `GET /openapi.json`.
 //! - `limits` — the request-body guard: body bound, total read deadline, budget of
 //!   buffered body bytes.
+//! - `ready` — `GET /readyz`: the database, the broker and each provider ([`Dependency`])
+//!   checked apart.
+//! - [`metrics`] — the service's metric names, the per-route request metrics and the
+//!   `# HELP` text of everything `/metrics` renders.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
 
 mod app;
@@ -35,8 +41,11 @@ mod events;
 mod flow;
 mod limits;
 mod list;
+pub mod metrics;
+mod openapi;
 mod orders;
 pub mod problem;
+mod ready;
 mod shipping;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
@@ -48,5 +57,7 @@ pub use config::{parse_api_keys, AppConfig, ConfigError};
 pub use events::{INVOICE_PAID, ORDERS_TOPIC, ORDER_CREATED};
 pub use flow::{OrderEffects, BOOK, CHARGE, PAYMENTS, SHIPPING};
 pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
+pub use openapi::document as openapi_document;
 pub use orders::{NewOrder, OrderItem};
+pub use ready::{Dependency, CHECK_TIMEOUT};
 pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};

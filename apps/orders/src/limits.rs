@@ -84,7 +84,8 @@ pub(crate) async fn read_body(
         .clone()
         .try_acquire_many_owned(limits.reservation(hint.upper()))
     else {
-        metrics::counter!("oncely_http_body_rejected_total", "reason" => "busy").increment(1);
+        metrics::counter!(crate::metrics::HTTP_BODY_REJECTED_TOTAL, "reason" => "busy")
+            .increment(1);
         return closing(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -111,7 +112,7 @@ pub(crate) async fn read_body(
             ));
         }
         Err(_) => {
-            metrics::counter!("oncely_http_body_rejected_total", "reason" => "timeout")
+            metrics::counter!(crate::metrics::HTTP_BODY_REJECTED_TOTAL, "reason" => "timeout")
                 .increment(1);
             return closing(
                 Problem::new(

@@ -29,20 +29,29 @@ pub const MAX_LIMIT: u32 = 100;
 pub const DEFAULT_LIMIT: u32 = 50;
 
 /// The query of `GET /v1/orders`; any other parameter is refused.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
+    /// Orders per page, 1–100 (default 50).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 100)]
     limit: Option<String>,
+    /// The `next_cursor` of the previous page.
     cursor: Option<String>,
+    /// Only orders of this source (exact match).
     source: Option<String>,
+    /// Only orders with this external_ref (exact match).
     external_ref: Option<String>,
 }
 
 /// One page.
-#[derive(Debug, Serialize)]
-struct Page {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Page {
+    /// The page's orders, newest first.
     orders: Vec<Order>,
+    /// The `cursor` of the next page; `null` on the last page.
     next_cursor: Option<String>,
+    /// The tenant's orders matching the filters, over all pages.
     total: i64,
 }
 
@@ -93,6 +102,29 @@ fn bad_query(detail: &str) -> Response {
 /// `GET /v1/orders?limit=&cursor=&source=&external_ref=`: a page of the tenant's orders
 /// (never another tenant's), newest first. A limit outside 1–100, a cursor this service did
 /// not issue, or an unknown parameter is a 400 `invalid-query` problem.
+#[utoipa::path(
+    get,
+    path = "/v1/orders",
+    tag = "orders",
+    operation_id = "list_orders",
+    summary = "List the caller's orders, newest first",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of orders", body = Page),
+        (status = 400, description = "invalid-query: a limit outside 1–100, a cursor the \
+            service did not issue or an unknown parameter", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 503, description = "store-unavailable or server-busy",
+            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            ("Retry-After" = u32, description = "Seconds to wait before the retry"),
+        )),
+    ),
+    security(("api_key" = []))
+)]
 pub(crate) async fn list_orders(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
@@ -106,6 +138,15 @@ pub(crate) async fn list_orders(
         Some(Ok(n)) if (1..=MAX_LIMIT).contains(&n) => n,
         Some(_) => return bad_query("limit must be an integer from 1 to 100"),
     };
+    // No order has a control character in these (the order's validation refuses them),
+    // and PostgreSQL refuses a NUL in text with an error: a 400, never a 500.
+    let controls = |v: &Option<String>| {
+        v.as_deref()
+            .is_some_and(|v| v.chars().any(char::is_control))
+    };
+    if controls(&q.source) || controls(&q.external_ref) {
+        return bad_query("source and external_ref cannot hold control characters");
+    }
     let cursor = match q.cursor.as_deref().map(Cursor::decode) {
         None => None,
         Some(Some(c)) => Some(c),

@@ -8,47 +8,81 @@ use oncely_http::{IdempotentTx, NotStored, Problem, StoreFailure};
 use oncely_sql::{query, Backend, Database, StoreError, Tx};
 use serde::{Deserialize, Serialize};
 
-/// Body of `POST /v1/orders`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Body of `POST /v1/orders`. Text fields are compared byte for byte (the business key), so
+/// they refuse control and invisible characters and leading or trailing whitespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewOrder {
     /// The client system the order comes from (1–64 chars). Part of the business key.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = r"^\S(.*\S)?$",
+        example = "shop"
+    )]
     pub source: String,
     /// The order's id in the client system (1–128 chars). Part of the business key.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^\S(.*\S)?$",
+        example = "A-1001"
+    )]
     pub external_ref: String,
     /// Customer reference (1–128 chars).
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^\S(.*\S)?$",
+        example = "cust-7"
+    )]
     pub customer_id: String,
     /// 1–100 order lines.
+    #[schema(min_items = 1, max_items = 100)]
     pub items: Vec<OrderItem>,
     /// Total in minor units of `currency` (cents), 1 ≤ amount ≤ 10^15.
+    #[schema(minimum = 1, maximum = 1e15, example = 4200)]
     pub amount_minor: i64,
     /// ISO 4217 code, three upper-case letters.
+    #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
     pub currency: String,
 }
 
 /// One order line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderItem {
     /// Stock keeping unit (1–64 chars).
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = r"^\S(.*\S)?$",
+        example = "sku-1"
+    )]
     pub sku: String,
     /// 1–10 000.
+    #[schema(minimum = 1, maximum = 10_000, example = 2)]
     pub quantity: i64,
 }
 
-#[derive(Debug, Serialize)]
+/// An order as the service stores it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct Order {
+    /// The order's id (a UUIDv7), as in `Location: /v1/orders/{id}`.
     id: String,
+    /// Always `created` (the flow's progress is in the invoice, payment and shipment).
+    #[schema(value_type = String, example = "created")]
     status: &'static str,
     #[serde(flatten)]
     details: NewOrder,
+    /// When it was created, Unix ms.
     created_at: i64,
 }
 
 /// An order as `GET /v1/orders/{id}` shows it: the order's fields, and its invoice,
 /// payment and shipment — each `null` until the flow got there.
-#[derive(Debug, Serialize)]
-struct OrderView {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct OrderView {
     #[serde(flatten)]
     order: Order,
     /// Created by the `billing` consumer.
@@ -60,14 +94,20 @@ struct OrderView {
 }
 
 /// The order's invoice as `GET /v1/orders/{id}` shows it.
-#[derive(Debug, Serialize)]
-struct InvoiceView {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct InvoiceView {
+    /// The invoice's id.
     id: String,
+    /// `order` for the order's own invoice.
     kind: String,
+    /// Its total in minor units of `currency`.
     amount_minor: i64,
+    /// ISO 4217 code.
     currency: String,
+    /// When it was created, Unix ms.
     created_at: i64,
     /// `open` until its charge succeeded, then `paid`.
+    #[schema(value_type = String, example = "open")]
     status: &'static str,
     /// When it was paid, Unix ms; `null` while open.
     paid_at: Option<i64>,
@@ -100,11 +140,15 @@ impl From<InvoiceRow> for InvoiceView {
 /// An outgoing effect as `GET /v1/orders/{id}` shows it: its id (for `oncely effects
 /// show`), its state word (`pending`, `in_flight`, `succeeded`, `failed`, `unknown`,
 /// `absent`, `needs_review`) and the provider's object id once known.
-#[derive(Debug, Serialize, sqlx::FromRow)]
-struct EffectView {
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub(crate) struct EffectView {
+    /// The effect's id.
     #[sqlx(rename = "id")]
     effect_id: String,
+    /// Its state word.
+    #[schema(example = "succeeded")]
     state: String,
+    /// The provider's object id, once known.
     provider_id: Option<String>,
 }
 
@@ -225,6 +269,65 @@ fn internal(e: &dyn std::fmt::Display) -> Response {
 /// `POST /v1/orders`: creates the order, or answers with the existing one when the business
 /// key `(tenant, source, external_ref)` is taken by an order with the same content (200),
 /// or a 409 problem when the content differs. Runs in the idempotency layer's transaction.
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    tag = "orders",
+    operation_id = "create_order",
+    summary = "Create an order, exactly once per Idempotency-Key",
+    description = "Runs once per `Idempotency-Key` (scoped by tenant and route): a retry with \
+                   the same key and the same body gets the first answer again — status, \
+                   headers and body — with `Idempotent-Replayed: true`, whatever that answer \
+                   was (201, 200 or the 409 order-conflict). The business key `(source, \
+                   external_ref)` is a second guard that outlives the key's retention. \
+                   Validation failures (400, 415, 422 invalid-order) are not stored, so the \
+                   same key may be retried with a fixed body.",
+    params(crate::openapi::IdempotencyKey),
+    request_body(content = NewOrder, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = Order, headers(
+            ("Location" = String, description = "`/v1/orders/{id}` of the order"),
+            ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same key, replayed"),
+        )),
+        (status = 200, description = "An order with this business key and the same content \
+            exists; this is it", body = Order, headers(
+            ("Location" = String, description = "`/v1/orders/{id}` of the order"),
+            ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same key, replayed"),
+        )),
+        (status = 400, description = "idempotency-key-missing, idempotency-key-malformed, \
+            malformed-json or request-body", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 408, description = "request-timeout: the body did not arrive in time",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "order-conflict (the business key is taken by an order \
+            with other content; its `order` member points at it), request-in-flight (the \
+            first request with this key is still running; `Retry-After`) or outcome-unknown",
+            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same key, replayed"),
+            ("Retry-After" = u32, description = "Seconds to wait (request-in-flight)"),
+        )),
+        (status = 413, description = "request-too-large", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 415, description = "unsupported-media-type: the body is not \
+            application/json", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 422, description = "invalid-order (not stored: fix the body and retry with \
+            the same key) or idempotency-key-reused (the key was used with another request; \
+            `differs` names `body` or `route`)", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 500, description = "store-error, internal, handler-failed, \
+            response-too-large, response-body, record-corrupt or no-transaction; nothing was \
+            stored", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "store-unavailable, execution-outcome-unknown or \
+            server-busy; retry after `Retry-After` with the same key",
+            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            ("Retry-After" = u32, description = "Seconds to wait before the retry"),
+        )),
+    ),
+    security(("api_key" = []))
+)]
 pub(crate) async fn create_order(
     axum::Extension(tenant): axum::Extension<TenantId>,
     axum::Extension(events): axum::Extension<crate::events::EventSettings>,
@@ -371,7 +474,7 @@ async fn announce_created(tx: &mut Tx, announced: &Announcement<'_>, created: &O
     if let Err(e) = oncely_sql::OutboxStore::enqueue(tx, &event).await {
         return StoreFailure::from(e).into_response();
     }
-    metrics::counter!("oncely_orders_created_total").increment(1);
+    metrics::counter!(crate::metrics::ORDERS_CREATED_TOTAL).increment(1);
     order_response(StatusCode::CREATED, &created.id, created)
 }
 
@@ -395,7 +498,7 @@ async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Re
         Ok(Err(e)) => return internal(&e),
         Err(e) => return StoreFailure::from(e).into_response(),
     };
-    metrics::counter!("oncely_orders_business_key_hits_total").increment(1);
+    metrics::counter!(crate::metrics::ORDERS_BUSINESS_KEY_HITS_TOTAL).increment(1);
     if existing.details == *order {
         order_response(StatusCode::OK, &existing.id, &existing)
     } else {
@@ -412,6 +515,30 @@ async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Re
 
 /// `GET /v1/orders/{id}`: the tenant's order with its invoice, payment and shipment, 404
 /// for anything else (including another tenant's order). Every read names the tenant.
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{id}",
+    tag = "orders",
+    operation_id = "get_order",
+    summary = "Read an order with its invoice, payment and shipment",
+    params(("id" = String, Path, description = "The order's id, from `Location`")),
+    responses(
+        (status = 200, description = "The order", body = OrderView, headers(
+            ("Location" = String, description = "`/v1/orders/{id}` of the order"),
+        )),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 404, description = "not-found: no such order in the caller's tenant",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 503, description = "store-unavailable or server-busy",
+            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            ("Retry-After" = u32, description = "Seconds to wait before the retry"),
+        )),
+    ),
+    security(("api_key" = []))
+)]
 pub(crate) async fn get_order(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
@@ -430,6 +557,11 @@ pub(crate) async fn get_order(
     let Ok(Path(id)) = id else {
         return not_found();
     };
+    // Order ids are UUIDs: anything else names no order, and is never sent to the database
+    // (PostgreSQL refuses a NUL in text with an error, which would be a 500).
+    if uuid::Uuid::try_parse(&id).is_err() {
+        return not_found();
+    }
     let sql = format!(
         "{} WHERE id = $1 AND tenant = $2",
         select_order(db.backend())

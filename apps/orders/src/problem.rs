@@ -22,3 +22,57 @@ pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported-media-type";
 /// 400: a `GET /v1/orders` query with a limit outside 1–100, a cursor the service did not
 /// issue, or an unknown parameter.
 pub const INVALID_QUERY: &str = "invalid-query";
+/// 503: `GET /readyz` found a dependency (database, broker or provider) unavailable; its
+/// `checks` member names which.
+pub const NOT_READY: &str = "not-ready";
+
+/// Every kind above, for the OpenAPI document (which names each `type` URI); a test keeps
+/// it complete.
+pub const ALL: &[&str] = &[
+    ORDER_CONFLICT,
+    INVALID_ORDER,
+    NOT_FOUND,
+    METHOD_NOT_ALLOWED,
+    SERVER_BUSY,
+    REQUEST_TIMEOUT,
+    INTERNAL,
+    UNSUPPORTED_MEDIA_TYPE,
+    INVALID_QUERY,
+    NOT_READY,
+];
+
+#[cfg(test)]
+mod tests {
+    /// `pub const NAME: &str = "kind";` lines of `source`, ALL excepted.
+    pub(crate) fn declared(source: &str) -> Vec<String> {
+        source
+            .lines()
+            .map(str::trim)
+            .filter_map(|l| l.strip_prefix("pub const "))
+            .filter(|l| l.contains(": &str = \""))
+            .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn every_problem_kind_is_listed_in_all() {
+        let own = declared(include_str!("problem.rs"));
+        assert!(own.len() >= 9, "{own:?}");
+        for kind in &own {
+            assert!(
+                super::ALL.contains(&kind.as_str()),
+                "{kind} missing from problem::ALL"
+            );
+        }
+        let layer = declared(include_str!("../../../crates/oncely-http/src/problem.rs"));
+        assert!(layer.len() >= 17, "{layer:?}");
+        for kind in &layer {
+            if kind != "application/problem+json" {
+                assert!(
+                    oncely_http::kind::ALL.contains(&kind.as_str()),
+                    "{kind} missing from oncely_http::kind::ALL"
+                );
+            }
+        }
+    }
+}

@@ -139,6 +139,16 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     line
 }
 
+/// Registers the `# HELP` text of [`DEPENDENCY_UP`] with the installed
+/// recorder; call it once after installing one (the order service does, in
+/// `orders::metrics_handle`).
+pub fn describe_metrics() {
+    metrics::describe_gauge!(
+        DEPENDENCY_UP,
+        "1 while a dependency answers, 0 while it is unavailable, per dependency (dependency = broker | database), its backend (rabbitmq, nats, kafka, sql; sqlite, postgres, mysql) and the component that depends on it (relay, consumer:<group>). Absent until the component first used the dependency."
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

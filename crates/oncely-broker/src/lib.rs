@@ -82,7 +82,7 @@ pub use dead_letter::{
 };
 pub use delivery::{DeliveryPosition, ReceivedMessage};
 pub use failure::{Cause, PermanentError, TransientError};
-pub use health::{error_chain, DependencyHealth, DEPENDENCY_UP};
+pub use health::{describe_metrics, error_chain, DependencyHealth, DEPENDENCY_UP};
 #[cfg(feature = "kafka")]
 pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
 #[cfg(feature = "kafka")]

@@ -40,6 +40,28 @@ pub mod kind {
     pub const HANDLER_FAILED: &str = "handler-failed";
     /// 500: the handler's transaction was not available (the route is not behind the layer, or it was taken twice).
     pub const NO_TRANSACTION: &str = "no-transaction";
+
+    /// Every kind above, for documents that list them (the order service's OpenAPI
+    /// document names each `type` URI).
+    pub const ALL: &[&str] = &[
+        UNAUTHENTICATED,
+        IDEMPOTENCY_KEY_MALFORMED,
+        IDEMPOTENCY_KEY_MISSING,
+        IDEMPOTENCY_KEY_REUSED,
+        REQUEST_IN_FLIGHT,
+        OUTCOME_UNKNOWN,
+        EXECUTION_OUTCOME_UNKNOWN,
+        STORE_UNAVAILABLE,
+        STORE_ERROR,
+        REQUEST_TOO_LARGE,
+        REQUEST_BODY,
+        MALFORMED_JSON,
+        RECORD_CORRUPT,
+        RESPONSE_TOO_LARGE,
+        RESPONSE_BODY,
+        HANDLER_FAILED,
+        NO_TRANSACTION,
+    ];
 }
 
 /// `application/problem+json` (RFC 9457 §3).

@@ -20,3 +20,32 @@ pub const HANDLER_BUCKETS: &[f64] = &[
 ];
 /// Counter: inbox rows deleted after the retention.
 pub const COLLECTED_TOTAL: &str = "oncely_inbox_collected_total";
+
+/// Registers the `# HELP` text (and unit) of every metric above with the installed
+/// recorder; call it once after installing one (the order service does, in
+/// `orders::metrics_handle`).
+pub fn describe() {
+    metrics::describe_counter!(
+        CONSUMED_TOTAL,
+        "Messages whose effect committed and that were acknowledged."
+    );
+    metrics::describe_counter!(
+        DUPLICATES_TOTAL,
+        "Redelivered messages the inbox recognised; acknowledged without running the handler."
+    );
+    metrics::describe_counter!(RETRIES_TOTAL, "Handler failures rescheduled with backoff.");
+    metrics::describe_counter!(
+        DEAD_LETTERED_TOTAL,
+        "Deliveries parked as dead after the attempt limit."
+    );
+    metrics::describe_counter!(
+        RETRY_BUDGET_EXHAUSTED_TOTAL,
+        "Outage waits (database or broker unreachable) whose retry the consumer's budget could not pay for, so it waited its outage cap (ConsumerConfig::budget)."
+    );
+    metrics::describe_histogram!(
+        HANDLER_SECONDS,
+        metrics::Unit::Seconds,
+        "Handler run time (inbox insert to handler return), seconds."
+    );
+    metrics::describe_counter!(COLLECTED_TOTAL, "Inbox rows deleted after the retention.");
+}

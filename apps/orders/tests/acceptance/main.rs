@@ -8,12 +8,14 @@
 //! - `flow`: order → invoice → charge → `invoice.paid` → shipment against the provider
 //!   simulators and localstripe, counted at the provider;
 //! - `list`: `GET /v1/orders` pages, tenant scope, bad cursors;
+//! - `openapi`: `GET /openapi.json` is OpenAPI 3.1 and lists every route the router serves;
 //! - `verify`: `oncely verify` finds every check holding against the service.
 
 mod billing;
 mod events;
 mod flow;
 mod list;
+mod openapi;
 mod verify;
 
 use std::sync::Arc;

@@ -1,0 +1,92 @@
+//! The order service's own metric names, the per-route request metrics, and the `# HELP`
+//! text of every metric the service renders on `/metrics` ([`describe_all`]).
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+
+/// Counter: requests answered, labels `route` (the route template, `unmatched` for a path
+/// no route serves), `method`, `status` and `replayed` (`true` when the idempotency layer
+/// answered with a stored outcome).
+pub const HTTP_REQUESTS_TOTAL: &str = "oncely_http_requests_total";
+/// Histogram: time to the response head, seconds, labels `route` and `method`.
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "oncely_http_request_duration_seconds";
+/// Counter: request bodies refused before they were read, label `reason` = `busy` (the
+/// body budget is spent: 503) | `timeout` (the body deadline passed: 408).
+pub const HTTP_BODY_REJECTED_TOTAL: &str = "oncely_http_body_rejected_total";
+/// Counter: orders created (201).
+pub const ORDERS_CREATED_TOTAL: &str = "oncely_orders_created_total";
+/// Counter: `POST /v1/orders` whose business key `(source, external_ref)` was taken: the
+/// existing order (200) or, with other content, 409 `order-conflict`.
+pub const ORDERS_BUSINESS_KEY_HITS_TOTAL: &str = "oncely_orders_business_key_hits_total";
+/// Counter: invoices marked paid after their charge succeeded.
+pub const ORDERS_INVOICES_PAID_TOTAL: &str = "oncely_orders_invoices_paid_total";
+/// Counter: expired idempotency records deleted by the retention collector.
+pub const IDEMPOTENCY_COLLECTED_TOTAL: &str = "oncely_idempotency_collected_total";
+
+/// Registers the `# HELP` text of the service's own metrics above.
+fn describe() {
+    metrics::describe_counter!(
+        HTTP_REQUESTS_TOTAL,
+        "Requests answered, by route template (unmatched: no route), method, status and \
+         replayed (true: a stored outcome answered the retry)."
+    );
+    metrics::describe_histogram!(
+        HTTP_REQUEST_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "Time from the request to its response head, by route template and method."
+    );
+    metrics::describe_counter!(
+        HTTP_BODY_REJECTED_TOTAL,
+        "Request bodies refused before they were read, reason = busy (the body budget is \
+         spent: 503) | timeout (the body deadline passed: 408)."
+    );
+    metrics::describe_counter!(ORDERS_CREATED_TOTAL, "Orders created (201).");
+    metrics::describe_counter!(
+        ORDERS_BUSINESS_KEY_HITS_TOTAL,
+        "POST /v1/orders whose business key (source, external_ref) was taken: the existing \
+         order (200) or, with other content, 409 order-conflict."
+    );
+    metrics::describe_counter!(
+        ORDERS_INVOICES_PAID_TOTAL,
+        "Invoices marked paid after their charge succeeded."
+    );
+    metrics::describe_counter!(
+        IDEMPOTENCY_COLLECTED_TOTAL,
+        "Expired idempotency records deleted by the retention collector."
+    );
+}
+
+/// Registers the `# HELP` text of every metric the service renders: its own and those of
+/// the idempotency layer, the relay, the consumers, the effect runner and reconciler, the
+/// saga orchestrator and the dependency gauges. Call it after installing the recorder.
+pub(crate) fn describe_all() {
+    describe();
+    oncely_http::metrics::describe();
+    oncely_outbox::metrics::describe();
+    oncely_inbox::metrics::describe();
+    oncely_effects::metrics::describe();
+    oncely_broker::describe_metrics();
+}
+
+/// Middleware: counts each answer in [`HTTP_REQUESTS_TOTAL`] and times it in
+/// [`HTTP_REQUEST_DURATION_SECONDS`], by route template — never the concrete path, so the
+/// series stay bounded.
+pub(crate) async fn track(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let method = req.method().as_str().to_owned();
+    let started = Instant::now();
+    let res = next.run(req).await;
+    let replayed = res.headers().contains_key(oncely_http::IDEMPOTENT_REPLAYED);
+    metrics::histogram!(HTTP_REQUEST_DURATION_SECONDS, "route" => route.clone(), "method" => method.clone())
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => route, "method" => method,
+        "status" => res.status().as_str().to_owned(), "replayed" => if replayed { "true" } else { "false" })
+    .increment(1);
+    res
+}
