@@ -400,6 +400,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         write_timeout: Duration::from_secs(args.write_timeout_secs.max(1)),
         max_connections: args.max_connections.max(1),
         max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
+        dependencies: dependencies(&args),
         ..AppConfig::default()
     };
     let db = args.db.connect_orders().await?;
@@ -425,6 +426,35 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What `/readyz` checks besides the database: the broker when this process relays or
+/// consumes, and each configured provider.
+fn dependencies(args: &ServeArgs) -> Vec<orders::Dependency> {
+    let mut deps = Vec::new();
+    if !args.no_relay || !args.no_consumer {
+        let broker = args.relay.broker.config();
+        let target = match broker.kind {
+            oncely_runtime::BrokerKind::Sql => "",
+            oncely_runtime::BrokerKind::Rabbitmq => broker.amqp_url.as_str(),
+            oncely_runtime::BrokerKind::Nats => broker.nats_url.as_str(),
+            oncely_runtime::BrokerKind::Kafka => broker.kafka_brokers.as_str(),
+        };
+        deps.push(orders::Dependency::broker(broker.kind.as_str(), target));
+    }
+    let providers = [
+        (orders::PAYMENTS, &args.providers.payments_url),
+        (orders::SHIPPING, &args.providers.shipping_url),
+    ];
+    for (name, url) in providers {
+        if let Some(url) = url {
+            deps.push(orders::Dependency::Provider {
+                name: name.to_owned(),
+                url: url.clone(),
+            });
+        }
+    }
+    deps
 }
 
 /// Starts what `serve` runs beside the HTTP service, as configured: the relay, the `billing`

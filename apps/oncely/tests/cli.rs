@@ -114,6 +114,12 @@ async fn count_orders(t: &TestDb, ext: &str) -> i64 {
 #[path = "cli/import.rs"]
 mod import;
 
+#[path = "cli/schemathesis.rs"]
+mod schemathesis;
+
+#[path = "cli/metrics.rs"]
+mod metrics;
+
 oncely_testkit::matrix! {
     tests: [
         s8_second_process_on_the_same_database_obeys_the_same_keys,

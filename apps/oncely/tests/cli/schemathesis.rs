@@ -1,0 +1,80 @@
+//! schemathesis (PyPI) against a running `oncely serve` on SQLite: it reads the service's
+//! own `/openapi.json`, generates requests for every operation (valid and invalid ones) and
+//! fails on any 5xx or any response outside the document's schema.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oncely_testkit::{TestBackend, TestDb};
+
+use super::{serve_with, API_KEY};
+
+/// Test cases per operation and phase: enough to reach every documented status, few enough
+/// that the run stays well under two minutes on a loaded 2-core machine.
+const MAX_EXAMPLES: &str = "40";
+
+/// The schemathesis CLI, `st`, when it is installed.
+fn schemathesis() -> Option<&'static str> {
+    let found = Command::new("st")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    found.then_some("st")
+}
+
+#[tokio::test]
+async fn schemathesis_finds_no_server_error_and_no_response_outside_the_openapi_document() {
+    let Some(st) = schemathesis() else {
+        assert!(
+            !oncely_testkit::require_services(),
+            "schemathesis is not installed (pip install schemathesis)"
+        );
+        eprintln!("skipped: schemathesis is not installed (pip install schemathesis)");
+        return;
+    };
+    let t = TestDb::new(TestBackend::Sqlite).await.expect("SQLite");
+    let p = serve_with(&t.url, &[]);
+    let report = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking({
+        let schema = format!("{}/openapi.json", p.base);
+        let report = report.path().to_owned();
+        move || {
+            Command::new(st)
+                .arg("run")
+                .arg(&schema)
+                .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
+                .args(["--checks", "not_a_server_error,response_schema_conformance"])
+                .args(["--max-examples", MAX_EXAMPLES])
+                .args(["--workers", "2", "--request-timeout", "10"])
+                .arg("--report-dir")
+                .arg(&report)
+                .env("NO_COLOR", "1")
+                .env("SCHEMATHESIS_TELEMETRY", "false")
+                .output()
+                .expect("run schemathesis")
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "schemathesis found problems (exit {:?}); see its output above",
+        out.status.code()
+    );
+    // It tested every operation (a run that tested nothing exits 0 too).
+    assert!(
+        stdout.contains("No issues found") && stdout.contains("Tested: 6"),
+        "schemathesis did not test the 6 operations:\n{stdout}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "schemathesis took {:?}",
+        started.elapsed()
+    );
+}
