@@ -22,6 +22,8 @@ pub(crate) enum ConsumerName {
     Billing,
     /// `shipping`: one shipment booking per `invoice.paid`.
     Shipping,
+    /// `fulfilment`: one fulfilment saga per `order.created` (`--fulfilment saga`).
+    Fulfilment,
 }
 
 /// Inbox consumer settings (shared by `serve` and `consume`); the broker comes from
@@ -85,14 +87,17 @@ impl ConsumerArgs {
     }
 }
 
-/// A consumer to build: which, and whether billing enqueues each new invoice's charge
-/// (payments configured).
-#[derive(Debug, Clone, Copy)]
+/// A consumer to build: which, whether billing enqueues each new invoice's charge
+/// (payments configured), and the saga orchestrator the fulfilment consumer starts sagas
+/// with.
+#[derive(Debug, Clone)]
 pub(crate) struct Flow {
     /// The consumer.
     pub(crate) name: ConsumerName,
     /// Billing: enqueue charges.
     pub(crate) charge: bool,
+    /// Fulfilment: the orchestrator (`None` for the other consumers).
+    pub(crate) orchestrator: Option<std::sync::Arc<oncely_saga::Orchestrator>>,
 }
 
 impl ConsumerFactory for Flow {
@@ -112,6 +117,12 @@ impl ConsumerFactory for Flow {
                 orders::billing_consumer_with(db.clone(), subscriber, config, handler)
             }
             ConsumerName::Shipping => orders::shipping_consumer(db.clone(), subscriber, config),
+            ConsumerName::Fulfilment => {
+                let orchestrator = self.orchestrator.clone().unwrap_or_else(|| {
+                    std::sync::Arc::new(fulfilment_orchestrator(db, &Default::default()))
+                });
+                orders::fulfilment_consumer(db.clone(), subscriber, config, orchestrator)
+            }
         }
     }
 }
@@ -180,7 +191,22 @@ fn consumer_name(name: ConsumerName) -> &'static str {
     match name {
         ConsumerName::Billing => orders::BILLING_CONSUMER,
         ConsumerName::Shipping => orders::SHIPPING_CONSUMER,
+        ConsumerName::Fulfilment => orders::FULFILMENT_CONSUMER,
     }
+}
+
+/// The fulfilment saga's orchestrator over `db` with `config`, chaining the choreography's
+/// effects to [`orders::OrderEffects`] on the default events topic.
+pub(crate) fn fulfilment_orchestrator(
+    db: &Database,
+    config: &orders::FulfilmentConfig,
+) -> oncely_saga::Orchestrator {
+    orders::fulfilment_orchestrator(
+        db.clone(),
+        config,
+        oncely_saga::OrchestratorConfig::default(),
+        std::sync::Arc::new(orders::OrderEffects::new(orders::ORDERS_TOPIC)),
+    )
 }
 
 /// Runs an `oncely inbox` command on `dead` (the configured broker's dead letters),

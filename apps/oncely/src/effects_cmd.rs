@@ -143,6 +143,10 @@ pub(crate) struct RunArgs {
     /// Serve the runner's metrics on `GET /metrics` at this address (e.g. 127.0.0.1:9466).
     #[arg(long, env = "ONCELY_METRICS_LISTEN")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// With `--fulfilment saga` the runner continues the fulfilment sagas whose steps'
+    /// effects it settles.
+    #[command(flatten)]
+    pub(crate) fulfilment: crate::saga_cmd::FulfilmentArgs,
 }
 
 /// `oncely effects …`.

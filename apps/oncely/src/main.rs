@@ -14,6 +14,8 @@
 //! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions;
 //!   `oncely effects run` — the effect runner alone (`serve` runs one in-process when a
 //!   provider is configured).
+//! - `oncely saga list|show|retry` — sagas across tenants, one with its step log and
+//!   evidence, the audited retry of a parked step (logic in `oncely-saga`).
 //! - `oncely reconcile [resolve]` — a provider's records against the local intents over a
 //!   window, and the audited resolution of a discrepancy (logic in `oncely-effects`).
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
@@ -28,6 +30,7 @@ mod idempotency_cmd;
 mod orders_cmd;
 mod reconcile_cmd;
 mod relay_cmd;
+mod saga_cmd;
 mod sim_cmd;
 mod verify_cmd;
 
@@ -71,6 +74,8 @@ enum Command {
     Inbox(InboxArgs),
     /// Outgoing effects: list, show with evidence, retry, resolve (audited).
     Effects(EffectsArgs),
+    /// Sagas: list, show with steps and evidence, retry a parked step (audited).
+    Saga(SagaArgs),
     /// Idempotency records: list them, e.g. the multi-phase ones left `processing` or
     /// `unknown`.
     Idempotency(IdempotencyArgs),
@@ -91,6 +96,14 @@ struct EffectsArgs {
     db: DbArgs,
     #[command(subcommand)]
     command: effects_cmd::EffectsCommand,
+}
+
+#[derive(Debug, Args)]
+struct SagaArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(subcommand)]
+    command: saga_cmd::SagaCommand,
 }
 
 #[derive(Debug, Args)]
@@ -214,6 +227,8 @@ struct ServeArgs {
     no_consumer: bool,
     #[command(flatten)]
     providers: effects_cmd::ProviderArgs,
+    #[command(flatten)]
+    fulfilment: saga_cmd::FulfilmentArgs,
     /// Do not run the effect runner in this process although a provider is configured (run
     /// `oncely effects run` elsewhere).
     #[arg(long, env = "ONCELY_NO_RUNNER")]
@@ -337,18 +352,13 @@ async fn main() -> anyhow::Result<()> {
             consume_cmd::inbox(broker.dead_letters(db.as_ref())?, args.command).await
         }
         Command::Effects(args) => match args.command {
-            effects_cmd::EffectsCommand::Run(run) => {
-                let db = args.db.connect_orders().await?;
-                let metrics = metrics_endpoint(run.metrics_listen);
-                let handler = effects_cmd::service_handler(&run.events_topic);
-                let effects = run.providers.config();
-                Ok(
-                    oncely_runtime::run_effects(&db, &effects, handler, metrics, shutdown_signal())
-                        .await?,
-                )
-            }
+            effects_cmd::EffectsCommand::Run(run) => effects_run(&args.db, &run).await,
             command => effects_cmd::effects(args.db.connect_existing().await?, command).await,
         },
+        Command::Saga(args) => {
+            let db = args.db.connect_existing().await?;
+            saga_cmd::saga(db, orders::saga_definitions(), args.command).await
+        }
         Command::Idempotency(args) => {
             idempotency_cmd::idempotency(args.db.connect_existing().await?, args.command).await
         }
@@ -363,6 +373,7 @@ async fn main() -> anyhow::Result<()> {
             let flow = consume_cmd::Flow {
                 name: args.name,
                 charge: args.payments_url.is_some(),
+                orchestrator: None,
             };
             Ok(oncely_runtime::run_consumer(
                 &db,
@@ -375,6 +386,38 @@ async fn main() -> anyhow::Result<()> {
             .await?)
         }
     }
+}
+
+/// `oncely effects run`: the effect runner alone; under `--fulfilment saga` with the
+/// orchestrator as its handler and the saga's timeout sweep beside it.
+async fn effects_run(db: &DbArgs, run: &effects_cmd::RunArgs) -> anyhow::Result<()> {
+    let db = db.connect_orders().await?;
+    let metrics = metrics_endpoint(run.metrics_listen);
+    let order_effects = effects_cmd::service_handler(&run.events_topic);
+    let effects = run.providers.config();
+    if !run.fulfilment.saga() {
+        return Ok(oncely_runtime::run_effects(
+            &db,
+            &effects,
+            order_effects,
+            metrics,
+            shutdown_signal(),
+        )
+        .await?);
+    }
+    let orchestrator = Arc::new(orders::fulfilment_orchestrator(
+        db.clone(),
+        &run.fulfilment.config(),
+        oncely_saga::OrchestratorConfig::default(),
+        order_effects,
+    ));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sweep = tokio::spawn(orchestrator.clone().run(stop.clone()));
+    let ran =
+        oncely_runtime::run_effects(&db, &effects, orchestrator, metrics, shutdown_signal()).await;
+    stop.cancel();
+    sweep.await?;
+    Ok(ran?)
 }
 
 async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
@@ -401,8 +444,13 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections.max(1),
         max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
         dependencies: dependencies(&args),
+        fulfilment: args.fulfilment.config(),
         ..AppConfig::default()
     };
+    anyhow::ensure!(
+        !args.fulfilment.saga() || (args.providers.payments() && args.providers.shipping()),
+        "--fulfilment saga needs payments and shipping configured (--payments-url, --shipping-url)"
+    );
     let db = args.db.connect_orders().await?;
     let shutdown = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -457,10 +505,12 @@ fn dependencies(args: &ServeArgs) -> Vec<orders::Dependency> {
     deps
 }
 
-/// Starts what `serve` runs beside the HTTP service, as configured: the relay, the `billing`
-/// consumer (charging with payments configured), the `shipping` consumer (with
-/// `--shipping-url`) and the effect runner (with a provider configured). Cancel `stop` and
-/// await the handles to stop them.
+/// Starts what `serve` runs beside the HTTP service, as configured: the relay; under the
+/// choreography the `billing` consumer (charging with payments configured) and the
+/// `shipping` consumer (with `--shipping-url`), under `--fulfilment saga` the
+/// `fulfilment` consumer and the saga's timeout sweep; and the effect runner (with a
+/// provider configured; under the saga with the orchestrator as its handler). Cancel
+/// `stop` and await the handles to stop them.
 async fn spawn_workers(
     args: &mut ServeArgs,
     db: &Database,
@@ -473,26 +523,59 @@ async fn spawn_workers(
     // The in-process consumers read what this service publishes.
     args.consumer.consumer_topic.clone_from(&args.events_topic);
     let broker = args.relay.broker.config();
-    let mut consumers = vec![consume_cmd::Flow {
-        name: consume_cmd::ConsumerName::Billing,
-        charge: args.providers.payments(),
-    }];
-    if args.providers.shipping() {
-        consumers.push(consume_cmd::Flow {
-            name: consume_cmd::ConsumerName::Shipping,
-            charge: false,
-        });
-    }
+    let order_effects = effects_cmd::service_handler(&args.events_topic);
+    let saga = args.fulfilment.saga().then(|| {
+        Arc::new(orders::fulfilment_orchestrator(
+            db.clone(),
+            &args.fulfilment.config(),
+            oncely_saga::OrchestratorConfig::default(),
+            order_effects.clone(),
+        ))
+    });
     if !args.no_consumer {
-        for flow in consumers {
+        for flow in consumers(args, saga.as_ref()) {
             let settings = args.consumer.settings(flow.name);
             workers.push(settings.spawn(&broker, db, &flow, stop.clone()).await?);
         }
     }
     let effects = args.providers.config();
     if !args.no_runner && !effects.is_empty() {
-        let handler = effects_cmd::service_handler(&args.events_topic);
+        let handler: Arc<dyn oncely_effects::EffectHandler> = match &saga {
+            Some(orchestrator) => orchestrator.clone(),
+            None => order_effects,
+        };
         workers.push(effects.spawn(db, handler, stop.clone())?);
     }
+    if let Some(orchestrator) = saga {
+        workers.push(tokio::spawn(orchestrator.run(stop.clone())));
+    }
     Ok(workers)
+}
+
+/// The consumers `serve` runs in-process: `fulfilment` under the saga, else `billing` (and
+/// `shipping` with shipping configured).
+fn consumers(
+    args: &ServeArgs,
+    saga: Option<&Arc<oncely_saga::Orchestrator>>,
+) -> Vec<consume_cmd::Flow> {
+    if let Some(orchestrator) = saga {
+        return vec![consume_cmd::Flow {
+            name: consume_cmd::ConsumerName::Fulfilment,
+            charge: false,
+            orchestrator: Some(orchestrator.clone()),
+        }];
+    }
+    let mut consumers = vec![consume_cmd::Flow {
+        name: consume_cmd::ConsumerName::Billing,
+        charge: args.providers.payments(),
+        orchestrator: None,
+    }];
+    if args.providers.shipping() {
+        consumers.push(consume_cmd::Flow {
+            name: consume_cmd::ConsumerName::Shipping,
+            charge: false,
+            orchestrator: None,
+        });
+    }
+    consumers
 }

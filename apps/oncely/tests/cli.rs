@@ -113,6 +113,9 @@ async fn count_orders(t: &TestDb, ext: &str) -> i64 {
 
 #[path = "cli/import.rs"]
 mod import;
+#[path = "cli/saga.rs"]
+mod saga;
+use saga::saga_commands_list_show_and_retry_a_parked_saga_with_its_audit;
 
 #[path = "cli/schemathesis.rs"]
 mod schemathesis;
@@ -132,6 +135,7 @@ oncely_testkit::matrix! {
         inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery,
         effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_trail,
         idempotency_list_shows_multi_phase_records_by_state,
+        saga_commands_list_show_and_retry_a_parked_saga_with_its_audit,
         reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row,
         outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,
         relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
@@ -1872,6 +1876,8 @@ async fn stats(base: &str) -> Value {
 
 #[path = "cli/chaos.rs"]
 mod chaos;
+#[path = "cli/saga_chaos.rs"]
+mod saga_chaos;
 
 /// Relay processes SIGKILLed at random (see the module's first comment).
 mod kill {

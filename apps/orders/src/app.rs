@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{auth, limits, orders, spawn_collector, AppConfig};
 
-/// Applies oncely's migrations and the order service's own (table `orders`).
+/// Applies oncely's migrations and the order service's own (tables `orders`, `invoices`,
+/// `stock`, `stock_reservations`).
 ///
 /// # Errors
 /// [`StoreError::Migrate`] when a migration fails.
@@ -63,8 +64,10 @@ pub fn metrics_handle() -> PrometheusHandle {
 }
 
 /// The service's routes: `POST /v1/orders` (idempotent, key required),
-/// `GET /v1/orders` (a page of the tenant's orders), `GET /v1/orders/{id}`, `GET /healthz`
-/// (liveness), `GET /readyz` (database, broker and providers), `GET /metrics`, `GET /openapi.json` (the OpenAPI 3.1 document, [`crate::openapi_document`]).
+/// `GET /v1/orders` (a page of the tenant's orders), `GET /v1/orders/{id}`,
+/// `POST /v1/orders/{id}/cancel`, `GET`/`PUT /v1/stock/{sku}`, `GET /healthz` (liveness),
+/// `GET /readyz` (database, broker and providers), `GET /metrics`, `GET /openapi.json` (the
+/// OpenAPI 3.1 document, [`crate::openapi_document`]).
 pub fn router(db: Database, config: &AppConfig) -> Router {
     let store = IdempotencyStore::new(db.clone(), config.retention);
     build(
@@ -106,6 +109,15 @@ where
         // Reads run outside the idempotency layer (which takes only unsafe methods).
         .route("/v1/orders", get(crate::list::list_orders))
         .route("/v1/orders/{id}", get(orders::get_order))
+        // A cancel is idempotent by state (a second one changes nothing): no key needed.
+        .route(
+            "/v1/orders/{id}/cancel",
+            post(crate::fulfilment::cancel_order),
+        )
+        .route(
+            "/v1/stock/{sku}",
+            get(crate::stock::get_stock).put(crate::stock::set_stock),
+        )
         // Inside authentication: an unauthenticated client gets 401 with its body unread
         // and spends none of the body budget.
         .route_layer(middleware::from_fn_with_state(
@@ -115,6 +127,15 @@ where
         .route_layer(middleware::from_fn_with_state(keys, auth::authenticate))
         .layer(axum::Extension(crate::events::EventSettings {
             topic: config.events_topic.clone(),
+        }))
+        .layer(axum::Extension(crate::fulfilment::CancelSettings {
+            mode: config.fulfilment.mode,
+            orchestrator: Arc::new(crate::fulfilment_orchestrator(
+                db.clone(),
+                &config.fulfilment,
+                oncely_saga::OrchestratorConfig::default(),
+                Arc::new(oncely_effects::NoHandler),
+            )),
         }))
         .with_state(db.clone());
     let ops = Router::new()

@@ -48,6 +48,9 @@ pub struct AppConfig {
     /// What `GET /readyz` checks besides the database: the broker and the providers this
     /// process uses. Default none.
     pub dependencies: Vec<crate::Dependency>,
+    /// How orders are fulfilled after `order.created` (the choreography or the saga) and
+    /// the saga's step timeouts. Default: the choreography.
+    pub fulfilment: crate::FulfilmentConfig,
 }
 
 impl Default for AppConfig {
@@ -65,6 +68,7 @@ impl Default for AppConfig {
             max_connections: 512,
             max_body_bytes_in_flight: 64 * 1024 * 1024,
             dependencies: Vec::new(),
+            fulfilment: crate::FulfilmentConfig::default(),
         }
     }
 }

@@ -24,6 +24,13 @@
 //!   of `invoice.paid` (one `shipping`/`book` effect per order).
 //! - `openapi` — [`openapi_document`]: the OpenAPI 3.1 document generated from the
 //!   handlers and types, served at `GET /openapi.json`.
+//! - `fulfilment` — [`Fulfilment`], [`FulfilmentConfig`], [`FulfilmentHandler`],
+//!   [`fulfilment_consumer`], [`fulfilment_orchestrator`]: the order-fulfilment saga
+//!   (`--fulfilment saga`) — reserve stock → charge → ship (pivot) → invoice, started by
+//!   `order.created` in the `fulfilment` consumer; `POST /v1/orders/{id}/cancel`; the
+//!   saga's part of `GET /v1/orders/{id}`.
+//! - `stock` — `PUT`/`GET /v1/stock/{sku}` (tables `stock`, `stock_reservations`) and
+//!   the saga's reserve / release / consume writes.
 //! - `limits` — the request-body guard: body bound, total read deadline, budget of
 //!   buffered body bytes.
 //! - `ready` — `GET /readyz`: the database, the broker and each provider ([`Dependency`])
@@ -39,6 +46,7 @@ mod collector;
 mod config;
 mod events;
 mod flow;
+mod fulfilment;
 mod limits;
 mod list;
 pub mod metrics;
@@ -47,6 +55,7 @@ mod orders;
 pub mod problem;
 mod ready;
 mod shipping;
+mod stock;
 
 pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
 pub use billing::{
@@ -56,6 +65,11 @@ pub use collector::spawn_collector;
 pub use config::{parse_api_keys, AppConfig, ConfigError};
 pub use events::{INVOICE_PAID, ORDERS_TOPIC, ORDER_CREATED};
 pub use flow::{OrderEffects, BOOK, CHARGE, PAYMENTS, SHIPPING};
+pub use fulfilment::{
+    definition as fulfilment_definition, fulfilment_consumer,
+    orchestrator as fulfilment_orchestrator, saga_definitions, Fulfilment, FulfilmentConfig,
+    FulfilmentHandler, CANCEL, FULFILMENT_CONSUMER, ORDER_SAGA, REFUND,
+};
 pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use openapi::document as openapi_document;
 pub use orders::{NewOrder, OrderItem};

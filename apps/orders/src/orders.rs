@@ -46,6 +46,10 @@ pub struct NewOrder {
     /// ISO 4217 code, three upper-case letters.
     #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
     pub currency: String,
+    /// The payment method the fulfilment saga charges (a provider's id, e.g.
+    /// `pm_card_visa`; 1–255 chars). Absent: the payments provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
 }
 
 /// One order line.
@@ -91,6 +95,8 @@ pub(crate) struct OrderView {
     payment: Option<EffectView>,
     /// The order's `shipping`/`book` effect (after `invoice.paid`).
     shipment: Option<EffectView>,
+    /// The order's fulfilment saga and its step log (`null` under the choreography).
+    fulfilment: Option<crate::fulfilment::SagaView>,
 }
 
 /// The order's invoice as `GET /v1/orders/{id}` shows it.
@@ -162,6 +168,7 @@ pub(crate) struct OrderRow {
     amount_minor: i64,
     currency: String,
     pub(crate) created_at: i64,
+    payment_method: Option<String>,
 }
 
 impl OrderRow {
@@ -176,6 +183,7 @@ impl OrderRow {
                 items: serde_json::from_str(&self.items)?,
                 amount_minor: self.amount_minor,
                 currency: self.currency,
+                payment_method: self.payment_method,
             },
             created_at: self.created_at,
         })
@@ -187,7 +195,8 @@ impl OrderRow {
 /// ([`Backend::text_column`]).
 pub(crate) fn select_order(backend: Backend) -> String {
     format!(
-        "SELECT id, {}, {}, customer_id, items, amount_minor, currency, created_at FROM orders",
+        "SELECT id, {}, {}, customer_id, items, amount_minor, currency, created_at, \
+         payment_method FROM orders",
         backend.text_column("source"),
         backend.text_column("external_ref")
     )
@@ -195,7 +204,8 @@ pub(crate) fn select_order(backend: Backend) -> String {
 
 /// The order insert; its business key `(tenant, source, external_ref)` is UNIQUE.
 const INSERT_ORDER: &str = "INSERT INTO orders (id, tenant, source, external_ref, customer_id, \
-     items, amount_minor, currency, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+     items, amount_minor, currency, created_at, payment_method) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// The business key, as the conflict target of [`INSERT_ORDER`].
 const BUSINESS_KEY: &str = "(tenant, source, external_ref)";
@@ -243,6 +253,9 @@ fn validate(o: &NewOrder) -> Result<(), String> {
     }
     if o.currency.len() != 3 || !o.currency.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err("currency must be an ISO 4217 code of three upper-case letters".into());
+    }
+    if let Some(method) = &o.payment_method {
+        text("payment_method", method, 255)?;
     }
     Ok(())
 }
@@ -443,7 +456,8 @@ async fn insert_order(
         .bind(items)
         .bind(d.amount_minor)
         .bind(&d.currency)
-        .bind(order.created_at);
+        .bind(order.created_at)
+        .bind(d.payment_method.as_deref());
     tx.insert_ignoring_duplicate(insert, BUSINESS_KEY).await
 }
 
@@ -604,12 +618,43 @@ async fn order_view(
         None => None,
     };
     let shipment = effect_view(db, tenant, (crate::SHIPPING, crate::BOOK), &order.id).await?;
+    let fulfilment = crate::fulfilment::view(db, tenant.as_str(), &order.id).await?;
+    let mut order = order;
+    if let Some(saga) = &fulfilment {
+        order.status = saga.order_status();
+    }
     Ok(OrderView {
         order,
         invoice: invoice.map(InvoiceView::from),
         payment,
         shipment,
+        fulfilment,
     })
+}
+
+/// `tenant`'s order `id` as its `order.created` payload carries it (the fulfilment
+/// saga's input), if the tenant has it.
+///
+/// # Errors
+/// [`StoreError`] when the database fails or the row does not decode.
+pub(crate) async fn order_json(
+    db: &Database,
+    tenant: &TenantId,
+    id: &str,
+) -> Result<Option<serde_json::Value>, StoreError> {
+    let sql = format!(
+        "{} WHERE id = $1 AND tenant = $2",
+        select_order(db.backend())
+    );
+    let row: Option<OrderRow> = db
+        .fetch_optional(query(sql).bind(id).bind(tenant.as_str()))
+        .await?;
+    row.map(|r| {
+        r.into_order()
+            .and_then(serde_json::to_value)
+            .map_err(|e| StoreError::Corrupt(format!("order {id}: {e}")))
+    })
+    .transpose()
 }
 
 /// The tenant's effect of `(provider, operation)` for `reference`, if any.

@@ -26,6 +26,13 @@ pub const INVALID_QUERY: &str = "invalid-query";
 /// `checks` member names which.
 pub const NOT_READY: &str = "not-ready";
 
+/// 422: a `PUT /v1/stock/{sku}` with a bad SKU or quantity.
+pub const INVALID_STOCK: &str = "invalid-stock";
+/// 409: `POST /v1/orders/{id}/cancel` after the fulfilment saga's pivot (the shipment
+/// booking was sent), or for an order that completed, waits for review, or is fulfilled
+/// by the choreography (which cannot be cancelled).
+pub const ORDER_NOT_CANCELLABLE: &str = "order-not-cancellable";
+
 /// Every kind above, for the OpenAPI document (which names each `type` URI); a test keeps
 /// it complete.
 pub const ALL: &[&str] = &[
@@ -39,6 +46,8 @@ pub const ALL: &[&str] = &[
     UNSUPPORTED_MEDIA_TYPE,
     INVALID_QUERY,
     NOT_READY,
+    INVALID_STOCK,
+    ORDER_NOT_CANCELLABLE,
 ];
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::definition::{Action, EffectStep, Role, SagaDefinition, Step};
 use crate::metrics as metric;
 use crate::store::{self, Finish, NewStep, SagaRow};
-use crate::{Phase, SagaState, StepContext, StepError, StepState};
+use crate::{Cancelled, Phase, SagaState, StepContext, StepError, StepState};
 
 /// How a step's effect settled, as the engine needs it.
 #[derive(Debug, Clone)]
@@ -58,11 +58,11 @@ pub(crate) struct Engine<'t> {
 }
 
 impl Engine<'_> {
-    async fn save(&mut self) -> Result<(), StoreError> {
+    pub(crate) async fn save(&mut self) -> Result<(), StoreError> {
         store::save(self.tx, &mut self.saga, self.now).await
     }
 
-    fn set_state(&mut self, state: SagaState) {
+    pub(crate) fn set_state(&mut self, state: SagaState) {
         state.as_str().clone_into(&mut self.saga.state);
     }
 
@@ -304,7 +304,7 @@ impl Engine<'_> {
 
     /// Walks down from the current step: each step that succeeded and is not compensated
     /// yet gets its compensation (local ones run here; the walk waits for an effect one).
-    async fn compensate(&mut self) -> Result<(), StoreError> {
+    pub(crate) async fn compensate(&mut self) -> Result<(), StoreError> {
         let def = self.def;
         loop {
             let i = self.saga.step;
@@ -383,6 +383,39 @@ impl Engine<'_> {
                 .increment(1);
         }
         self.save().await
+    }
+
+    /// A caller's cancel: while the saga is going forward on a compensable step (before
+    /// its pivot was issued), the current step turns `timed_out` with `reason` as its
+    /// evidence (its effect may still land; a late success is compensated) and
+    /// compensation starts from the step before it.
+    pub(crate) async fn cancel(&mut self, reason: &str) -> Result<Cancelled, StoreError> {
+        let state = SagaState::parse(&self.saga.state)?;
+        match state {
+            SagaState::Compensating | SagaState::Compensated => {
+                return Ok(Cancelled::Already(state))
+            }
+            SagaState::Completed | SagaState::NeedsReview => return Ok(Cancelled::Refused(state)),
+            _ => {}
+        }
+        let i = self.saga.step;
+        let step = step_at(self.def, &self.saga.id, i)?;
+        if step.role != Role::Compensable {
+            return Ok(Cancelled::Refused(state));
+        }
+        if let Some(row) = store::step(self.tx, &self.saga.id, i, Phase::Forward).await? {
+            if row.state == StepState::Running.as_str() {
+                let f = Finish {
+                    state: StepState::TimedOut,
+                    output: None,
+                    evidence: Some(reason),
+                    now: self.now,
+                };
+                store::finish_step(self.tx, &self.saga.id, i, Phase::Forward, &f).await?;
+            }
+        }
+        self.compensate_from(i - 1, reason.to_owned()).await?;
+        Ok(Cancelled::Compensating(SagaState::parse(&self.saga.state)?))
     }
 
     /// Step `i`'s deadline passed: if the saga still waits for it, it is marked

@@ -24,22 +24,30 @@
 //!   ([`Orchestrator::expire_due`]); when it commits after that, its success is compensated
 //!   too (a late charge refunded, a late shipment cancelled) and the saga is `compensated`
 //!   only once nothing of it is outstanding: nothing ends both confirmed and compensated.
+//! - **Cancel and retry.** [`Orchestrator::cancel`] compensates a saga before its pivot
+//!   was issued (the step in flight is treated as timed out); [`Orchestrator::retry`] puts
+//!   a parked saga's step back to work, audited in `oncely_saga_audit` (migration 0028).
 //!
 //! # Layout
 //! - `definition` — [`SagaDefinition`], [`SagaBuilder`], [`Step`], [`Action`],
 //!   [`EffectStep`], [`StepContext`], [`Role`], [`StepError`], [`DefinitionError`]: the
 //!   typed definition and its order rules.
 //! - `orchestrator` — [`Orchestrator`], [`OrchestratorConfig`], [`NewSaga`], [`Started`],
-//!   [`SagaError`]: starting sagas, continuing them when effects settle, the timeout
-//!   sweep, reads, gauges.
+//!   [`Cancelled`], [`SagaError`]: starting and cancelling sagas, continuing them when
+//!   effects settle, the timeout sweep, reads, gauges.
+//! - `operator` — [`SagaOperator`], [`SagaAudit`], [`Retried`] and
+//!   [`Orchestrator::retry`]: the operators' reads across tenants and the audited retry of
+//!   a parked step (`oncely saga list|show|retry`).
 //! - `engine` — the state machine over one claimed saga (forward, compensate, settle,
 //!   expire).
-//! - `store` — the two tables' SQL, portable through `oncely_sql::query`.
+//! - `store` — the saga tables' SQL (and the operators' audit, migration 0028), portable
+//!   through `oncely_sql::query`.
 //! - `metrics` — the metric names.
 
 mod definition;
 mod engine;
 pub mod metrics;
+mod operator;
 mod orchestrator;
 mod store;
 
@@ -47,7 +55,8 @@ pub use definition::{
     Action, DefinitionError, EffectStep, LocalFn, ParamsFn, Role, SagaBuilder, SagaDefinition,
     Step, StepContext, StepError,
 };
-pub use orchestrator::{NewSaga, Orchestrator, OrchestratorConfig, SagaError, Started};
+pub use operator::{Retried, SagaAudit, SagaOperator};
+pub use orchestrator::{Cancelled, NewSaga, Orchestrator, OrchestratorConfig, SagaError, Started};
 
 use oncely_sql::StoreError;
 

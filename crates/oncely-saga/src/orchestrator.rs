@@ -60,6 +60,19 @@ pub enum Started {
     Existing,
 }
 
+/// What [`Orchestrator::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cancelled {
+    /// Compensation started (the saga's state now: `compensating`, or `compensated` when
+    /// only local steps had run).
+    Compensating(SagaState),
+    /// It was compensating or compensated already: nothing changed.
+    Already(SagaState),
+    /// Its pivot was issued, it completed or it waits for review: not cancelled.
+    Refused(SagaState),
+}
+
 /// Why a saga could not be started or read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -76,6 +89,21 @@ pub enum SagaError {
     /// The tenant is not a valid tenant id.
     #[error("invalid tenant: {0}")]
     InvalidTenant(#[source] TenantError),
+    /// No saga has this id.
+    #[error("no saga {0}")]
+    NotFound(String),
+    /// An operator's retry of a saga that is not in `needs_review`.
+    #[error("saga {id} is {state}; only a saga in needs_review is retried")]
+    NotInReview {
+        /// The saga.
+        id: String,
+        /// Its state.
+        state: SagaState,
+    },
+    /// A saga in `needs_review` without a parked step to retry (e.g. a late commit of a
+    /// step that has no compensation): a person resolves its effects by hand.
+    #[error("saga {0} has no parked step to retry; resolve its effects by hand")]
+    NothingToRetry(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -87,8 +115,8 @@ pub enum SagaError {
 /// deadline, and reads sagas per tenant. Any number of orchestrators may share a store:
 /// each transition is fenced by the saga's version.
 pub struct Orchestrator {
-    db: Database,
-    definitions: HashMap<String, Arc<SagaDefinition>>,
+    pub(crate) db: Database,
+    pub(crate) definitions: HashMap<String, Arc<SagaDefinition>>,
     inner: Arc<dyn EffectHandler>,
     config: OrchestratorConfig,
 }
@@ -181,6 +209,68 @@ impl Orchestrator {
         let mut engine = Engine { tx, saga, def, now };
         engine.forward().await?;
         Ok(Started::Created(engine.saga.state()?))
+    }
+
+    /// Records saga `new` as cancelled before it started (`compensated`, nothing run,
+    /// `error` = `reason`), in the caller's `tx`: a later [`Orchestrator::start`] with its
+    /// id finds it and records nothing. [`Started::Existing`] when the saga exists (cancel
+    /// it with [`Orchestrator::cancel`]).
+    ///
+    /// # Errors
+    /// As [`Orchestrator::start`].
+    pub async fn start_cancelled(
+        &self,
+        tx: &mut Tx,
+        new: &NewSaga<'_>,
+        reason: &str,
+    ) -> Result<Started, SagaError> {
+        self.definition(new.kind)?;
+        IdempotencyKey::parse(new.id.as_bytes()).map_err(SagaError::InvalidId)?;
+        TenantId::parse(new.tenant).map_err(SagaError::InvalidTenant)?;
+        let input = new.input.to_string();
+        let row = NewRow {
+            id: new.id,
+            tenant: new.tenant,
+            kind: new.kind,
+            input: &input,
+            now: now_ms(),
+        };
+        if store::insert_cancelled(tx, &row, reason).await? {
+            Ok(Started::Created(SagaState::Compensated))
+        } else {
+            Ok(Started::Existing)
+        }
+    }
+
+    /// Cancels saga `id` of `tenant` in the caller's `tx` (a cancel request's): before
+    /// its pivot was issued, compensation starts (the step in flight turns `timed_out`
+    /// with `reason` as evidence; if its effect lands later, it is compensated too). `None`
+    /// when `tenant` has no such saga.
+    ///
+    /// # Errors
+    /// [`SagaError::Store`] when the database fails or the saga's kind is not registered
+    /// here (the caller rolls back).
+    pub async fn cancel(
+        &self,
+        tx: &mut Tx,
+        tenant: &str,
+        id: &str,
+        reason: &str,
+    ) -> Result<Option<Cancelled>, SagaError> {
+        let Some(saga) = store::claim(tx, id).await? else {
+            return Ok(None);
+        };
+        if saga.tenant != tenant {
+            return Ok(None);
+        }
+        let def = self.definition(&saga.kind)?;
+        let mut engine = Engine {
+            tx,
+            saga,
+            def,
+            now: now_ms(),
+        };
+        Ok(Some(engine.cancel(reason).await?))
     }
 
     /// Continues the saga whose step's effect `effect` settled with `outcome`, in `tx`:

@@ -135,6 +135,30 @@ pub(crate) async fn insert_saga(tx: &mut Tx, new: &NewRow<'_>) -> Result<bool, S
     .await
 }
 
+/// Inserts a saga cancelled before it started: `compensated` with nothing run, cursor
+/// -1, `error` its reason; `false` when the id exists.
+pub(crate) async fn insert_cancelled(
+    tx: &mut Tx,
+    new: &NewRow<'_>,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    tx.insert_ignoring_duplicate(
+        query(
+            "INSERT INTO oncely_sagas (id, tenant, kind, state, version, step, input, error, \
+             created_at, updated_at) VALUES ($1, $2, $3, 'compensated', 0, -1, $4, $5, $6, $7)",
+        )
+        .bind(new.id)
+        .bind(new.tenant)
+        .bind(new.kind)
+        .bind(new.input)
+        .bind(reason)
+        .bind(new.now)
+        .bind(new.now),
+        "(id)",
+    )
+    .await
+}
+
 async fn read_saga(tx: &mut Tx, id: &str) -> Result<Option<SagaRow>, StoreError> {
     let columns = saga_columns(tx.backend());
     tx.fetch_optional(query(format!("SELECT {columns} FROM oncely_sagas WHERE id = $1")).bind(id))
@@ -452,4 +476,169 @@ pub(crate) async fn review_counts(db: &Database) -> Result<Vec<(String, i64)>, S
          WHERE t.state = 'needs_review' GROUP BY s.kind ORDER BY s.kind",
     ))
     .await
+}
+
+/// Up to `limit` sagas of every tenant (or of `tenant`), in `state` when given, newest
+/// first: the operator's list.
+pub(crate) async fn list_any(
+    db: &Database,
+    tenant: Option<&str>,
+    state: Option<SagaState>,
+    limit: u32,
+) -> Result<Vec<SagaRow>, StoreError> {
+    let columns = saga_columns(db.backend());
+    let mut filters = Vec::new();
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    if tenant.is_some() {
+        filters.push(format!("tenant = ${}", next()));
+    }
+    if state.is_some() {
+        filters.push(format!("state = ${}", next()));
+    }
+    let filter = if filters.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {} ", filters.join(" AND "))
+    };
+    let limit_at = next();
+    let mut q = query(format!(
+        "SELECT {columns} FROM oncely_sagas {filter}ORDER BY created_at DESC, id DESC \
+         LIMIT ${limit_at}"
+    ));
+    if let Some(t) = tenant {
+        q = q.bind(t);
+    }
+    if let Some(s) = state {
+        q = q.bind(s.as_str());
+    }
+    db.fetch_all(q.bind(i64::from(limit))).await
+}
+
+/// Saga `id`, whatever its tenant (operators).
+pub(crate) async fn get_any(db: &Database, id: &str) -> Result<Option<SagaRow>, StoreError> {
+    let columns = saga_columns(db.backend());
+    db.fetch_optional(query(format!("SELECT {columns} FROM oncely_sagas WHERE id = $1")).bind(id))
+        .await
+}
+
+/// The step log of saga `id` in `tx`, in the order the steps started.
+pub(crate) async fn steps_in(tx: &mut Tx, id: &str) -> Result<Vec<StepRow>, StoreError> {
+    tx.fetch_all(
+        query(format!(
+            "SELECT {STEP_COLUMNS} FROM oncely_saga_steps WHERE saga_id = $1 \
+             ORDER BY started_at, step, phase"
+        ))
+        .bind(id),
+    )
+    .await
+}
+
+/// The step log of saga `id`, whatever its tenant (operators).
+pub(crate) async fn steps_any(db: &Database, id: &str) -> Result<Vec<StepRow>, StoreError> {
+    db.fetch_all(
+        query(format!(
+            "SELECT {STEP_COLUMNS} FROM oncely_saga_steps WHERE saga_id = $1 \
+             ORDER BY started_at, step, phase"
+        ))
+        .bind(id),
+    )
+    .await
+}
+
+/// Puts a parked step-log row back to `state` (`running`, or `timed_out` for a forward
+/// step that timed out), its end cleared, the operator's retry noted in its evidence.
+pub(crate) async fn reopen_step(
+    tx: &mut Tx,
+    row: &StepRow,
+    state: StepState,
+    note: &str,
+) -> Result<(), StoreError> {
+    let evidence = match &row.evidence {
+        Some(e) => format!("{e}; {note}"),
+        None => note.to_owned(),
+    };
+    tx.execute(
+        query(
+            "UPDATE oncely_saga_steps SET state = $1, finished_at = NULL, evidence = $2 \
+             WHERE saga_id = $3 AND step = $4 AND phase = $5",
+        )
+        .bind(state.as_str())
+        .bind(evidence)
+        .bind(row.saga_id.as_str())
+        .bind(row.step)
+        .bind(row.phase.as_str()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes a local step's parked row, so the engine runs the step again.
+pub(crate) async fn delete_step(tx: &mut Tx, row: &StepRow) -> Result<(), StoreError> {
+    tx.execute(
+        query("DELETE FROM oncely_saga_steps WHERE saga_id = $1 AND step = $2 AND phase = $3")
+            .bind(row.saga_id.as_str())
+            .bind(row.step)
+            .bind(row.phase.as_str()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// One operator action on a saga.
+pub(crate) struct AuditEntry<'a> {
+    pub(crate) saga: &'a str,
+    pub(crate) at: i64,
+    pub(crate) actor: &'a str,
+    pub(crate) action: &'a str,
+    pub(crate) from: SagaState,
+    pub(crate) to: SagaState,
+    pub(crate) step: &'a str,
+    pub(crate) detail: &'a str,
+}
+
+pub(crate) async fn audit(tx: &mut Tx, a: &AuditEntry<'_>) -> Result<(), StoreError> {
+    tx.execute(
+        query(
+            "INSERT INTO oncely_saga_audit (saga_id, at, actor, action, from_state, to_state, \
+             step, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(a.saga)
+        .bind(a.at)
+        .bind(a.actor)
+        .bind(a.action)
+        .bind(a.from.as_str())
+        .bind(a.to.as_str())
+        .bind(a.step)
+        .bind(a.detail),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The audit rows of saga `id`, oldest first.
+pub(crate) async fn audit_trail(db: &Database, id: &str) -> Result<Vec<AuditRow>, StoreError> {
+    db.fetch_all(
+        query(
+            "SELECT at, actor, action, from_state, to_state, step, detail \
+             FROM oncely_saga_audit WHERE saga_id = $1 ORDER BY id",
+        )
+        .bind(id),
+    )
+    .await
+}
+
+/// An audit row as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct AuditRow {
+    pub(crate) at: i64,
+    pub(crate) actor: String,
+    pub(crate) action: String,
+    pub(crate) from_state: String,
+    pub(crate) to_state: String,
+    pub(crate) step: String,
+    pub(crate) detail: String,
 }

@@ -636,7 +636,31 @@ impl EffectStore {
         now_ms: i64,
     ) -> Result<Effect, StoreError> {
         let mut tx = self.db.begin().await?;
-        let effect = self.locked(&mut tx, id).await?;
+        self.retry_in(&mut tx, id, |_| next_key.to_owned(), actor, now_ms)
+            .await?;
+        tx.commit().await?;
+        self.get(id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))
+    }
+
+    /// [`EffectStore::retry`] in the caller's transaction `tx`, so a change that depends
+    /// on it (a saga step put back to wait for the effect) commits with it; `next_key`
+    /// builds a failed effect's next key from the effect as locked. Returns the state the
+    /// effect was in and the one it is in now.
+    ///
+    /// # Errors
+    /// As [`EffectStore::retry`]; the caller rolls back.
+    pub async fn retry_in(
+        &self,
+        tx: &mut Tx,
+        id: &str,
+        next_key: impl FnOnce(&Effect) -> String,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<(EffectState, EffectState), StoreError> {
+        let effect = self.locked(tx, id).await?;
+        let next_key = next_key(&effect);
         let from = effect.state()?;
         let (to, sql) = match from {
             EffectState::NeedsReview | EffectState::Unknown => (
@@ -659,17 +683,14 @@ impl EffectStore {
         };
         let q = query(sql).bind(now_ms).bind(now_ms);
         let q = if to == EffectState::Absent {
-            q.bind(next_key).bind(id)
+            q.bind(next_key.as_str()).bind(id)
         } else {
             q.bind(id)
         };
         tx.execute(q).await?;
         let detail = format!("retry: {from} -> {to}");
-        Self::audit(&mut tx, id, now_ms, actor, "retry", from, to, &detail).await?;
-        tx.commit().await?;
-        self.get(id)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(id.to_owned()))
+        Self::audit(tx, id, now_ms, actor, "retry", from, to, &detail).await?;
+        Ok((from, to))
     }
 
     /// An operator's resolution of effect `id` (`oncely effects resolve`), audited: a

@@ -44,7 +44,7 @@ async fn postgres_one_thousand_orders_through_processes_sigkilled_at_random_agai
 }
 
 /// Every fault of the simulators at `rate`.
-fn faults(rate: f64, seed: u64) -> Vec<String> {
+pub(super) fn faults(rate: f64, seed: u64) -> Vec<String> {
     let mut args: Vec<String> = [
         "latency",
         "error_before",
@@ -68,7 +68,7 @@ fn faults(rate: f64, seed: u64) -> Vec<String> {
 }
 
 /// The provider flags every process of the flow takes.
-fn provider_args(payments: &str, shipping: &str) -> Vec<String> {
+pub(super) fn provider_args(payments: &str, shipping: &str) -> Vec<String> {
     [
         "--payments-url",
         payments,
@@ -86,15 +86,15 @@ fn provider_args(payments: &str, shipping: &str) -> Vec<String> {
 }
 
 /// One kind of process of the flow, restarted after every kill.
-struct Slot {
-    name: &'static str,
-    args: Vec<String>,
-    child: Option<Child>,
-    started: u64,
+pub(super) struct Slot {
+    pub(super) name: &'static str,
+    pub(super) args: Vec<String>,
+    pub(super) child: Option<Child>,
+    pub(super) started: u64,
 }
 
 impl Slot {
-    fn start(&mut self, url: &str, logs: &Path) {
+    pub(super) fn start(&mut self, url: &str, logs: &Path) {
         self.started += 1;
         let log =
             std::fs::File::create(logs.join(format!("{}-{:04}.log", self.name, self.started)))
@@ -113,7 +113,7 @@ impl Slot {
 
     /// SIGKILLs the process; true when one ran. A process that exited by itself fails the
     /// test (its log says why).
-    fn kill(&mut self) -> bool {
+    pub(super) fn kill(&mut self) -> bool {
         let Some(mut c) = self.child.take() else {
             return false;
         };
@@ -138,11 +138,11 @@ impl Drop for Slot {
     }
 }
 
-fn strs(owned: &[String]) -> Vec<&str> {
+pub(super) fn strs(owned: &[String]) -> Vec<&str> {
     owned.iter().map(String::as_str).collect()
 }
 
-fn strings(parts: &[&str]) -> Vec<String> {
+pub(super) fn strings(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| (*s).to_owned()).collect()
 }
 
@@ -208,7 +208,7 @@ async fn wait_for_subscriptions(t: &TestDb) {
 }
 
 /// Effects by (provider, state).
-async fn effect_states(t: &TestDb) -> BTreeMap<(String, String), i64> {
+pub(super) async fn effect_states(t: &TestDb) -> BTreeMap<(String, String), i64> {
     let b = t.db.backend();
     let sql = format!(
         "SELECT {}, state, COUNT(*) FROM oncely_effects GROUP BY provider, state",
@@ -284,7 +284,7 @@ async fn post_orders(base: String, n: usize, done: Arc<AtomicUsize>) {
     }
 }
 
-fn chaos_dir(suffix: &str) -> PathBuf {
+pub(super) fn chaos_dir(suffix: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("oncely-chaos-{suffix}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir

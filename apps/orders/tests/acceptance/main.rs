@@ -7,6 +7,8 @@
 //!   broker;
 //! - `flow`: order → invoice → charge → `invoice.paid` → shipment against the provider
 //!   simulators and localstripe, counted at the provider;
+//! - `fulfilment`: the fulfilment saga (reserve → charge → ship → invoice) with its
+//!   compensations and `POST /v1/orders/{id}/cancel`, against the simulators;
 //! - `list`: `GET /v1/orders` pages, tenant scope, bad cursors;
 //! - `openapi`: `GET /openapi.json` is OpenAPI 3.1 and lists every route the router serves;
 //! - `verify`: `oncely verify` finds every check holding against the service.
@@ -14,6 +16,7 @@
 mod billing;
 mod events;
 mod flow;
+mod fulfilment;
 mod list;
 mod openapi;
 mod verify;
