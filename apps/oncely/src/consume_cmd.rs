@@ -119,7 +119,10 @@ impl ConsumerFactory for Flow {
             ConsumerName::Shipping => orders::shipping_consumer(db.clone(), subscriber, config),
             ConsumerName::Fulfilment => {
                 let orchestrator = self.orchestrator.clone().unwrap_or_else(|| {
-                    std::sync::Arc::new(fulfilment_orchestrator(db, &Default::default()))
+                    std::sync::Arc::new(fulfilment_orchestrator(
+                        db,
+                        &orders::FulfilmentConfig::default(),
+                    ))
                 });
                 orders::fulfilment_consumer(db.clone(), subscriber, config, orchestrator)
             }

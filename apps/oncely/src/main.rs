@@ -35,6 +35,7 @@ mod sim_cmd;
 mod verify_cmd;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;

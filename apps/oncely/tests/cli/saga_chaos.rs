@@ -210,12 +210,11 @@ fn fleet(providers: &[String]) -> Vec<Slot> {
 async fn wait_for_subscription(t: &TestDb) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let groups: Vec<(String,)> =
-            t.db.fetch_all(oncely_sql::query(
-                "SELECT consumer FROM oncely_subscriptions WHERE topic = 'orders'",
-            ))
-            .await
-            .unwrap();
+        let sql = format!(
+            "SELECT {} FROM oncely_subscriptions WHERE topic = 'orders'",
+            t.db.backend().text_column("consumer")
+        );
+        let groups: Vec<(String,)> = t.db.fetch_all(oncely_sql::query(sql)).await.unwrap();
         if groups.iter().any(|(c,)| c == "fulfilment") {
             return;
         }

@@ -130,7 +130,6 @@ impl Saga {
                 latency_ms: SLOW_CHARGE_MS,
                 ..FaultConfig::default()
             },
-            ..PaymentsConfig::default()
         });
         let shipping = ShippingSim::new(provider_sim::ShippingConfig {
             undeliverable_skus: [UNDELIVERABLE.to_owned()].into(),
