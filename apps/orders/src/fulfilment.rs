@@ -284,7 +284,7 @@ pub fn fulfilment_consumer<S: Subscriber>(
 }
 
 /// An order's saga as `GET /v1/orders/{id}` shows it (`fulfilment`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct SagaView {
     saga_id: String,
     /// `running`, `compensating`, `completed`, `compensated`, `needs_review`.
@@ -295,7 +295,7 @@ pub(crate) struct SagaView {
 }
 
 /// One row of the saga's step log.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct StepView {
     name: String,
     /// `forward` or `compensate`.
