@@ -386,14 +386,43 @@ fn not_cancellable(detail: String, state: Option<SagaState>) -> Response {
 /// `cancelled`); an order whose saga has not started yet is recorded cancelled, so it
 /// never starts. Repeating the request changes nothing more. After the pivot, or for an
 /// order fulfilled, in review or under the choreography: 409 problem
-/// (`order-not-cancellable`). Another tenant's or an unknown order: 404.
+/// (`order-not-cancellable`). Another tenant's or an unknown order (or an id that is not
+/// a UUID, never sent to the database): 404.
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/cancel",
+    tag = "orders",
+    operation_id = "cancel_order",
+    summary = "Cancel an order before its shipment is booked",
+    params(("id" = String, Path, description = "The order's id, from `Location`")),
+    responses(
+        (status = 200, description = "The order, compensating or cancelled",
+            body = crate::orders::OrderView),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 404, description = "not-found: no such order in the caller's tenant",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "order-not-cancellable: past the pivot, or not a saga",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 503, description = "store-unavailable or server-busy",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub(crate) async fn cancel_order(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
     axum::Extension(settings): axum::Extension<CancelSettings>,
     Path(id): Path<String>,
 ) -> Response {
-    let order = match crate::orders::order_json(&db, &tenant, &id).await {
+    let order = if uuid::Uuid::try_parse(&id).is_ok() {
+        crate::orders::order_json(&db, &tenant, &id).await
+    } else {
+        Ok(None)
+    };
+    let order = match order {
         Ok(Some(o)) => o,
         Ok(None) => {
             return Problem::new(

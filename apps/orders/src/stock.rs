@@ -17,7 +17,7 @@ use oncely_sql::{query, Database, StoreError, Tx};
 use serde::{Deserialize, Serialize};
 
 /// Body of `PUT /v1/stock/{sku}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetStock {
     /// The quantity that can be reserved, 0–10^9.
@@ -25,7 +25,7 @@ struct SetStock {
 }
 
 /// A SKU's stock as `GET`/`PUT /v1/stock/{sku}` show it.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 struct StockView {
     sku: String,
     /// What new orders can reserve.
@@ -64,6 +64,27 @@ async fn read(db: &Database, tenant: &str, sku: &str) -> Result<Option<StockView
 /// `PUT /v1/stock/{sku}` `{"available": N}`: sets what the tenant's orders can reserve
 /// of `sku` (absolute, so a repeated request changes nothing more; reservations held stay
 /// held). 200 with the stock; 422 problem for a bad SKU or quantity.
+#[utoipa::path(
+    put,
+    path = "/v1/stock/{sku}",
+    tag = "orders",
+    operation_id = "set_stock",
+    summary = "Set what the tenant's orders can reserve of a SKU",
+    params(("sku" = String, Path, description = "The SKU, 1 to 64 printable characters")),
+    request_body(content = SetStock, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The stock", body = StockView),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 422, description = "invalid-stock: a bad SKU, body or quantity",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 503, description = "store-unavailable or server-busy",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub(crate) async fn set_stock(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
@@ -116,13 +137,39 @@ async fn upsert(db: &Database, tenant: &str, sku: &str, available: i64) -> Resul
     tx.commit().await
 }
 
-/// `GET /v1/stock/{sku}`: the tenant's stock of `sku`, 404 problem when it has none.
+/// `GET /v1/stock/{sku}`: the tenant's stock of `sku`, 404 problem when it has none (or
+/// the SKU could not be one: never sent to the database).
+#[utoipa::path(
+    get,
+    path = "/v1/stock/{sku}",
+    tag = "orders",
+    operation_id = "get_stock",
+    summary = "Read the tenant's stock of a SKU",
+    params(("sku" = String, Path, description = "The SKU")),
+    responses(
+        (status = 200, description = "The stock", body = StockView),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 404, description = "not-found: no stock of this SKU in the caller's tenant",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 503, description = "store-unavailable or server-busy",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_key" = []))
+)]
 pub(crate) async fn get_stock(
     State(db): State<Database>,
     axum::Extension(tenant): axum::Extension<TenantId>,
     Path(sku): Path<String>,
 ) -> Response {
-    match read(&db, tenant.as_str(), &sku).await {
+    let found = if valid_sku(&sku) {
+        read(&db, tenant.as_str(), &sku).await
+    } else {
+        Ok(None)
+    };
+    match found {
         Ok(Some(view)) => Json(view).into_response(),
         Ok(None) => Problem::new(
             StatusCode::NOT_FOUND,
