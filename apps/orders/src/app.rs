@@ -124,7 +124,10 @@ where
             limits::BodyLimits::new(config),
             limits::read_body,
         ))
-        .route_layer(middleware::from_fn_with_state(keys, auth::authenticate))
+        .route_layer(middleware::from_fn_with_state(
+            keys.clone(),
+            auth::authenticate,
+        ))
         .layer(axum::Extension(crate::events::EventSettings {
             topic: config.events_topic.clone(),
         }))
@@ -137,7 +140,8 @@ where
                 Arc::new(oncely_effects::NoHandler),
             )),
         }))
-        .with_state(db.clone());
+        .with_state(db.clone())
+        .merge(crate::payments::routes(&db, config, keys));
     let ops = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(crate::ready::readyz))
@@ -243,10 +247,17 @@ pub async fn serve(
         config.collector_batch,
         token.clone(),
     );
+    // Multi-phase records whose holder died turn `unknown` without waiting for a retry.
+    let sweep = tokio::spawn(oncely_http::run_lease_sweep(
+        IdempotencyStore::new(db.clone(), config.retention),
+        config.lease_sweep_interval,
+        token.clone().cancelled_owned(),
+    ));
     let app = router(db, &config);
     let result = serve_http(listener, app, &config, shutdown).await;
     token.cancel();
     drop(collector.await);
+    drop(sweep.await);
     result
 }
 

@@ -35,6 +35,8 @@ struct OrderCreated {
 /// step `charge` — the same key however often the event is delivered. Its request is what
 /// [`oncely_effects::StripePayments`] reads: `amount` (minor units), `currency` (lower
 /// case), `metadata` {`order_id`, `invoice_id`}. [`crate::OrderEffects`] completes it.
+/// The charge first claims the order's payment (`order_payments`, via `flow`): an order
+/// that `POST /v1/orders/{id}/payments` claimed first gets no charge effect.
 /// [`BillingHandler::default`] stops at the invoice.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BillingHandler {
@@ -125,6 +127,24 @@ async fn enqueue_charge(
         .map_err(|e| Rejected(format!("order.created id as a key: {e}")))?;
     let scope = Scope::new(tenant_id, Operation::new("CONSUME", BILLING_CONSUMER));
     let key = oncely_effects::derive_key(&scope, &parent, CHARGE, 0);
+    // One payment per order: the payments endpoint may have claimed it first.
+    let claim = crate::payment_store::NewPayment {
+        order_id: &order.id,
+        tenant,
+        via: crate::payment_store::VIA_FLOW,
+        idempotency_key: "",
+        reference: invoice_id,
+        provider_key: &key,
+        amount_minor: order.amount_minor,
+        currency: &order.currency,
+        state: crate::payment_store::VIA_FLOW,
+        fence: 0,
+    };
+    let insert = crate::payment_store::insert_payment(&claim, now);
+    if !tx.insert_ignoring_duplicate(insert, "(order_id)").await? {
+        tracing::info!(order_id = %order.id, "the order's payment was claimed by the payments endpoint; no charge effect");
+        return Ok(());
+    }
     let request = serde_json::json!({
         "amount": order.amount_minor,
         "currency": order.currency.to_ascii_lowercase(),

@@ -51,6 +51,12 @@ pub struct AppConfig {
     /// How orders are fulfilled after `order.created` (the choreography or the saga) and
     /// the saga's step timeouts. Default: the choreography.
     pub fulfilment: crate::FulfilmentConfig,
+    /// The payments provider of `POST /v1/orders/{id}/payments` (multi-phase mode); `None`:
+    /// the route answers 503 `payments-not-configured`.
+    pub payments: Option<crate::PaymentsSettings>,
+    /// How often [`crate::serve`] sweeps multi-phase records whose lease ran out into
+    /// `unknown` and sets the lease gauges (`oncely_http::run_lease_sweep`). Default 10 s.
+    pub lease_sweep_interval: Duration,
 }
 
 impl Default for AppConfig {
@@ -69,6 +75,8 @@ impl Default for AppConfig {
             max_body_bytes_in_flight: 64 * 1024 * 1024,
             dependencies: Vec::new(),
             fulfilment: crate::FulfilmentConfig::default(),
+            payments: None,
+            lease_sweep_interval: Duration::from_secs(10),
         }
     }
 }

@@ -38,6 +38,14 @@
 //! - [`metrics`] — the service's metric names, the per-route request metrics and the
 //!   `# HELP` text of everything `/metrics` renders.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
+//! - `payments` — `POST /v1/orders/{id}/payments` in multi-phase mode ([`PaymentsSettings`]):
+//!   the order's charge, synchronously at the provider, with its status check.
+//! - `payment_store` — tables `order_payments` (one payment per order, endpoint or flow)
+//!   and `order_payment_evidence` (every call and status check).
+//! - `operations` — `GET /v1/operations/{key}`: a payment operation's state, attempts,
+//!   lease and evidence (the 409s' status link).
+//! - `payments_source` — [`PaymentsSource`]: the endpoint's payments as reconciliation's
+//!   local intents.
 
 mod app;
 mod auth;
@@ -51,7 +59,11 @@ mod limits;
 mod list;
 pub mod metrics;
 mod openapi;
+mod operations;
 mod orders;
+mod payment_store;
+mod payments;
+mod payments_source;
 pub mod problem;
 mod ready;
 mod shipping;
@@ -74,4 +86,6 @@ pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use openapi::document as openapi_document;
 pub use orders::{NewOrder, OrderItem};
 pub use ready::{Dependency, CHECK_TIMEOUT};
+pub use payments::{PaymentFault, PaymentsSettings, OPERATIONS_ROUTE, PAYMENT_ROUTE};
+pub use payments_source::PaymentsSource;
 pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};

@@ -33,6 +33,27 @@ pub const INVALID_STOCK: &str = "invalid-stock";
 /// by the choreography (which cannot be cancelled).
 pub const ORDER_NOT_CANCELLABLE: &str = "order-not-cancellable";
 
+/// 503: `POST /v1/orders/{id}/payments` on a service started without a payments provider.
+pub const PAYMENTS_NOT_CONFIGURED: &str = "payments-not-configured";
+/// 402: the provider refused the charge (a declined card); stored, so a retry with the
+/// same key replays it. A new key may try again (e.g. with another payment method).
+pub const PAYMENT_DECLINED: &str = "payment-declined";
+/// 409 + `Retry-After` (not stored): another key's payment of the order is charging or its
+/// outcome is unknown; `status_url` names that operation.
+pub const PAYMENT_IN_PROGRESS: &str = "payment-in-progress";
+/// 409: another key paid the order already (`payment_intent`).
+pub const ORDER_ALREADY_PAID: &str = "order-already-paid";
+/// 409: the billing flow claimed the order's payment (the invoice's charge effect).
+pub const ORDER_CHARGED_BY_FLOW: &str = "order-charged-by-flow";
+/// 503 + `Retry-After` (not stored): the provider refused the call for now (429, 503) or
+/// could not be reached; nothing was charged.
+pub const PAYMENTS_UNAVAILABLE: &str = "payments-unavailable";
+/// 502: the charge may or may not have taken place (a timeout after sending, a dropped
+/// answer, a 5xx); the record turns `unknown` and a retry asks the provider first.
+pub const PAYMENT_OUTCOME_UNKNOWN: &str = "payment-outcome-unknown";
+/// 422: the payment body is neither empty nor `{"payment_method": "pm_…"}`.
+pub const INVALID_PAYMENT: &str = "invalid-payment";
+
 /// Every kind above, for the OpenAPI document (which names each `type` URI); a test keeps
 /// it complete.
 pub const ALL: &[&str] = &[
@@ -48,6 +69,14 @@ pub const ALL: &[&str] = &[
     NOT_READY,
     INVALID_STOCK,
     ORDER_NOT_CANCELLABLE,
+    PAYMENTS_NOT_CONFIGURED,
+    PAYMENT_DECLINED,
+    PAYMENT_IN_PROGRESS,
+    ORDER_ALREADY_PAID,
+    ORDER_CHARGED_BY_FLOW,
+    PAYMENTS_UNAVAILABLE,
+    PAYMENT_OUTCOME_UNKNOWN,
+    INVALID_PAYMENT,
 ];
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! - [`EffectsConfig`]: the outgoing-effect providers (payments, shipping) and the effect
 //!   runner's settings; [`EffectsConfig::spawn`] starts a runner, [`run_effects`] runs one
 //!   until shutdown.
+//! - [`spawn_reconciler`]: the periodic reconciler ([`ReconcileSchedule`]) over the
+//!   configured providers.
 //! - [`serve_metrics`]: `GET /metrics` in the Prometheus text format.
 //! - [`shutdown_signal`]: SIGTERM or Ctrl-C, handlers installed at once.
 //! - [`init_logging`]: the `tracing` subscriber, filter from `ONCELY_LOG`.
@@ -49,6 +51,7 @@
 //! - `relay` — [`RelaySupervisor`], [`run_relay`].
 //! - `consumer` — [`ConsumerSettings`], [`ConsumerFactory`], [`run_consumer`].
 //! - `effects` — [`EffectsConfig`], [`run_effects`].
+//! - `reconcile` — [`ReconcileSchedule`], [`spawn_reconciler`].
 //! - `metrics` — [`MetricsEndpoint`], [`serve_metrics`].
 //! - `signal` — [`shutdown_signal`].
 //! - `logging` — [`LogFormat`], [`init_logging`], [`DEFAULT_LOG_FILTER`].
@@ -61,6 +64,7 @@ mod effects;
 mod error;
 mod logging;
 mod metrics;
+mod reconcile;
 mod relay;
 mod signal;
 
@@ -71,5 +75,6 @@ pub use effects::{run_effects, EffectsConfig};
 pub use error::{BoxError, RuntimeError};
 pub use logging::{init_logging, LogFormat, DEFAULT_LOG_FILTER};
 pub use metrics::{serve_metrics, MetricsEndpoint};
+pub use reconcile::{spawn_reconciler, ReconcileSchedule};
 pub use relay::{run_relay, RelaySupervisor};
 pub use signal::shutdown_signal;

@@ -11,6 +11,7 @@
 //!   compensations and `POST /v1/orders/{id}/cancel`, against the simulators;
 //! - `list`: `GET /v1/orders` pages, tenant scope, bad cursors;
 //! - `openapi`: `GET /openapi.json` is OpenAPI 3.1 and lists every route the router serves;
+//! - `payments`: `POST /v1/orders/{id}/payments` (multi-phase) and `GET /v1/operations/{key}`;
 //! - `verify`: `oncely verify` finds every check holding against the service.
 
 mod billing;
@@ -19,6 +20,7 @@ mod flow;
 mod fulfilment;
 mod list;
 mod openapi;
+mod payments;
 mod verify;
 
 use std::sync::Arc;
