@@ -121,6 +121,46 @@ impl ProviderArgs {
         }
     }
 
+    /// The payments endpoint's settings (`POST /v1/orders/{id}/payments`, multi-phase with
+    /// holders leased for `lease`), when payments are configured.
+    /// `ONCELY_FAULT=payment-abort-before-call` / `payment-abort-after-call` (crash tests
+    /// only) make the endpoint abort the process before its provider call went out / after
+    /// it returned, before the outcome is stored.
+    ///
+    /// # Errors
+    /// Payments without a secret key; a lease that does not exceed the provider timeout;
+    /// an HTTP client that cannot be built.
+    pub(crate) fn payment_settings(
+        &self,
+        lease: Duration,
+    ) -> anyhow::Result<Option<orders::PaymentsSettings>> {
+        let Some(payments) = self.config().payments else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            !payments.secret_key.is_empty(),
+            "--payments-url needs --payments-secret-key"
+        );
+        anyhow::ensure!(
+            lease > payments.timeout,
+            "--payment-lease-secs ({lease:?}) must exceed --provider-timeout-ms ({:?})",
+            payments.timeout
+        );
+        let fault = match std::env::var("ONCELY_FAULT").as_deref() {
+            Ok("payment-abort-before-call") => Some(orders::PaymentFault::AbortBeforeCall),
+            Ok("payment-abort-after-call") => Some(orders::PaymentFault::AbortAfterCall),
+            _ => None,
+        };
+        if let Some(f) = fault {
+            tracing::warn!(fault = ?f, "fault injection in the payments endpoint");
+        }
+        Ok(Some(orders::PaymentsSettings {
+            provider: Arc::new(oncely_effects::StripePayments::new(payments)?),
+            lease,
+            fault,
+        }))
+    }
+
     /// The configured providers' adapters (for the runner, and for `reconcile`).
     ///
     /// # Errors

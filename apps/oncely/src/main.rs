@@ -234,6 +234,26 @@ struct ServeArgs {
     /// `oncely effects run` elsewhere).
     #[arg(long, env = "ONCELY_NO_RUNNER")]
     no_runner: bool,
+    /// Lease of a `POST /v1/orders/{id}/payments` holder (multi-phase mode), in seconds;
+    /// must exceed --provider-timeout-ms. Past it a retry asks the provider by reference.
+    #[arg(long, env = "ONCELY_PAYMENT_LEASE_SECS", default_value_t = 60)]
+    payment_lease_secs: u64,
+    /// How often multi-phase records whose lease ran out are turned `unknown` (and the
+    /// lease gauges set), in seconds.
+    #[arg(long, env = "ONCELY_LEASE_SWEEP_SECS", default_value_t = 10)]
+    lease_sweep_secs: u64,
+    /// Reconcile every configured provider every SECS seconds, in process (0: off — run
+    /// `oncely reconcile` by hand or from cron).
+    #[arg(
+        long,
+        env = "ONCELY_RECONCILE_EVERY",
+        default_value_t = 0,
+        value_name = "SECS"
+    )]
+    reconcile_every: u64,
+    /// Window of each periodic reconciliation run, in seconds back from its start.
+    #[arg(long, env = "ONCELY_RECONCILE_WINDOW_SECS", default_value_t = 86_400)]
+    reconcile_window_secs: u64,
     /// Listen address.
     #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -446,6 +466,10 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
         dependencies: dependencies(&args),
         fulfilment: args.fulfilment.config(),
+        payments: args
+            .providers
+            .payment_settings(Duration::from_secs(args.payment_lease_secs.max(1)))?,
+        lease_sweep_interval: Duration::from_secs(args.lease_sweep_secs.max(1)),
         ..AppConfig::default()
     };
     anyhow::ensure!(
@@ -510,8 +534,9 @@ fn dependencies(args: &ServeArgs) -> Vec<orders::Dependency> {
 /// choreography the `billing` consumer (charging with payments configured) and the
 /// `shipping` consumer (with `--shipping-url`), under `--fulfilment saga` the
 /// `fulfilment` consumer and the saga's timeout sweep; and the effect runner (with a
-/// provider configured; under the saga with the orchestrator as its handler). Cancel
-/// `stop` and await the handles to stop them.
+/// provider configured; under the saga with the orchestrator as its handler) and the
+/// periodic reconciler (with `--reconcile-every`). Cancel `stop` and await the handles to
+/// stop them.
 async fn spawn_workers(
     args: &mut ServeArgs,
     db: &Database,
@@ -549,6 +574,18 @@ async fn spawn_workers(
     }
     if let Some(orchestrator) = saga {
         workers.push(tokio::spawn(orchestrator.run(stop.clone())));
+    }
+    if args.reconcile_every > 0 {
+        let reconcilers = reconcile_cmd::reconcilers(db, &effects, &args.events_topic)?;
+        let schedule = oncely_runtime::ReconcileSchedule {
+            every: Duration::from_secs(args.reconcile_every),
+            window: Duration::from_secs(args.reconcile_window_secs.max(1)),
+        };
+        workers.push(oncely_runtime::spawn_reconciler(
+            reconcilers,
+            schedule,
+            stop.clone(),
+        ));
     }
     Ok(workers)
 }

@@ -238,6 +238,34 @@ fn print_table(report: &ReconcileReport) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One reconciler per provider `effects` configures (for `serve --reconcile-every`): the
+/// effects and the payments endpoint's charges as local intents, completions through the
+/// order service's handler (events to `events_topic`).
+///
+/// # Errors
+/// As `EffectsConfig::providers`.
+pub(crate) fn reconcilers(
+    db: &oncely_sql::Database,
+    effects: &oncely_runtime::EffectsConfig,
+    events_topic: &str,
+) -> anyhow::Result<Vec<Reconciler>> {
+    let handler = Arc::new(orders::OrderEffects::new(events_topic));
+    Ok(effects
+        .providers()?
+        .into_iter()
+        .map(|provider| {
+            let operation = oncely_effects::default_operation(provider.name()).unwrap_or("charge");
+            Reconciler::new(
+                provider,
+                EffectStore::new(db.clone()),
+                handler.clone(),
+                ReconcileConfig::new(operation),
+            )
+            .with_source(Arc::new(orders::PaymentsSource::new(db.clone())))
+        })
+        .collect())
+}
+
 /// Runs an `oncely reconcile` command on the database a service set up, printing to stdout.
 pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     let db = args.db.connect_existing().await?;
@@ -270,10 +298,11 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     let handler = crate::effects_cmd::service_handler(&run.events_topic);
     let reconciler = Reconciler::new(
         provider,
-        EffectStore::new(db),
+        EffectStore::new(db.clone()),
         handler,
         ReconcileConfig::new(operation),
-    );
+    )
+    .with_source(Arc::new(orders::PaymentsSource::new(db)));
     let report = reconciler.run(since).await?;
     if run.json {
         let discrepancies = report

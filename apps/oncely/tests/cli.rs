@@ -1879,6 +1879,9 @@ mod chaos;
 #[path = "cli/saga_chaos.rs"]
 mod saga_chaos;
 
+#[path = "cli/payments.rs"]
+mod payments;
+
 /// Relay processes SIGKILLed at random (see the module's first comment).
 mod kill {
     // Chaos: several `oncely relay` *processes* on one PostgreSQL outbox, publishing to NATS

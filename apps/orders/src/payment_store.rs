@@ -4,7 +4,7 @@
 //! statement of its own, outside any request transaction: the payments endpoint runs in
 //! multi-phase mode, between its record's commit and its outcome.
 
-use oncely_sql::{query, Database, StoreError};
+use oncely_sql::{query, Database, StoreError, Value};
 use serde::Serialize;
 use serde_json::json;
 
@@ -266,6 +266,26 @@ pub(crate) async fn set_outcome(
     Ok(())
 }
 
+/// A query over `values` in order: `$n` for each text or present number, `NULL` written
+/// into the SQL for an absent number (PostgreSQL types a bound NULL as text, which a
+/// `BIGINT` column refuses).
+struct Values(Vec<Value>);
+
+impl Values {
+    fn text(&mut self, v: impl Into<Value>) -> String {
+        self.0.push(v.into());
+        format!("${}", self.0.len())
+    }
+
+    fn number(&mut self, v: Option<i64>) -> String {
+        v.map_or_else(|| "NULL".to_owned(), |n| self.text(n))
+    }
+
+    fn query(self, sql: String) -> oncely_sql::Query {
+        self.0.into_iter().fold(query(sql), oncely_sql::Query::bind)
+    }
+}
+
 /// Adds an evidence row; returns its id.
 pub(crate) async fn add_evidence(
     db: &Database,
@@ -273,25 +293,26 @@ pub(crate) async fn add_evidence(
     e: &EvidenceRow,
 ) -> Result<String, StoreError> {
     let id = uuid::Uuid::now_v7().to_string();
-    db.execute(
-        query(
-            "INSERT INTO order_payment_evidence (id, order_id, fence, kind, provider_key, \
-             started_at, finished_at, outcome, http_status, provider_id, detail) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(id.as_str())
-        .bind(order_id)
-        .bind(e.fence)
-        .bind(e.kind.as_str())
-        .bind(e.provider_key.as_str())
-        .bind(e.started_at)
-        .bind(e.finished_at)
-        .bind(e.outcome.as_str())
-        .bind(e.http_status)
-        .bind(e.provider_id.as_deref())
-        .bind(e.detail.as_deref()),
-    )
-    .await?;
+    let mut v = Values(Vec::new());
+    let list = [
+        v.text(id.as_str()),
+        v.text(order_id),
+        v.text(e.fence),
+        v.text(e.kind.as_str()),
+        v.text(e.provider_key.as_str()),
+        v.text(e.started_at),
+        v.number(e.finished_at),
+        v.text(e.outcome.as_str()),
+        v.number(e.http_status),
+        v.text(e.provider_id.as_deref()),
+        v.text(e.detail.as_deref()),
+    ]
+    .join(", ");
+    let sql = format!(
+        "INSERT INTO order_payment_evidence (id, order_id, fence, kind, provider_key, \
+         started_at, finished_at, outcome, http_status, provider_id, detail) VALUES ({list})"
+    );
+    db.execute(v.query(sql)).await?;
     Ok(id)
 }
 
@@ -304,19 +325,18 @@ pub(crate) async fn finish_evidence(
     provider_id: Option<&str>,
     detail: &str,
 ) -> Result<(), StoreError> {
-    db.execute(
-        query(
-            "UPDATE order_payment_evidence SET finished_at = $1, outcome = $2, \
-             http_status = $3, provider_id = $4, detail = $5 WHERE id = $6",
-        )
-        .bind(oncely_core::now_ms())
-        .bind(outcome)
-        .bind(http_status)
-        .bind(provider_id)
-        .bind(detail)
-        .bind(id),
-    )
-    .await?;
+    let mut v = Values(Vec::new());
+    let sql = format!(
+        "UPDATE order_payment_evidence SET finished_at = {}, outcome = {}, \
+         http_status = {}, provider_id = {}, detail = {} WHERE id = {}",
+        v.text(oncely_core::now_ms()),
+        v.text(outcome),
+        v.number(http_status),
+        v.text(provider_id),
+        v.text(detail),
+        v.text(id),
+    );
+    db.execute(v.query(sql)).await?;
     Ok(())
 }
 
