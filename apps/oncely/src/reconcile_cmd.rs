@@ -249,7 +249,7 @@ pub(crate) fn reconcilers(
     effects: &oncely_runtime::EffectsConfig,
     events_topic: &str,
 ) -> anyhow::Result<Vec<Reconciler>> {
-    let handler = Arc::new(orders::OrderEffects::new(events_topic));
+    let handler = crate::effects_cmd::service_handler(events_topic);
     Ok(effects
         .providers()?
         .into_iter()

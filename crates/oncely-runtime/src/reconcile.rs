@@ -87,7 +87,7 @@ async fn run_once(reconciler: &Reconciler, window: Duration) {
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "reconciliation run failed; trying again at the next round")
+            tracing::warn!(error = %e, "reconciliation run failed; trying again at the next round");
         }
     }
 }

@@ -195,8 +195,11 @@ async fn killed_payment(
             .map_or(true, |r| r.status().is_server_error()),
         "the first process was to abort: {first:?}"
     );
-    let exit = wait_exit(&mut dying.child).await;
-    assert!(!exit.success(), "{kill:?}: the process aborted ({exit})");
+    let status = wait_exit(&mut dying.child).await;
+    assert!(
+        !status.success(),
+        "{kill:?}: the process aborted ({status})"
+    );
     let after_kill = Instant::now();
     let expected = u64::from(kill == Kill::AfterCall);
     assert_eq!(
