@@ -42,6 +42,8 @@ const PROBLEM_TYPE_PREFIX: &str = "urn:oncely:problem:";
         crate::fulfilment::cancel_order,
         crate::stock::get_stock,
         crate::stock::set_stock,
+        crate::payments::create_payment,
+        crate::operations::get_operation,
         crate::app::healthz,
         crate::ready::readyz,
         crate::app::metrics,

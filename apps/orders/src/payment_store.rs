@@ -6,18 +6,20 @@
 
 use oncely_sql::{query, Database, StoreError, Value};
 use serde::Serialize;
-use serde_json::json;
 
 /// `via` of a payment claimed by `POST /v1/orders/{id}/payments`.
 pub(crate) const VIA_ENDPOINT: &str = "endpoint";
 /// `via` of a payment claimed by the billing flow (the invoice's charge effect).
 pub(crate) const VIA_FLOW: &str = "flow";
 
-/// A payment row.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A payment row; serialized (without its idempotency key) as the operation status
+/// resource shows it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub(crate) struct PaymentRow {
     pub(crate) order_id: String,
+    /// `endpoint` (`POST /v1/orders/{id}/payments`) or `flow` (the invoice's charge effect).
     pub(crate) via: String,
+    #[serde(skip)]
     pub(crate) idempotency_key: String,
     pub(crate) reference: String,
     pub(crate) provider_key: String,
@@ -31,21 +33,10 @@ pub(crate) struct PaymentRow {
     pub(crate) updated_at: i64,
 }
 
-impl PaymentRow {
-    /// The row as the operation status resource shows it.
-    pub(crate) fn view(&self) -> serde_json::Value {
-        json!({
-            "order_id": self.order_id, "via": self.via, "reference": self.reference,
-            "provider_key": self.provider_key, "amount_minor": self.amount_minor,
-            "currency": self.currency, "state": self.state, "attempts": self.attempts,
-            "fence": self.fence, "payment_intent": self.payment_intent,
-            "created_at": self.created_at, "updated_at": self.updated_at,
-        })
-    }
-}
 
-/// One evidence row: a call (`kind` = `call`) or a status check (`status`).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+/// One evidence row: a call (`kind` = `call`) or a status check (`status`); times in Unix
+/// milliseconds.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub(crate) struct EvidenceRow {
     pub(crate) fence: i64,
     pub(crate) kind: String,

@@ -140,10 +140,28 @@ async fn not_configured() -> Response {
 }
 
 /// Body of `POST /v1/orders/{id}/payments`: empty, or `{"payment_method": "pm_…"}`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewPaymentBody {
+pub(crate) struct NewPaymentBody {
+    /// The provider's payment method (`pm_…`); the provider's default when absent.
     payment_method: Option<String>,
+}
+
+/// The answer of a charge that took place: 201, stored and replayed to every retry with
+/// the same key.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct PaymentReceipt {
+    order_id: String,
+    /// Always `succeeded`.
+    status: &'static str,
+    /// The provider's PaymentIntent (`pi_…`).
+    payment_intent: String,
+    /// The amount charged, in the currency's minor unit.
+    amount_minor: i64,
+    /// ISO 4217, as the order has it.
+    currency: String,
+    /// The stable reference the provider carries in its metadata: `order:{id}:payment`.
+    reference: String,
 }
 
 /// A refusal that stores nothing (the key stays usable).
@@ -193,10 +211,14 @@ fn charge_request(
 fn paid(order_id: &str, amount: i64, currency: &str, intent: &RemoteObject) -> Response {
     (
         StatusCode::CREATED,
-        Json(json!({
-            "order_id": order_id, "status": "succeeded", "payment_intent": intent.id,
-            "amount_minor": amount, "currency": currency, "reference": reference(order_id),
-        })),
+        Json(PaymentReceipt {
+            order_id: order_id.to_owned(),
+            status: "succeeded",
+            payment_intent: intent.id.clone(),
+            amount_minor: amount,
+            currency: currency.to_owned(),
+            reference: reference(order_id),
+        }),
     )
         .into_response()
 }
@@ -222,7 +244,67 @@ enum Claimed {
 }
 
 /// `POST /v1/orders/{id}/payments`.
-async fn create_payment(
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/payments",
+    tag = "orders",
+    operation_id = "create_payment",
+    summary = "Pay an order at the payments provider, exactly once per order",
+    description = "Multi-phase idempotency: the `Idempotency-Key` record commits `processing` \
+                   under a lease before the provider is called with a key derived from the \
+                   operation. A retry during the lease gets 409 request-in-flight with the \
+                   status link `/v1/operations/{key}`; after it, the provider is asked by the \
+                   order's reference before anything is charged again. One payment per order \
+                   whatever the key. 503 payments-not-configured when the service runs \
+                   without a payments provider.",
+    params(
+        ("id" = String, Path, description = "The order's id, from `Location`"),
+        crate::openapi::IdempotencyKey,
+    ),
+    request_body(content = Option<NewPaymentBody>, content_type = "application/json",
+        description = "Empty, or the payment method to charge"),
+    responses(
+        (status = 201, description = "Charged", body = PaymentReceipt, headers(
+            ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same key, replayed"),
+        )),
+        (status = 400, description = "idempotency-key-missing, idempotency-key-malformed or \
+            request-body", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 402, description = "payment-declined (stored: a retry with the same key \
+            replays it; a new key may try again)", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 404, description = "not-found: no such order in the caller's tenant",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 408, description = "request-timeout: the body did not arrive in time",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "request-in-flight (the lease runs; `status_url`), \
+            outcome-unknown (the provider could not tell yet), payment-in-progress (another \
+            key's payment of the order), order-already-paid or order-charged-by-flow",
+            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            ("Retry-After" = u32, description = "Seconds to wait before the retry"),
+        )),
+        (status = 413, description = "request-too-large", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 415, description = "unsupported-media-type", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 422, description = "invalid-payment (not stored) or idempotency-key-reused",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+            content_type = "application/problem+json"),
+        (status = 502, description = "payment-outcome-unknown: the charge may or may not have \
+            taken place; the record turns unknown and a retry asks the provider first",
+            body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "payments-not-configured, payments-unavailable (nothing \
+            was charged), store-unavailable or server-busy", body = crate::openapi::Problem,
+            content_type = "application/problem+json", headers(
+            ("Retry-After" = u32, description = "Seconds to wait before the retry"),
+        )),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn create_payment(
     State(pay): State<Pay>,
     ctx: OperationContext,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
@@ -234,7 +316,8 @@ async fn create_payment(
                 .into_response(),
         )
     };
-    let Ok(Path(order_id)) = id else {
+    // A non-UUID id is no order (and PostgreSQL refuses NUL in text): 404 before any query.
+    let Some(Path(order_id)) = id.ok().filter(|Path(i)| uuid::Uuid::try_parse(i).is_ok()) else {
         return not_found();
     };
     let input: NewPaymentBody = if body.iter().all(u8::is_ascii_whitespace) {
