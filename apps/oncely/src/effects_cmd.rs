@@ -298,7 +298,7 @@ fn row(e: &Effect) -> serde_json::Value {
 
 /// Runs an `oncely effects` command, printing to stdout.
 pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result<()> {
-    let store = EffectStore::new(db.clone());
+    let store = EffectStore::new(db);
     let now = oncely_core::now_ms();
     match cmd {
         EffectsCommand::Run(_) => {
@@ -360,12 +360,7 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         EffectsCommand::Retry { id, actor } => {
-            let current = store
-                .get(&id)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no effect {id}"))?;
-            let next = oncely_effects::next_key(&current.key, current.key_generation + 1);
-            let e = store.retry(&id, &next, &actor, now).await?;
+            let e = oncely_effects::retry_effect(&store, &id, &actor, now).await?;
             println!("{}", row(&e));
         }
         EffectsCommand::Resolve {

@@ -260,6 +260,10 @@ struct ServeArgs {
     /// API keys and their tenants: `key=tenant[,key=tenant…]` (keys ≥ 16 characters).
     #[arg(long, env = "ONCELY_API_KEYS", hide_env_values = true)]
     api_keys: String,
+    /// The operator console's admin token (at least 16 characters): `/console` is served and
+    /// a browser signs in with this token. Unset: the console is off (404).
+    #[arg(long, env = "ONCELY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// Retention of finished idempotency records, in seconds (default 24 h).
     #[arg(long, env = "ONCELY_RETENTION_SECS", default_value_t = 86_400)]
     retention_secs: u64,
@@ -447,7 +451,19 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         !api_keys.is_empty(),
         "no API keys configured: set --api-keys or ONCELY_API_KEYS"
     );
+    if let Some(token) = &args.admin_token {
+        anyhow::ensure!(
+            token.trim().len() >= 16 && token.trim() == token,
+            "--admin-token must be at least 16 characters, without surrounding spaces"
+        );
+        anyhow::ensure!(
+            !api_keys.contains_key(token),
+            "--admin-token must not also be a tenant API key"
+        );
+    }
     let config = AppConfig {
+        admin_token: args.admin_token.clone(),
+        broker: args.relay.broker.name().to_owned(),
         api_keys,
         retention: Duration::from_secs(args.retention_secs),
         collector_interval: Duration::from_secs(args.collector_interval_secs.max(1)),

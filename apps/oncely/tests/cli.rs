@@ -123,6 +123,10 @@ mod schemathesis;
 #[path = "cli/metrics.rs"]
 mod metrics;
 
+#[path = "cli/console.rs"]
+mod console;
+use console::console_in_headless_chromium_requeues_a_dead_letter_and_resolves_an_effect;
+
 oncely_testkit::matrix! {
     tests: [
         s8_second_process_on_the_same_database_obeys_the_same_keys,
@@ -141,6 +145,7 @@ oncely_testkit::matrix! {
         relay_process_aborted_after_confirm_is_republished_with_the_same_ids_and_jetstream_drops_the_copies,
         serve_starts_with_the_broker_down_and_relays_the_events_once_it_is_up,
         verify_command_against_serve_finds_every_check_holding,
+        console_in_headless_chromium_requeues_a_dead_letter_and_resolves_an_effect,
         operator_commands_on_a_database_without_the_schema_fail_and_create_nothing,
         relay_command_applies_oncely_schema_and_not_the_order_services,
         keys_of_a_server_killed_behind_a_frozen_database_path_complete_on_another_within_the_bound,

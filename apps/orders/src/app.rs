@@ -68,6 +68,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// `POST /v1/orders/{id}/cancel`, `GET`/`PUT /v1/stock/{sku}`, `GET /healthz` (liveness),
 /// `GET /readyz` (database, broker and providers), `GET /metrics`, `GET /openapi.json` (the
 /// OpenAPI 3.1 document, [`crate::openapi_document`]).
+/// With [`AppConfig::admin_token`], the operator console under `/console`.
 pub fn router(db: Database, config: &AppConfig) -> Router {
     let store = IdempotencyStore::new(db.clone(), config.retention);
     build(
@@ -98,6 +99,7 @@ where
     <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
 {
     let keys = Arc::new(config.api_keys.clone());
+    let (db_console, keys_console) = (db.clone(), keys.clone());
     let api = Router::new()
         // The idempotency layer bounds the body (413 before any reservation); axum's own
         // 2 MiB extractor limit must not answer a second, storable 413 behind it.
@@ -151,24 +153,32 @@ where
             dependencies: Arc::new(config.dependencies.clone()),
         }))
         .with_state(db);
-    api.merge(ops)
-        .fallback(|| async {
-            Problem::new(
-                StatusCode::NOT_FOUND,
-                crate::problem::NOT_FOUND,
-                "No such resource",
-            )
-            .into_response()
-        })
-        .method_not_allowed_fallback(|| async {
-            Problem::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                crate::problem::METHOD_NOT_ALLOWED,
-                "This method is not allowed on this resource",
-            )
-            .into_response()
-        })
-        .layer(middleware::from_fn(crate::metrics::track))
+    let mut app = api.merge(ops);
+    if let Some(token) = &config.admin_token {
+        app = app.merge(crate::console::router(
+            db_console,
+            token,
+            keys_console,
+            config,
+        ));
+    }
+    app.fallback(|| async {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            crate::problem::NOT_FOUND,
+            "No such resource",
+        )
+        .into_response()
+    })
+    .method_not_allowed_fallback(|| async {
+        Problem::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            crate::problem::METHOD_NOT_ALLOWED,
+            "This method is not allowed on this resource",
+        )
+        .into_response()
+    })
+    .layer(middleware::from_fn(crate::metrics::track))
 }
 
 /// `{"status":"ok","checks":{"database":"ok"}}`, or a 503 problem with

@@ -57,6 +57,12 @@ pub struct AppConfig {
     /// How often [`crate::serve`] sweeps multi-phase records whose lease ran out into
     /// `unknown` and sets the lease gauges (`oncely_http::run_lease_sweep`). Default 10 s.
     pub lease_sweep_interval: Duration,
+    /// The operator console's admin token (`/console`, signed in once per browser). `None`:
+    /// the console is off and `/console` is a 404. Default `None`.
+    pub admin_token: Option<String>,
+    /// Name of the transport the service's events travel on (`sql`, `rabbitmq`, `nats`,
+    /// `kafka`), for the console's dead-letter page. Default `sql`.
+    pub broker: String,
 }
 
 impl Default for AppConfig {
@@ -77,6 +83,8 @@ impl Default for AppConfig {
             fulfilment: crate::FulfilmentConfig::default(),
             payments: None,
             lease_sweep_interval: Duration::from_secs(10),
+            admin_token: None,
+            broker: "sql".to_owned(),
         }
     }
 }

@@ -37,6 +37,9 @@
 //!   checked apart.
 //! - [`metrics`] — the service's metric names, the per-route request metrics and the
 //!   `# HELP` text of everything `/metrics` renders.
+//! - `console` — the operator console at `/console` (with [`AppConfig::admin_token`]):
+//!   counts, stuck operations with their lineage, dead letters with requeue, effects and
+//!   discrepancies with their audited actions.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
 //! - `payments` — `POST /v1/orders/{id}/payments` in multi-phase mode ([`PaymentsSettings`]):
 //!   the order's charge, synchronously at the provider, with its status check.
@@ -52,6 +55,7 @@ mod auth;
 mod billing;
 mod collector;
 mod config;
+mod console;
 mod events;
 mod flow;
 mod fulfilment;

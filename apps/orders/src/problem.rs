@@ -53,6 +53,10 @@ pub const PAYMENTS_UNAVAILABLE: &str = "payments-unavailable";
 pub const PAYMENT_OUTCOME_UNKNOWN: &str = "payment-outcome-unknown";
 /// 422: the payment body is neither empty nor `{"payment_method": "pm_…"}`.
 pub const INVALID_PAYMENT: &str = "invalid-payment";
+/// 403: a tenant API key on the operator console (it takes the admin token).
+pub const FORBIDDEN: &str = "forbidden";
+/// 403: a console form without its session's CSRF token; nothing was done.
+pub const CSRF_REJECTED: &str = "csrf-rejected";
 
 /// Every kind above, for the OpenAPI document (which names each `type` URI); a test keeps
 /// it complete.
@@ -77,6 +81,8 @@ pub const ALL: &[&str] = &[
     PAYMENTS_UNAVAILABLE,
     PAYMENT_OUTCOME_UNKNOWN,
     INVALID_PAYMENT,
+    FORBIDDEN,
+    CSRF_REJECTED,
 ];
 
 #[cfg(test)]

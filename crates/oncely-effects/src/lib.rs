@@ -12,7 +12,8 @@
 //! # Layout
 //! - `metrics` — the names of the metrics the runner records.
 //! - `operator` — [`resolve_effect`]: an operator's resolution of an effect, with the
-//!   service's business update in the same transaction.
+//!   service's business update in the same transaction; [`retry_effect`] under the key's
+//!   next generation.
 //! - `provider` — [`Provider`], [`EffectRequest`], [`CallOutcome`], [`StatusQuery`],
 //!   [`StatusOutcome`], [`RemoteObject`], [`ListPage`], [`ProviderError`].
 //! - `key` — [`derive_key`]: the effect's idempotency key from its parent's scope, key and
@@ -40,7 +41,7 @@ mod shipping;
 mod stripe;
 
 pub use key::{derive_key, next_key};
-pub use operator::resolve_effect;
+pub use operator::{resolve_effect, retry_effect};
 pub use provider::{
     CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
     StatusQuery,

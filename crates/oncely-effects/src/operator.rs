@@ -63,3 +63,25 @@ pub async fn resolve_effect(
     tx.commit().await?;
     Ok(effect)
 }
+
+/// Tries a `needs_review`, `unknown` or `failed` effect `id` again under its key's next
+/// generation ([`crate::next_key`]), audited as `actor`'s retry at `now_ms`
+/// (`oncely effects retry`, the console). Never a blind call: the runner checks an unknown
+/// outcome at the provider first.
+///
+/// # Errors
+/// [`StoreError::NotFound`] for an unknown id; those of [`EffectStore::retry`]
+/// ([`StoreError::Conflict`] for a state that cannot be retried).
+pub async fn retry_effect(
+    store: &EffectStore,
+    id: &str,
+    actor: &str,
+    now_ms: i64,
+) -> Result<Effect, StoreError> {
+    let current = store
+        .get(id)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+    let next = crate::next_key(&current.key, current.key_generation + 1);
+    store.retry(id, &next, actor, now_ms).await
+}

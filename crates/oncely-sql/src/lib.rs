@@ -38,6 +38,8 @@
 //!   found over tables `oncely_discrepancies` (one open row per provider, kind and
 //!   reference), `oncely_reconcile_runs` and `oncely_discrepancy_audit`; and the effect
 //!   queries a run needs ([`EffectStore::created_since`], [`EffectStore::lease_unknown`]).
+//! - `operator_audit` — [`OperatorAudit`]: the audit rows of operator actions without a
+//!   table of their own (the console's dead-letter requeue), `oncely_operator_audit`.
 //! - `error` — [`StoreError`], which tells "unreachable" (fail closed: 503) from other
 //!   failures, and [`is_lock_conflict`].
 //! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
@@ -83,6 +85,7 @@ mod idempotency_lease;
 mod inbox;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod operator_audit;
 mod outage;
 mod outbox;
 #[cfg(feature = "postgres")]
@@ -110,6 +113,7 @@ pub use idempotency_lease::{
 pub use inbox::{InboxOutcome, InboxStore};
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlTx};
+pub use operator_audit::{OperatorAction, OperatorAudit};
 pub use outage::is_outage;
 pub use outbox::{
     ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, OutboxStore, PublishFailure,

@@ -3,6 +3,7 @@
 //!
 //! - this file: the HTTP service (keys, replays, limits, outages);
 //! - `billing`: the `billing` consumer of `order.created`;
+//! - `console`: the operator console over HTTP (sign-in, pages, audited CSRF-checked actions);
 //! - `events`: every created order yields one `order.created` through the relay, on every
 //!   broker;
 //! - `flow`: order → invoice → charge → `invoice.paid` → shipment against the provider
@@ -15,6 +16,7 @@
 //! - `verify`: `oncely verify` finds every check holding against the service.
 
 mod billing;
+mod console;
 mod events;
 mod flow;
 mod fulfilment;
@@ -26,6 +28,10 @@ mod verify;
 use std::sync::Arc;
 use std::time::Duration;
 
+use console::{
+    console_is_off_without_a_token_and_refuses_tenant_keys,
+    console_pages_show_seeded_rows_and_actions_are_csrf_checked_and_audited,
+};
 use oncely_sql::{on_pool, Database, DbOptions};
 use oncely_testkit::{without_statement_cache, Fault, FaultProxy, TestDb};
 use orders::AppConfig;
@@ -191,6 +197,8 @@ oncely_testkit::matrix! {
         a_held_lock_on_the_idempotency_table_is_503_not_500,
         ambiguous_credentials_and_unknown_routes_are_problems,
         connection_lost_inside_the_handler_is_503_store_unavailable_and_the_retry_creates_one_order,
+        console_is_off_without_a_token_and_refuses_tenant_keys,
+        console_pages_show_seeded_rows_and_actions_are_csrf_checked_and_audited,
     ],
     cannot_apply: [
         // PostgreSQL and MariaDB only: SQLite is embedded and has no connection to lose; its

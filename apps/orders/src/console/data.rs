@@ -1,0 +1,446 @@
+//! What the console's pages read. Every query is portable SQL through
+//! [`oncely_sql::query`]; text columns are selected through
+//! [`Backend::text_column`](oncely_sql::Backend::text_column) (MySQL's binary-collated
+//! columns otherwise decode as bytes).
+
+use oncely_broker::SqlTransport;
+use oncely_core::RecordState;
+use oncely_sql::{
+    query, Database, Discrepancy, DiscrepancyStore, Effect, EffectState, EffectStore,
+    IdempotencyStore, OutboxStore, RecordSummary, StoreError,
+};
+
+use crate::{BILLING_CONSUMER, BOOK, CHARGE, PAYMENTS, SHIPPING, SHIPPING_CONSUMER};
+
+/// The consumers whose dead letters the console lists (the service's own).
+pub(crate) const CONSUMERS: [&str; 2] = [BILLING_CONSUMER, SHIPPING_CONSUMER];
+/// Effect states the console puts before a person.
+pub(crate) const REVIEW_STATES: [EffectState; 3] = [
+    EffectState::NeedsReview,
+    EffectState::Unknown,
+    EffectState::Absent,
+];
+/// Most rows a list shows.
+const LIMIT: u32 = 200;
+
+/// A comma-separated select list of `columns`, each read as text.
+fn text(db: &Database, columns: &[&str]) -> String {
+    columns
+        .iter()
+        .map(|c| db.backend().text_column(c).into_owned())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[derive(sqlx::FromRow)]
+struct Count {
+    n: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct Group {
+    pub(crate) label: String,
+    pub(crate) n: i64,
+}
+
+/// The overview's counts.
+#[derive(Debug, Default)]
+pub(crate) struct Overview {
+    pub(crate) orders: i64,
+    pub(crate) idempotency: Vec<Group>,
+    pub(crate) processing_past_lease: i64,
+    pub(crate) outbox_pending: u64,
+    pub(crate) outbox_dead: u64,
+    pub(crate) dead_letters: Vec<Group>,
+    pub(crate) effects: Vec<(String, String, i64)>,
+    pub(crate) sagas: Vec<Group>,
+    pub(crate) saga_steps_in_review: i64,
+    pub(crate) discrepancies: Vec<Group>,
+}
+
+async fn groups(db: &Database, sql: String) -> Result<Vec<Group>, StoreError> {
+    db.fetch_all(query(sql)).await
+}
+
+async fn count(db: &Database, q: oncely_sql::Query) -> Result<i64, StoreError> {
+    Ok(db.fetch_optional::<Count>(q).await?.map_or(0, |c| c.n))
+}
+
+/// Reads the overview's counts at `now` (Unix ms).
+pub(crate) async fn overview(db: &Database, now: i64) -> Result<Overview, StoreError> {
+    let lease = IdempotencyStore::new(db.clone(), std::time::Duration::ZERO)
+        .lease_report(now)
+        .await?;
+    let outbox = OutboxStore::new(db.clone()).stats().await?;
+    let label = |c: &str| as_text(db, c, "label");
+    Ok(Overview {
+        orders: count(db, query("SELECT COUNT(*) AS n FROM orders")).await?,
+        idempotency: groups(
+            db,
+            format!(
+                "SELECT {}, COUNT(*) AS n FROM oncely_idempotency GROUP BY state ORDER BY state",
+                label("state")
+            ),
+        )
+        .await?,
+        processing_past_lease: lease.processing_past_lease,
+        outbox_pending: outbox.pending,
+        outbox_dead: outbox.dead,
+        dead_letters: groups(
+            db,
+            format!(
+                "SELECT {}, COUNT(*) AS n FROM oncely_deliveries WHERE state = 'dead' \
+                 GROUP BY consumer ORDER BY consumer",
+                label("consumer")
+            ),
+        )
+        .await?,
+        effects: EffectStore::new(db.clone()).counts().await?,
+        sagas: groups(
+            db,
+            format!(
+                "SELECT {}, COUNT(*) AS n FROM oncely_sagas GROUP BY state ORDER BY state",
+                label("state")
+            ),
+        )
+        .await?,
+        saga_steps_in_review: count(
+            db,
+            query("SELECT COUNT(*) AS n FROM oncely_saga_steps WHERE state = 'needs_review'"),
+        )
+        .await?,
+        discrepancies: groups(
+            db,
+            format!(
+                "SELECT {}, COUNT(*) AS n FROM oncely_discrepancies WHERE resolved_at IS NULL \
+                 GROUP BY provider ORDER BY provider",
+                label("provider")
+            ),
+        )
+        .await?,
+    })
+}
+
+/// An effect with the order it belongs to, when one is found.
+#[derive(Debug)]
+pub(crate) struct EffectLine {
+    pub(crate) effect: Effect,
+    pub(crate) order_id: Option<String>,
+}
+
+/// The order an effect belongs to: a charge's reference is its invoice, a booking's the
+/// order itself.
+async fn order_of(db: &Database, effect: &Effect) -> Result<Option<String>, StoreError> {
+    #[derive(sqlx::FromRow)]
+    struct Id {
+        order_id: String,
+    }
+    let sql = if effect.provider == PAYMENTS && effect.operation == CHARGE {
+        format!(
+            "SELECT {} FROM invoices WHERE id = $1",
+            as_text(db, "order_id", "order_id")
+        )
+    } else if effect.provider == SHIPPING && effect.operation == BOOK {
+        format!(
+            "SELECT {} FROM orders WHERE id = $1",
+            as_text(db, "id", "order_id")
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(db
+        .fetch_optional::<Id>(query(sql).bind(effect.reference.as_str()))
+        .await?
+        .map(|r| r.order_id))
+}
+
+/// `expr` (a column, maybe qualified) read as text, named `alias`.
+pub(crate) fn as_text(db: &Database, expr: &str, alias: &str) -> String {
+    let t = db.backend().text_column(expr);
+    let bare = t.strip_suffix(&format!(" AS {expr}")).unwrap_or(&t);
+    format!("{bare} AS {alias}")
+}
+
+/// Effects in `states`, oldest first, each with its order.
+pub(crate) async fn effects_in(
+    db: &Database,
+    states: &[EffectState],
+) -> Result<Vec<EffectLine>, StoreError> {
+    let store = EffectStore::new(db.clone());
+    let mut out = Vec::new();
+    for state in states {
+        for effect in store.list(Some(*state), LIMIT).await? {
+            let order_id = order_of(db, &effect).await?;
+            out.push(EffectLine { effect, order_id });
+        }
+    }
+    Ok(out)
+}
+
+/// Idempotency records that need a person: `processing` past their lease, and `unknown`.
+pub(crate) async fn stuck_records(
+    db: &Database,
+    now: i64,
+) -> Result<Vec<RecordSummary>, StoreError> {
+    let store = IdempotencyStore::new(db.clone(), std::time::Duration::ZERO);
+    let mut out: Vec<RecordSummary> = store
+        .list_records(Some(RecordState::Processing), LIMIT)
+        .await?
+        .into_iter()
+        .filter(|r| r.lease_until.is_some_and(|l| l < now))
+        .collect();
+    out.extend(
+        store
+            .list_records(Some(RecordState::Unknown), LIMIT)
+            .await?,
+    );
+    Ok(out)
+}
+
+/// A dead letter of the SQL transport, with what its delivery row says about it.
+#[derive(Debug)]
+pub(crate) struct DeadLetter {
+    pub(crate) consumer: &'static str,
+    pub(crate) message_id: String,
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) event_type: String,
+    pub(crate) partition_key: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct DeliveryInfo {
+    event_type: String,
+    partition_key: String,
+}
+
+/// Every dead letter of the service's consumers on the SQL transport
+/// ([`SqlTransport::dead_deliveries`]), with the event type and partition key (the order
+/// id) of each.
+pub(crate) async fn dead_letters(db: &Database) -> Result<Vec<DeadLetter>, StoreError> {
+    let transport = SqlTransport::new(db.clone(), usize::MAX);
+    let mut out = Vec::new();
+    for consumer in CONSUMERS {
+        for d in transport.dead_deliveries(consumer, LIMIT).await? {
+            let message_id = d.id.to_string();
+            let info: Option<DeliveryInfo> = db
+                .fetch_optional(
+                    query(format!(
+                        "SELECT {} FROM oncely_deliveries WHERE consumer = $1 AND message_id = $2",
+                        text(db, &["event_type", "partition_key"])
+                    ))
+                    .bind(consumer)
+                    .bind(message_id.as_str()),
+                )
+                .await?;
+            let (event_type, partition_key) =
+                info.map_or_else(Default::default, |i| (i.event_type, i.partition_key));
+            out.push(DeadLetter {
+                consumer,
+                message_id,
+                attempts: d.attempts,
+                last_error: d.last_error,
+                event_type,
+                partition_key,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A saga step in `needs_review`.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ReviewStep {
+    pub(crate) saga_id: String,
+    pub(crate) kind: String,
+    pub(crate) tenant: String,
+    pub(crate) step: i64,
+    pub(crate) phase: String,
+    pub(crate) name: String,
+    pub(crate) attempts: i64,
+    pub(crate) effect_id: Option<String>,
+}
+
+/// Saga steps in `needs_review`, oldest first.
+pub(crate) async fn steps_in_review(db: &Database) -> Result<Vec<ReviewStep>, StoreError> {
+    db.fetch_all(query(format!(
+        "SELECT {}, {}, {}, t.step, {}, {}, t.attempts, {} \
+         FROM oncely_saga_steps t JOIN oncely_sagas s ON s.id = t.saga_id \
+         WHERE t.state = 'needs_review' ORDER BY t.started_at LIMIT {LIMIT}",
+        as_text(db, "t.saga_id", "saga_id"),
+        as_text(db, "s.kind", "kind"),
+        as_text(db, "s.tenant", "tenant"),
+        as_text(db, "t.phase", "phase"),
+        as_text(db, "t.name", "name"),
+        as_text(db, "t.effect_id", "effect_id"),
+    )))
+    .await
+}
+
+/// Open discrepancies, newest first.
+pub(crate) async fn discrepancies(db: &Database) -> Result<Vec<Discrepancy>, StoreError> {
+    DiscrepancyStore::new(db.clone()).open(None).await
+}
+
+/// An order as the lineage page shows it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct OrderLine {
+    pub(crate) id: String,
+    pub(crate) tenant: String,
+    pub(crate) source: String,
+    pub(crate) external_ref: String,
+    pub(crate) amount_minor: i64,
+    pub(crate) currency: String,
+    pub(crate) created_at: i64,
+}
+
+/// An outbox event of the order.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct EventLine {
+    pub(crate) message_id: String,
+    pub(crate) event_type: String,
+    pub(crate) state: String,
+    pub(crate) attempts: i32,
+    pub(crate) headers: String,
+    pub(crate) created_at: i64,
+    pub(crate) published_at: Option<i64>,
+}
+
+/// A delivery of one of the order's messages to a consumer (SQL transport; an acknowledged
+/// delivery is deleted, so what is listed is pending or dead).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DeliveryLine {
+    pub(crate) consumer: String,
+    pub(crate) message_id: String,
+    pub(crate) event_type: String,
+    pub(crate) state: String,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+}
+
+/// An invoice of the order.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct InvoiceLine {
+    pub(crate) id: String,
+    pub(crate) kind: String,
+    pub(crate) amount_minor: i64,
+    pub(crate) currency: String,
+    pub(crate) paid_at: Option<i64>,
+    pub(crate) payment_id: Option<String>,
+    pub(crate) created_at: i64,
+}
+
+/// A saga that names the order in its input.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct SagaLine {
+    pub(crate) id: String,
+    pub(crate) kind: String,
+    pub(crate) state: String,
+    pub(crate) step: i64,
+    pub(crate) error: Option<String>,
+}
+
+/// Everything the service holds about one order: key → order → events → deliveries →
+/// invoice → payment → shipment → saga.
+#[derive(Debug)]
+pub(crate) struct Lineage {
+    pub(crate) order: OrderLine,
+    /// The idempotency keys its events carry (`idempotency-key` header).
+    pub(crate) keys: Vec<String>,
+    pub(crate) events: Vec<EventLine>,
+    pub(crate) deliveries: Vec<DeliveryLine>,
+    pub(crate) invoices: Vec<InvoiceLine>,
+    pub(crate) payments: Vec<Effect>,
+    pub(crate) shipment: Option<Effect>,
+    pub(crate) sagas: Vec<SagaLine>,
+}
+
+/// The lineage of order `id`; `None` when there is no such order.
+pub(crate) async fn lineage(db: &Database, id: &str) -> Result<Option<Lineage>, StoreError> {
+    let order: Option<OrderLine> = db
+        .fetch_optional(
+            query(format!(
+                "SELECT {} FROM orders WHERE id = $1",
+                text(db, &["id", "tenant", "source", "external_ref", "currency"])
+                    + ", amount_minor, created_at"
+            ))
+            .bind(id),
+        )
+        .await?;
+    let Some(order) = order else {
+        return Ok(None);
+    };
+    let events: Vec<EventLine> = db
+        .fetch_all(
+            query(format!(
+                "SELECT {}, attempts, created_at, published_at FROM oncely_outbox \
+                 WHERE partition_key = $1 ORDER BY id",
+                text(db, &["message_id", "event_type", "state", "headers"])
+            ))
+            .bind(id),
+        )
+        .await?;
+    let keys = events
+        .iter()
+        .filter_map(|e| {
+            let h: serde_json::Value = serde_json::from_str(&e.headers).ok()?;
+            h.get("idempotency-key")?.as_str().map(str::to_owned)
+        })
+        .collect();
+    let deliveries = db
+        .fetch_all(
+            query(format!(
+                "SELECT {}, attempts FROM oncely_deliveries WHERE partition_key = $1 \
+                 ORDER BY id",
+                text(
+                    db,
+                    &[
+                        "consumer",
+                        "message_id",
+                        "event_type",
+                        "state",
+                        "last_error"
+                    ]
+                )
+            ))
+            .bind(id),
+        )
+        .await?;
+    let invoices: Vec<InvoiceLine> = db
+        .fetch_all(
+            query(format!(
+                "SELECT {}, amount_minor, paid_at, created_at FROM invoices \
+                 WHERE order_id = $1 ORDER BY created_at",
+                text(db, &["id", "kind", "currency", "payment_id"])
+            ))
+            .bind(id),
+        )
+        .await?;
+    let effects = EffectStore::new(db.clone());
+    let mut payments = Vec::new();
+    for invoice in &invoices {
+        if let Some(e) = effects.find(PAYMENTS, CHARGE, &invoice.id).await? {
+            payments.push(e);
+        }
+    }
+    let shipment = effects.find(SHIPPING, BOOK, id).await?;
+    let sagas = db
+        .fetch_all(
+            query(format!(
+                "SELECT {}, step FROM oncely_sagas WHERE input LIKE $1 ORDER BY created_at",
+                text(db, &["id", "kind", "state", "error"])
+            ))
+            .bind(format!("%{id}%")),
+        )
+        .await?;
+    Ok(Some(Lineage {
+        order,
+        keys,
+        events,
+        deliveries,
+        invoices,
+        payments,
+        shipment,
+        sagas,
+    }))
+}
