@@ -293,7 +293,7 @@ async fn dead_lettered_order(t: &TestDb) -> (String, String) {
         .as_str()
         .unwrap()
         .to_owned();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let delivery = loop {
         let mut d = transport
             .claim("billing", 1, Duration::from_secs(60))
@@ -386,7 +386,7 @@ pub(crate) async fn console_in_headless_chromium_requeues_a_dead_letter_and_reso
 /// Polls the order's lineage page until the invoice the requeued `order.created` produced is
 /// on it.
 async fn see_invoice(c: &Browser, base: &str, order_id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         c.goto(&format!("{base}/console/orders/{order_id}")).await;
         if !c.find_all("tr.invoice").await.is_empty() {
