@@ -50,6 +50,9 @@ pub(crate) struct ProviderArgs {
     /// Effects claimed per provider per round.
     #[arg(long, env = "ONCELY_RUNNER_BATCH", default_value_t = 16)]
     runner_batch: u32,
+    /// Provider outcomes settled together in one transaction, at most (group commit).
+    #[arg(long, env = "ONCELY_RUNNER_SETTLE_BATCH", default_value_t = 64)]
+    runner_settle_batch: usize,
     /// Lease on a claimed effect, in seconds; must exceed the provider timeout. A runner
     /// that dies mid-call leaves its effect to be checked (never re-sent blindly) after it.
     #[arg(long, env = "ONCELY_RUNNER_LEASE_SECS", default_value_t = 60)]
@@ -104,6 +107,7 @@ impl ProviderArgs {
             poll: Duration::from_millis(self.runner_poll_ms.max(1)),
             batch: self.runner_batch.max(1),
             concurrency: self.runner_concurrency.max(1),
+            settle_batch: self.runner_settle_batch.max(1),
             retry: oncely_core::RetryPolicy {
                 max_attempts: self.runner_max_attempts.max(1),
                 ..defaults.retry

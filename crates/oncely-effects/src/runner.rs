@@ -5,9 +5,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use futures_util::future::BoxFuture;
 use oncely_core::{Failure, GiveUpReason, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
 use oncely_sql::{
-    Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, StoreError, Tx,
+    Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, SettleItem, StoreError, Tx,
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as metric;
@@ -74,10 +74,23 @@ pub struct RunnerConfig {
     pub lease: Duration,
     /// Pause between claims when nothing was due. Default 200 ms.
     pub poll: Duration,
-    /// Effects claimed per provider per round, at most. Default 16.
+    /// Effects claimed per provider per claim, at most; also how many claimed effects may
+    /// wait for a free call slot (so a call that returns is followed at once by the next,
+    /// without a claim in between). A busy runner claims again once half a batch has room.
+    /// Default 16.
     pub batch: u32,
-    /// Calls in flight per provider, at most. Default 8.
+    /// Calls (or status checks) in flight per provider, at most. A call's slot is freed as
+    /// soon as the provider answers: recording the outcome happens in the settle stage,
+    /// under the effect's lease. Default 8.
     pub concurrency: usize,
+    /// Outcomes settled together in one transaction, at most (a group commit): the settle
+    /// stage takes every outcome that is ready, up to this many, and commits their fenced
+    /// updates, evidence and business updates ([`EffectHandler::settled`]) at once. An
+    /// effect whose lease was lost is skipped without affecting the others; when the group's
+    /// transaction fails (a handler's error, a database error), each outcome is settled
+    /// again in a transaction of its own, so one bad effect never holds back the rest.
+    /// Default 64; 1 settles every outcome alone.
+    pub settle_batch: usize,
     /// Calls whose attempt counts (a call whose outcome a status check proved absent is
     /// sent again after this backoff): backoff, attempt limit, and the deadline, measured
     /// from the intent's creation — it also bounds the waits of [`RunnerConfig::outage`]
@@ -103,7 +116,7 @@ pub struct RunnerConfig {
     pub max_checks: u32,
     /// Fault injection (crash tests and chaos drills only): abort the process
     /// (`std::process::abort`) right after a provider call returned and before its outcome
-    /// is settled — the crash window in which the effect may have happened while the store
+    /// is handed to the settle stage — the crash window in which the effect may have happened while the store
     /// still says `in_flight`. The `oncely` binary sets it from
     /// `ONCELY_FAULT=runner-abort-after-call`. Default `false`.
     pub abort_after_call: bool,
@@ -117,6 +130,7 @@ impl Default for RunnerConfig {
             poll: Duration::from_millis(200),
             batch: 16,
             concurrency: 8,
+            settle_batch: 64,
             retry: RetryPolicy::default(),
             outage: RetryPolicy {
                 base: Duration::from_secs(1),
@@ -132,17 +146,92 @@ impl Default for RunnerConfig {
     }
 }
 
-/// One provider as the runner holds it: the adapter, its retry budget, its concurrency.
+/// One provider as the runner holds it: the adapter, its retry budget, and the three limits
+/// of its pipeline (claim → call → settle).
 struct Lane {
     provider: Arc<dyn Provider>,
     budget: Arc<RetryBudget>,
-    permits: Arc<Semaphore>,
+    /// Calls or status checks in flight: [`RunnerConfig::concurrency`].
+    calls: Arc<Semaphore>,
+    /// Claimed effects not yet answered (in flight or waiting for a call slot):
+    /// `concurrency + batch`, so at most a batch waits for a slot.
+    claimed: Arc<Semaphore>,
+    /// Claimed effects not yet settled: `concurrency + batch + settle_batch`, so outcomes
+    /// never pile up faster than they are settled.
+    unsettled: Arc<Semaphore>,
+    /// Not claimed again before this instant: the last claim came back short (nothing
+    /// more is due), so a busy lane polls instead of claiming on every freed slot.
+    next_claim: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Lane {
+    /// How many effects a claim may take now.
+    fn room(&self, batch: usize) -> usize {
+        self.claimed
+            .available_permits()
+            .min(self.unsettled.available_permits())
+            .min(batch)
+    }
+
+    /// `true` while any claimed effect is not settled yet.
+    fn busy(&self, capacity: usize) -> bool {
+        self.unsettled.available_permits() < capacity
+    }
+}
+
+/// An outcome waiting in the settle stage: what the call or check found, to be committed
+/// under the effect's lease; `permit` holds the effect's place in the lane's
+/// [`Lane::unsettled`] until then.
+struct Pending {
+    effect: Effect,
+    settle: Settle,
+    evidence: Evidence,
+    outcome: Option<Outcome>,
+}
+
+/// [`Settled`], owned, while its outcome waits in the settle stage.
+enum Outcome {
+    Succeeded(RemoteObject),
+    Failed(String),
+    NeedsReview(String),
+}
+
+impl Pending {
+    fn settled(&self) -> Option<Settled<'_>> {
+        self.outcome.as_ref().map(|o| match o {
+            Outcome::Succeeded(object) => Settled::Succeeded(object),
+            Outcome::Failed(error) => Settled::Failed { error },
+            Outcome::NeedsReview(error) => Settled::NeedsReview { error },
+        })
+    }
+
+    fn item(&self) -> SettleItem<'_> {
+        SettleItem {
+            effect: &self.effect,
+            settle: &self.settle,
+            evidence: &self.evidence,
+        }
+    }
+}
+
+/// A [`Pending`] outcome with the effect's place in its lane.
+struct Done {
+    pending: Pending,
+    _unsettled: OwnedSemaphorePermit,
 }
 
 /// The effect runner, a library runtime like the outbox relay: claims due effects per
 /// provider, calls or checks each once, and settles it with its evidence — the effect's
 /// result, the handler's business update and its next event in one transaction. Any number
 /// of runners may share a store: leases keep each effect with one of them.
+///
+/// Each provider's lane is a pipeline: claims (in batches, up to [`RunnerConfig::batch`]
+/// ahead of the calls), calls or status checks ([`RunnerConfig::concurrency`] at a time, a
+/// slot freed as soon as the provider answers), and one settle stage that commits the
+/// outcomes ready together ([`RunnerConfig::settle_batch`], a group commit). Between the
+/// answer and the commit the effect is still `in_flight` or `unknown` under its lease, as
+/// while the call was out: a runner that dies there leaves it to be checked by status, never
+/// called blindly.
 ///
 /// Per claimed effect:
 /// - `in_flight` (a call may go out): call once with the recorded key. Success or a final
@@ -165,7 +254,7 @@ pub struct EffectRunner {
     lanes: HashMap<String, Lane>,
     handler: Arc<dyn EffectHandler>,
     config: RunnerConfig,
-    /// Signalled when a call or check finishes and frees its lane's permit.
+    /// Signalled when a call or check returns or an outcome is settled: room to claim.
     freed: tokio::sync::Notify,
 }
 
@@ -195,13 +284,20 @@ impl EffectRunner {
         handler: Arc<dyn EffectHandler>,
         config: RunnerConfig,
     ) -> Self {
+        let concurrency = config.concurrency.max(1);
+        let batch = config.batch.max(1) as usize;
         let lanes = providers
             .into_iter()
             .map(|p| {
                 let lane = Lane {
                     provider: p.clone(),
                     budget: Arc::new(RetryBudget::new(config.budget_capacity)),
-                    permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
+                    calls: Arc::new(Semaphore::new(concurrency)),
+                    claimed: Arc::new(Semaphore::new(concurrency + batch)),
+                    unsettled: Arc::new(Semaphore::new(
+                        concurrency + batch + config.settle_batch.max(1),
+                    )),
+                    next_claim: std::sync::Mutex::new(std::time::Instant::now()),
                 };
                 (p.name().to_owned(), lane)
             })
@@ -254,10 +350,11 @@ impl EffectRunner {
         Ok(())
     }
 
-    /// Runs until `shutdown` is cancelled, then waits for the calls in flight to settle.
-    /// Refreshes the gauges every 5 s.
+    /// Runs until `shutdown` is cancelled, then waits for the calls in flight and settles
+    /// their outcomes. Refreshes the gauges every 5 s.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let tasks = tokio_util::task::TaskTracker::new();
+        let (settle_tx, settler) = self.start_settler();
         let mut gauges_at = std::time::Instant::now();
         while !shutdown.is_cancelled() {
             if gauges_at.elapsed() >= Duration::from_secs(5) {
@@ -266,7 +363,7 @@ impl EffectRunner {
                     tracing::warn!(error = %e, "effect gauges not refreshed");
                 }
             }
-            let started = match self.claim_round(&tasks).await {
+            let started = match self.claim_round(&tasks, &settle_tx, true).await {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::warn!(error = %e, "effect claim failed; the store may be down");
@@ -274,50 +371,85 @@ impl EffectRunner {
                 }
             };
             if started == 0 {
-                // Every lane full: claim again as soon as a call finishes, not after a whole
-                // poll interval (which capped a busy runner at `concurrency` calls per poll).
-                let full = self
-                    .lanes
-                    .values()
-                    .all(|l| l.permits.available_permits() == 0);
+                // Effects in hand: claim again as soon as one is answered or settled, not
+                // after a whole poll interval (which capped a busy runner at `concurrency`
+                // calls per poll).
+                let busy = self.lanes.values().any(|l| l.busy(self.capacity()));
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = self.freed.notified(), if full => {}
+                    () = self.freed.notified(), if busy => {}
                     () = tokio::time::sleep(self.config.poll) => {}
                 }
             }
         }
         tasks.close();
         tasks.wait().await;
+        drop(settle_tx);
+        if let Err(e) = settler.await {
+            tracing::warn!(error = %e, "the effect settle stage ended abnormally");
+        }
     }
 
-    /// One round: claims what each provider has room for and runs it to completion.
-    /// Returns how many effects were processed (for tests and one-shot operator runs).
+    /// One round: claims what each provider has room for and runs it to completion, its
+    /// outcomes settled. Returns how many effects were processed (for tests and one-shot
+    /// operator runs).
     ///
     /// # Errors
     /// [`StoreError`] when a claim fails.
     pub async fn run_once(self: &Arc<Self>) -> Result<usize, StoreError> {
         let tasks = tokio_util::task::TaskTracker::new();
-        let n = self.claim_round(&tasks).await?;
+        let (settle_tx, settler) = self.start_settler();
+        let claimed = self.claim_round(&tasks, &settle_tx, false).await;
         tasks.close();
         tasks.wait().await;
-        Ok(n)
+        drop(settle_tx);
+        if let Err(e) = settler.await {
+            tracing::warn!(error = %e, "the effect settle stage ended abnormally");
+        }
+        claimed
     }
 
+    /// The most effects a lane holds unsettled.
+    fn capacity(&self) -> usize {
+        self.config.concurrency.max(1) + self.config.batch.max(1) as usize + self.settle_batch()
+    }
+
+    fn settle_batch(&self) -> usize {
+        self.config.settle_batch.max(1)
+    }
+
+    /// Claims for every lane with room — in `run`, only once half a batch has room (or
+    /// nothing is in hand), so that a busy lane claims in batches rather than one effect
+    /// per freed slot — and starts each claimed effect: it waits for a call slot, is called
+    /// or checked, and its outcome goes to the settle stage (`settle_tx`).
     async fn claim_round(
         self: &Arc<Self>,
         tasks: &tokio_util::task::TaskTracker,
+        settle_tx: &mpsc::UnboundedSender<Done>,
+        batched: bool,
     ) -> Result<usize, StoreError> {
+        let batch = self.config.batch.max(1) as usize;
         let mut started = 0;
         for (name, lane) in &self.lanes {
-            let room = lane
-                .permits
-                .available_permits()
-                .min(self.config.batch as usize);
-            if room == 0 {
+            let room = lane.room(batch);
+            let threshold = if batched && lane.busy(self.capacity()) {
+                batch.div_ceil(2)
+            } else {
+                1
+            };
+            if room < threshold
+                || (batched
+                    && *lane.next_claim.lock().expect("lane lock") > std::time::Instant::now())
+            {
                 continue;
             }
-            let claimed = self
+            let (Ok(mut claimed), Ok(mut unsettled)) = (
+                lane.claimed.clone().try_acquire_many_owned(room as u32),
+                lane.unsettled.clone().try_acquire_many_owned(room as u32),
+            ) else {
+                continue;
+            };
+            let effects = self
                 .store
                 .claim(
                     name,
@@ -327,40 +459,146 @@ impl EffectRunner {
                     now_ms(),
                 )
                 .await?;
-            for effect in claimed {
-                let Ok(permit) = lane.permits.clone().acquire_owned().await else {
-                    continue;
+            if effects.len() < room {
+                *lane.next_claim.lock().expect("lane lock") =
+                    std::time::Instant::now() + self.config.poll;
+            }
+            for effect in effects {
+                let (Some(claimed), Some(unsettled)) = (claimed.split(1), unsettled.split(1))
+                else {
+                    break;
                 };
-                let runner = self.clone();
                 started += 1;
-                tasks.spawn(async move {
-                    runner.process(effect).await;
-                    drop(permit);
-                    runner.freed.notify_one();
-                });
+                tasks.spawn(self.clone().start(
+                    lane.calls.clone(),
+                    effect,
+                    claimed,
+                    unsettled,
+                    settle_tx.clone(),
+                ));
             }
         }
         Ok(started)
     }
 
-    /// Calls or checks one claimed effect and settles it. A failure to settle leaves the
-    /// effect leased; after the lease it is checked again, so nothing is lost or repeated.
-    async fn process(&self, effect: Effect) {
-        let Some(lane) = self.lanes.get(&effect.provider) else {
+    /// Waits for a call slot, calls or checks `effect`, frees the slot as soon as the
+    /// provider answered, and hands the outcome to the settle stage.
+    async fn start(
+        self: Arc<Self>,
+        calls: Arc<Semaphore>,
+        effect: Effect,
+        claimed: OwnedSemaphorePermit,
+        unsettled: OwnedSemaphorePermit,
+        settle_tx: mpsc::UnboundedSender<Done>,
+    ) {
+        let Ok(slot) = calls.acquire_owned().await else {
             return;
         };
+        let pending = self.process(effect).await;
+        drop(slot);
+        drop(claimed);
+        self.freed.notify_one();
+        if let Some(pending) = pending {
+            // The settle stage outlives every call task (it ends when the last sender does).
+            let _ = settle_tx.send(Done {
+                pending,
+                _unsettled: unsettled,
+            });
+        }
+    }
+
+    /// Calls or checks one claimed effect; its outcome, to be settled. A failure before
+    /// that (a corrupt row, the evidence unreadable) leaves the effect leased; after the
+    /// lease it is checked again, so nothing is lost or repeated.
+    async fn process(&self, effect: Effect) -> Option<Pending> {
+        let lane = self.lanes.get(&effect.provider)?;
         let result = match effect.state() {
             Ok(EffectState::InFlight) => self.call(lane, &effect).await,
             Ok(EffectState::Unknown) => self.check(lane, &effect).await,
             Ok(other) => {
                 tracing::warn!(effect = %effect.id, state = %other, "claimed in an unexpected state");
-                return;
+                return None;
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = result {
-            tracing::warn!(effect = %effect.id, error = %e, "effect not settled; checked again after its lease");
+        match result {
+            Ok(pending) => Some(pending),
+            Err(e) => {
+                tracing::warn!(effect = %effect.id, error = %e, "effect not settled; checked again after its lease");
+                None
+            }
         }
+    }
+
+    /// The settle stage: a task that takes every outcome ready (up to
+    /// [`RunnerConfig::settle_batch`]) and settles them together, until every sender is
+    /// gone and the queue is empty.
+    fn start_settler(
+        self: &Arc<Self>,
+    ) -> (mpsc::UnboundedSender<Done>, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
+        let runner = self.clone();
+        let handle = tokio::spawn(async move {
+            let limit = runner.settle_batch();
+            let mut group = Vec::with_capacity(limit);
+            while rx.recv_many(&mut group, limit).await > 0 {
+                // Its own task, so that a panicking handler loses only its group (left
+                // leased, checked again after the lease), never the settle stage.
+                let settling = runner.clone();
+                let batch = std::mem::take(&mut group);
+                if let Err(e) =
+                    tokio::spawn(async move { settling.settle_group(batch).await }).await
+                {
+                    tracing::error!(error = %e, "an effect settle group panicked; its effects are checked again after their lease");
+                }
+                runner.freed.notify_one();
+            }
+        });
+        (tx, handle)
+    }
+
+    /// Settles `group` in one transaction; when that fails, each outcome in a transaction
+    /// of its own (one effect's handler error or bad row must not hold back the others).
+    /// An outcome that cannot be settled leaves its effect leased: after the lease it is
+    /// checked again, never called blindly.
+    async fn settle_group(&self, group: Vec<Done>) {
+        if group.len() > 1 {
+            match self.settle_together(&group).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, effects = group.len(), "group settle failed; settling each alone");
+                }
+            }
+        }
+        for done in &group {
+            if let Err(e) = self.settle_together(std::slice::from_ref(done)).await {
+                tracing::warn!(effect = %done.pending.effect.id, error = %e, "effect not settled; checked again after its lease");
+            }
+        }
+    }
+
+    /// One transaction: every outcome's fenced update and evidence
+    /// ([`EffectStore::settle_batch`]), then the handler's business update of each effect
+    /// whose lease held. An effect whose lease was lost is skipped (its successor settles
+    /// it).
+    async fn settle_together(&self, group: &[Done]) -> Result<(), StoreError> {
+        let db = self.store.database();
+        let mut tx = db.begin().await?;
+        let items: Vec<SettleItem<'_>> = group.iter().map(|d| d.pending.item()).collect();
+        let held = EffectStore::settle_batch(&mut tx, &items, now_ms()).await?;
+        for (done, held) in group.iter().zip(held) {
+            let pending = &done.pending;
+            if !held {
+                tracing::warn!(effect = %pending.effect.id, "lease lost before the settle; another runner has the effect");
+                continue;
+            }
+            if let Some(outcome) = pending.settled() {
+                self.handler
+                    .settled(&mut tx, &pending.effect, outcome)
+                    .await?;
+            }
+        }
+        tx.commit().await
     }
 
     fn request(effect: &Effect) -> Result<EffectRequest, StoreError> {
@@ -372,7 +610,7 @@ impl EffectRunner {
         })
     }
 
-    async fn call(&self, lane: &Lane, effect: &Effect) -> Result<(), StoreError> {
+    async fn call(&self, lane: &Lane, effect: &Effect) -> Result<Pending, StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
         let outcome = lane.provider.call(&request).await;
@@ -403,8 +641,12 @@ impl EffectRunner {
                     provider_id: object.id.clone(),
                     response: object.raw.to_string(),
                 };
-                self.settle(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
-                    .await
+                Ok(Self::pending(
+                    effect,
+                    &settle,
+                    &evidence,
+                    Some(Settled::Succeeded(object)),
+                ))
             }
             CallOutcome::Failed {
                 message, object, ..
@@ -414,13 +656,12 @@ impl EffectRunner {
                     error: error.clone(),
                     response: object.as_ref().map(|o| o.raw.to_string()),
                 };
-                self.settle(
+                Ok(Self::pending(
                     effect,
                     &settle,
                     &evidence,
                     Some(Settled::Failed { error: &error }),
-                )
-                .await
+                ))
             }
             CallOutcome::Unknown { reason, .. } => {
                 // Never a blind retry: the status is checked first (the policy's
@@ -429,7 +670,7 @@ impl EffectRunner {
                     at: now_ms() + ms(self.config.check_delay),
                     error: reason.clone(),
                 };
-                self.settle(effect, &settle, &evidence, None).await
+                Ok(Self::pending(effect, &settle, &evidence, None))
             }
             CallOutcome::Retryable { .. } | CallOutcome::NotSent { .. } => {
                 match self.decide_outage(lane, effect, outcome.class(), outcome.retry_after()) {
@@ -438,7 +679,7 @@ impl EffectRunner {
                             at: now_ms() + ms(wait),
                             error: detail.clone(),
                         };
-                        self.settle(effect, &settle, &evidence, None).await
+                        Ok(Self::pending(effect, &settle, &evidence, None))
                     }
                     // Nothing reached the provider, or it answered that it did not act: the
                     // effect provably did not happen, so it may be failed.
@@ -451,13 +692,12 @@ impl EffectRunner {
                         let settle = Settle::GaveUpUnavailable {
                             error: error.clone(),
                         };
-                        self.settle(
+                        Ok(Self::pending(
                             effect,
                             &settle,
                             &evidence,
                             Some(Settled::Failed { error: &error }),
-                        )
-                        .await
+                        ))
                     }
                 }
             }
@@ -532,7 +772,7 @@ impl EffectRunner {
 
     /// Asks the provider for the status of an effect whose outcome is unknown, and settles
     /// it by what the provider says — never a call.
-    async fn check(&self, lane: &Lane, effect: &Effect) -> Result<(), StoreError> {
+    async fn check(&self, lane: &Lane, effect: &Effect) -> Result<Pending, StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
         let to_time =
@@ -555,7 +795,7 @@ impl EffectRunner {
             .increment(1);
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
-            Ok(StatusOutcome::Found(objects)) => self.found(effect, started, &objects).await,
+            Ok(StatusOutcome::Found(objects)) => Self::found(effect, started, &objects),
             Ok(StatusOutcome::Absent) => self.absent(lane, effect, started).await,
             Ok(StatusOutcome::NotYetVisible { settles_at }) => {
                 let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
@@ -567,12 +807,10 @@ impl EffectRunner {
                     at,
                     "the lookup may lag",
                 )
-                .await
             }
             Err(e) if e.is_unavailable() => {
                 let decision = self.decide_outage(lane, effect, OutcomeClass::NotSent, None);
-                self.unavailable(effect, started, decision, &e.to_string())
-                    .await
+                Self::unavailable(effect, started, decision, &e.to_string())
             }
             Err(e) => {
                 let error = e.to_string();
@@ -588,25 +826,23 @@ impl EffectRunner {
                 let settle = Settle::NeedsReview {
                     error: error.clone(),
                 };
-                self.settle(
+                Ok(Self::pending(
                     effect,
                     &settle,
                     &evidence,
                     Some(Settled::NeedsReview { error: &error }),
-                )
-                .await
+                ))
             }
         }
     }
 
     /// The provider has objects for the effect: settled from the live one (or, when none is
     /// live, the refused one). More than one is noted in the evidence for reconciliation.
-    async fn found(
-        &self,
+    fn found(
         effect: &Effect,
         started: i64,
         objects: &[RemoteObject],
-    ) -> Result<(), StoreError> {
+    ) -> Result<Pending, StoreError> {
         let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
         let object = objects.iter().find(|o| o.effective).unwrap_or(&objects[0]);
         let detail = if objects.len() > 1 {
@@ -631,22 +867,24 @@ impl EffectRunner {
                 provider_id: object.id.clone(),
                 response: object.raw.to_string(),
             };
-            return self
-                .settle(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
-                .await;
+            return Ok(Self::pending(
+                effect,
+                &settle,
+                &evidence,
+                Some(Settled::Succeeded(object)),
+            ));
         }
         let error = format!("found {} {}", object.id, object.status);
         let settle = Settle::Failed {
             error: error.clone(),
             response: Some(object.raw.to_string()),
         };
-        self.settle(
+        Ok(Self::pending(
             effect,
             &settle,
             &evidence,
             Some(Settled::Failed { error: &error }),
-        )
-        .await
+        ))
     }
 
     /// The provider has nothing for the effect: it is sent again with the same key — or,
@@ -680,7 +918,12 @@ impl EffectRunner {
                 .is_some_and(|e| e.contains("replayed")))
     }
 
-    async fn absent(&self, lane: &Lane, effect: &Effect, started: i64) -> Result<(), StoreError> {
+    async fn absent(
+        &self,
+        lane: &Lane,
+        effect: &Effect,
+        started: i64,
+    ) -> Result<Pending, StoreError> {
         let (key, key_generation) = if self.key_holds_a_stored_failure(lane, effect).await? {
             (
                 next_key(&effect.key, effect.key_generation + 1),
@@ -705,7 +948,7 @@ impl EffectRunner {
                     key,
                     key_generation,
                 };
-                self.settle(effect, &settle, &evidence, None).await
+                Ok(Self::pending(effect, &settle, &evidence, None))
             }
             decision => {
                 let error = format!(
@@ -717,13 +960,12 @@ impl EffectRunner {
                     error: error.clone(),
                     response: None,
                 };
-                self.settle(
+                Ok(Self::pending(
                     effect,
                     &settle,
                     &evidence,
                     Some(Settled::Failed { error: &error }),
-                )
-                .await
+                ))
             }
         }
     }
@@ -731,13 +973,12 @@ impl EffectRunner {
     /// A status check found the provider unavailable: asked again after the outage wait
     /// (`decision`, of `decide_outage`), no check counted — or, past the
     /// deadline, `needs_review`: the outcome could still be an effect.
-    async fn unavailable(
-        &self,
+    fn unavailable(
         effect: &Effect,
         started: i64,
         decision: RetryDecision,
         detail: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Pending, StoreError> {
         let evidence = evidence(
             EvidenceKind::Status,
             &effect.key,
@@ -752,7 +993,7 @@ impl EffectRunner {
                 at: now_ms() + ms(wait),
                 error: detail.to_owned(),
             };
-            return self.settle(effect, &settle, &evidence, None).await;
+            return Ok(Self::pending(effect, &settle, &evidence, None));
         }
         let error = format!(
             "outcome still unknown, gave up ({}): {detail}",
@@ -761,16 +1002,15 @@ impl EffectRunner {
         let settle = Settle::GaveUpUnavailable {
             error: error.clone(),
         };
-        self.settle(
+        Ok(Self::pending(
             effect,
             &settle,
             &evidence,
             Some(Settled::NeedsReview { error: &error }),
-        )
-        .await
+        ))
     }
 
-    async fn still_unknown(
+    fn still_unknown(
         &self,
         effect: &Effect,
         started: i64,
@@ -778,7 +1018,7 @@ impl EffectRunner {
         outcome: &str,
         at: i64,
         detail: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Pending, StoreError> {
         let evidence = evidence(
             EvidenceKind::Status,
             &effect.key,
@@ -790,7 +1030,7 @@ impl EffectRunner {
         );
         if checks >= self.config.max_checks {
             let error = format!("outcome still unknown after {checks} status checks: {detail}");
-            return self.park(effect, &evidence, error).await;
+            return Self::park(effect, &evidence, error);
         }
         // The deadline ends the waiting too; the outcome may be an effect, so a person
         // decides (never `failed`, never a blind call).
@@ -801,47 +1041,44 @@ impl EffectRunner {
             .is_some_and(|d| since(effect.created_at) >= d)
         {
             let error = format!("outcome still unknown at the deadline: {detail}");
-            return self.park(effect, &evidence, error).await;
+            return Self::park(effect, &evidence, error);
         }
         let settle = Settle::Unknown {
             at,
             error: detail.to_owned(),
         };
-        self.settle(effect, &settle, &evidence, None).await
+        Ok(Self::pending(effect, &settle, &evidence, None))
     }
 
     /// Parks `effect` in `needs_review` with `error`.
-    async fn park(
-        &self,
-        effect: &Effect,
-        evidence: &Evidence,
-        error: String,
-    ) -> Result<(), StoreError> {
-        self.settle(
+    fn park(effect: &Effect, evidence: &Evidence, error: String) -> Result<Pending, StoreError> {
+        Ok(Self::pending(
             effect,
             &Settle::NeedsReview {
                 error: error.clone(),
             },
             evidence,
             Some(Settled::NeedsReview { error: &error }),
-        )
-        .await
+        ))
     }
 
-    async fn settle(
-        &self,
+    /// The outcome of a call or check, for the settle stage.
+    fn pending(
         effect: &Effect,
         settle: &Settle,
         evidence: &Evidence,
         settled: Option<Settled<'_>>,
-    ) -> Result<(), StoreError> {
-        let db = self.store.database();
-        let mut tx = db.begin().await?;
-        EffectStore::settle(&mut tx, effect, settle, evidence, now_ms()).await?;
-        if let Some(outcome) = settled {
-            self.handler.settled(&mut tx, effect, outcome).await?;
+    ) -> Pending {
+        Pending {
+            effect: effect.clone(),
+            settle: settle.clone(),
+            evidence: evidence.clone(),
+            outcome: settled.map(|o| match o {
+                Settled::Succeeded(object) => Outcome::Succeeded(object.clone()),
+                Settled::Failed { error } => Outcome::Failed(error.to_owned()),
+                Settled::NeedsReview { error } => Outcome::NeedsReview(error.to_owned()),
+            }),
         }
-        tx.commit().await
     }
 }
 

@@ -17,6 +17,8 @@ use oncely_testkit::LocalStripe;
 use provider_sim::{serve, FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::json;
 
+#[path = "providers/group.rs"]
+mod group;
 #[path = "providers/outage.rs"]
 mod outage;
 #[path = "providers/reconcile.rs"]

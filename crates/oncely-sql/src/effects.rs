@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::backend::{with_store, Store};
+use crate::backend::{with_store, with_tx, Store};
 use crate::{query, Database, StoreError, Tx};
 
 /// The states of an outgoing effect (docs/DESIGN.md "External effects"):
@@ -436,7 +436,7 @@ impl EffectStore {
 
     /// Settles `effect` (as claimed, lease version included) into `settle` and records
     /// `evidence`, in `tx` — the caller adds the business update and the next outbox event
-    /// to the same transaction and commits.
+    /// to the same transaction and commits. [`EffectStore::settle_batch`] of one.
     ///
     /// # Errors
     /// [`StoreError::NotHeld`] when the lease was lost (another runner claimed the effect
@@ -448,75 +448,161 @@ impl EffectStore {
         evidence: &Evidence,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let fields = SettleFields::of(effect, settle);
-        let n = tx
-            .execute(
-                query(
-                    "UPDATE oncely_effects SET attempts = attempts - $1, checks = checks + $2, \
-                     state = $3, available_at = $4, provider_id = $5, response = $6, \
-                     last_error = $7, idem_key = $8, key_generation = $9, locked_by = NULL, \
-                     locked_until = NULL, updated_at = $10, unavailable_streak = $11 \
-                     WHERE id = $12 AND lease_version = $13",
-                )
-                .bind(fields.uncount)
-                .bind(i64::from(
-                    evidence.kind == EvidenceKind::Status && fields.counts_check,
-                ))
-                .bind(fields.state.as_str())
-                .bind(fields.available_at.unwrap_or(effect.available_at))
-                .bind(fields.provider_id)
-                .bind(fields.response)
-                .bind(fields.error)
-                .bind(fields.key)
-                .bind(fields.key_generation)
-                .bind(now_ms)
-                .bind(if fields.raise_streak {
-                    i64::from(effect.unavailable_streak).saturating_add(1)
-                } else {
-                    0
-                })
-                .bind(effect.id.as_str())
-                .bind(effect.lease_version),
-            )
-            .await?;
-        if n == 0 {
-            return Err(StoreError::NotHeld);
+        let item = SettleItem {
+            effect,
+            settle,
+            evidence,
+        };
+        let held = Self::settle_batch(tx, &[item], now_ms).await?;
+        if held.first() == Some(&true) {
+            Ok(())
+        } else {
+            Err(StoreError::NotHeld)
         }
-        Self::record_evidence(tx, &effect.id, evidence).await
     }
 
-    async fn record_evidence(tx: &mut Tx, effect_id: &str, e: &Evidence) -> Result<(), StoreError> {
-        // COUNT is a 64-bit integer on every backend (MAX(n) keeps n's own width). Only the
-        // lease holder records, so counting cannot race.
-        let (last,): (i64,) = tx
-            .fetch_one(
-                query("SELECT COUNT(*) FROM oncely_effect_attempts WHERE effect_id = $1")
-                    .bind(effect_id),
-            )
-            .await?;
-        tx.execute(
-            query(
-                "INSERT INTO oncely_effect_attempts (effect_id, n, kind, idem_key, started_at, \
-                 finished_at, outcome, http_status, provider_ids, detail) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), $9, $10)",
-            )
-            .bind(effect_id)
-            .bind(last + 1)
-            .bind(match e.kind {
-                EvidenceKind::Call => "call",
-                EvidenceKind::Status => "status",
+    /// Settles every item of `items` in `tx` (a group commit): each effect's update fenced
+    /// by the lease version it was claimed with, and the evidence of those still held —
+    /// one multi-row update on SQLite and PostgreSQL (a fenced update per effect on MySQL),
+    /// one grouped count of the evidence already recorded and one multi-row insert, instead
+    /// of three statements per effect. Returns, per item in order, whether its lease was
+    /// still held: an item whose lease was lost (another runner claimed the effect since)
+    /// is `false` and writes nothing; the others are unaffected. The caller adds each held
+    /// effect's business update to `tx` and commits.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the caller rolls back (nothing is settled).
+    pub async fn settle_batch(
+        tx: &mut Tx,
+        items: &[SettleItem<'_>],
+        now_ms: i64,
+    ) -> Result<Vec<bool>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<SettleRow> = items.iter().map(SettleRow::of).collect();
+        let mut held = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(SETTLE_CHUNK) {
+            let done = with_tx!(&mut *tx, |t: S| S::settle_rows(t, chunk, now_ms).await)?;
+            held.extend(match done {
+                Some(done) => done,
+                None => Self::settle_rows_one_by_one(tx, chunk, now_ms).await?,
+            });
+        }
+        let kept: Vec<&SettleItem<'_>> = items
+            .iter()
+            .zip(&held)
+            .filter_map(|(item, held)| held.then_some(item))
+            .collect();
+        for chunk in kept.chunks(SETTLE_CHUNK) {
+            Self::record_evidence(tx, chunk).await?;
+        }
+        Ok(held)
+    }
+
+    /// The portable settle: one fenced `UPDATE` per row (its rows affected say whether the
+    /// lease was held).
+    async fn settle_rows_one_by_one(
+        tx: &mut Tx,
+        rows: &[SettleRow],
+        now_ms: i64,
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut held = Vec::with_capacity(rows.len());
+        for r in rows {
+            let n = tx
+                .execute(
+                    query(
+                        "UPDATE oncely_effects SET attempts = attempts - $1, \
+                         checks = checks + $2, state = $3, available_at = $4, provider_id = $5, \
+                         response = $6, last_error = $7, idem_key = $8, key_generation = $9, \
+                         locked_by = NULL, locked_until = NULL, updated_at = $10, \
+                         unavailable_streak = $11 WHERE id = $12 AND lease_version = $13",
+                    )
+                    .bind(r.uncount)
+                    .bind(r.checks)
+                    .bind(r.state)
+                    .bind(r.available_at)
+                    .bind(r.provider_id.clone())
+                    .bind(r.response.clone())
+                    .bind(r.error.clone())
+                    .bind(r.key.as_str())
+                    .bind(r.key_generation)
+                    .bind(now_ms)
+                    .bind(r.streak)
+                    .bind(r.id.as_str())
+                    .bind(r.lease_version),
+                )
+                .await?;
+            held.push(n > 0);
+        }
+        Ok(held)
+    }
+
+    /// Records the evidence of `items` (their leases held): each numbered after the rows
+    /// its effect already has — one grouped `COUNT` for all of them (only the lease holder
+    /// records, so counting cannot race) — in one multi-row `INSERT`.
+    async fn record_evidence(tx: &mut Tx, items: &[&SettleItem<'_>]) -> Result<(), StoreError> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let placeholders: Vec<String> = (1..=items.len()).map(|i| format!("${i}")).collect();
+        let mut counting = query(format!(
+            "SELECT effect_id, COUNT(*) FROM oncely_effect_attempts \
+             WHERE effect_id IN ({}) GROUP BY effect_id",
+            placeholders.join(", ")
+        ));
+        for item in items {
+            counting = counting.bind(item.effect.id.as_str());
+        }
+        // COUNT is a 64-bit integer on every backend (MAX(n) keeps n's own width).
+        let counts: Vec<(String, i64)> = tx.fetch_all(counting).await?;
+        let mut last: std::collections::HashMap<&str, i64> =
+            counts.iter().map(|(id, n)| (id.as_str(), *n)).collect();
+        let values: Vec<String> = (0..items.len())
+            .map(|i| {
+                let p = |k: usize| format!("${}", i * 10 + k);
+                format!(
+                    "({}, {}, {}, {}, {}, {}, {}, NULLIF({}, 0), {}, {})",
+                    p(1),
+                    p(2),
+                    p(3),
+                    p(4),
+                    p(5),
+                    p(6),
+                    p(7),
+                    p(8),
+                    p(9),
+                    p(10)
+                )
             })
-            .bind(e.key.as_str())
-            .bind(e.started_at)
-            .bind(e.finished_at)
-            .bind(e.outcome.as_str())
-            // No status is bound as 0 and stored NULL: a bound NULL is text on PostgreSQL, which
-            // an integer column refuses.
-            .bind(e.http_status.map_or(0, i64::from))
-            .bind(e.provider_ids.join(","))
-            .bind(e.detail.as_str()),
-        )
-        .await?;
+            .collect();
+        let mut insert = query(format!(
+            "INSERT INTO oncely_effect_attempts (effect_id, n, kind, idem_key, started_at, \
+             finished_at, outcome, http_status, provider_ids, detail) VALUES {}",
+            values.join(", ")
+        ));
+        for item in items {
+            let e = item.evidence;
+            let n = last.entry(item.effect.id.as_str()).or_insert(0);
+            *n += 1;
+            insert = insert
+                .bind(item.effect.id.as_str())
+                .bind(*n)
+                .bind(match e.kind {
+                    EvidenceKind::Call => "call",
+                    EvidenceKind::Status => "status",
+                })
+                .bind(e.key.as_str())
+                .bind(e.started_at)
+                .bind(e.finished_at)
+                .bind(e.outcome.as_str())
+                // No status is bound as 0 and stored NULL: a bound NULL is text on
+                // PostgreSQL, which an integer column refuses.
+                .bind(e.http_status.map_or(0, i64::from))
+                .bind(e.provider_ids.join(","))
+                .bind(e.detail.as_str());
+        }
+        tx.execute(insert).await?;
         Ok(())
     }
 
@@ -860,6 +946,68 @@ impl EffectStore {
     }
 }
 
+/// One effect's settle in [`EffectStore::settle_batch`]: the effect as claimed (its lease
+/// version fences the update), the state it settles into and the evidence of the call or
+/// status check.
+#[derive(Debug, Clone, Copy)]
+pub struct SettleItem<'a> {
+    /// The effect as claimed.
+    pub effect: &'a Effect,
+    /// What it settles into.
+    pub settle: &'a Settle,
+    /// The evidence of the call or status check just made.
+    pub evidence: &'a Evidence,
+}
+
+/// Rows per settle statement (each row binds 13 values, each evidence row 10: far below
+/// every backend's placeholder limit).
+const SETTLE_CHUNK: usize = 500;
+
+/// One effect's fenced settle update, as every backend binds it.
+pub(crate) struct SettleRow {
+    pub(crate) id: String,
+    /// The version the effect was claimed with: the update applies only while it holds.
+    pub(crate) lease_version: i64,
+    /// Subtracted from `attempts`.
+    pub(crate) uncount: i64,
+    /// Added to `checks`.
+    pub(crate) checks: i64,
+    pub(crate) state: &'static str,
+    pub(crate) available_at: i64,
+    pub(crate) provider_id: Option<String>,
+    pub(crate) response: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) key: String,
+    pub(crate) key_generation: i64,
+    /// The new `unavailable_streak`.
+    pub(crate) streak: i64,
+}
+
+impl SettleRow {
+    fn of(item: &SettleItem<'_>) -> Self {
+        let (effect, evidence) = (item.effect, item.evidence);
+        let f = SettleFields::of(effect, item.settle);
+        Self {
+            id: effect.id.clone(),
+            lease_version: effect.lease_version,
+            uncount: f.uncount,
+            checks: i64::from(evidence.kind == EvidenceKind::Status && f.counts_check),
+            state: f.state.as_str(),
+            available_at: f.available_at.unwrap_or(effect.available_at),
+            provider_id: f.provider_id,
+            response: f.response,
+            error: f.error,
+            key: f.key,
+            key_generation: f.key_generation,
+            streak: if f.raise_streak {
+                i64::from(effect.unavailable_streak).saturating_add(1)
+            } else {
+                0
+            },
+        }
+    }
+}
+
 /// The column values a [`Settle`] writes.
 struct SettleFields {
     state: EffectState,
@@ -987,4 +1135,27 @@ pub(crate) trait EffectsBackend: Store {
 
     /// Claims as [`EffectStore::claim`] documents, returning the claimed rows as updated.
     async fn claim(&self, claim: &Claim<'_>) -> Result<Vec<Effect>, StoreError>;
+
+    /// Applies `rows` in `tx` in one statement, each fenced by its lease version, setting
+    /// `updated_at` to `now_ms`; per row whether it was held. `None` (the default) where
+    /// the backend has no multi-row update with `RETURNING`: the portable one-by-one
+    /// update runs instead.
+    async fn settle_rows(
+        tx: &mut Self::Tx,
+        rows: &[SettleRow],
+        now_ms: i64,
+    ) -> Result<Option<Vec<bool>>, StoreError> {
+        let _ = (tx, rows, now_ms);
+        Ok(None)
+    }
+}
+
+/// Per row of `rows`, whether `updated` (the `(id, lease_version)` pairs a multi-row
+/// settle returned) holds it.
+pub(crate) fn held_rows(rows: &[SettleRow], updated: &[(String, i64)]) -> Vec<bool> {
+    let updated: std::collections::HashSet<(&str, i64)> =
+        updated.iter().map(|(id, v)| (id.as_str(), *v)).collect();
+    rows.iter()
+        .map(|r| updated.contains(&(r.id.as_str(), r.lease_version)))
+        .collect()
 }

@@ -103,7 +103,7 @@ pub use db::DbOptions;
 pub use dialect::{in_list, sql_text, Dialect};
 pub use effects::{
     Effect, EffectState, EffectStore, Enqueued, Evidence, EvidenceKind, EvidenceRow, NewEffect,
-    Resolution, Settle,
+    Resolution, Settle, SettleItem,
 };
 pub use error::{is_lock_conflict, StoreError};
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};

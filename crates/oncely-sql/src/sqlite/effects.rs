@@ -1,7 +1,10 @@
-//! [`EffectsBackend`] on SQLite: one statement on the single writer, so claims never race.
+//! [`EffectsBackend`] on SQLite: one statement on the single writer, so claims never race;
+//! a group of settles as one `UPDATE … FROM` a `VALUES` list.
 
 use super::SqliteStore;
-use crate::effects::{Claim, Effect, EffectsBackend, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS};
+use crate::effects::{
+    held_rows, Claim, Effect, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS,
+};
 use crate::StoreError;
 
 impl EffectsBackend for SqliteStore {
@@ -18,5 +21,44 @@ impl EffectsBackend for SqliteStore {
             .bind(claim.limit)
             .fetch_all(self.writer())
             .await?)
+    }
+
+    async fn settle_rows(
+        tx: &mut Self::Tx,
+        rows: &[SettleRow],
+        now_ms: i64,
+    ) -> Result<Option<Vec<bool>>, StoreError> {
+        let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+        // The VALUES columns are prefixed: SET's unqualified names are the table's.
+        let sql = format!(
+            "WITH v (v_id, v_lease_version, v_uncount, v_checks, v_state, v_available_at, \
+             v_provider_id, v_response, v_last_error, v_idem_key, v_key_generation, v_streak) \
+             AS (VALUES {values}) \
+             UPDATE oncely_effects SET attempts = attempts - v_uncount, \
+             checks = checks + v_checks, state = v_state, available_at = v_available_at, \
+             provider_id = v_provider_id, response = v_response, last_error = v_last_error, \
+             idem_key = v_idem_key, key_generation = v_key_generation, locked_by = NULL, \
+             locked_until = NULL, updated_at = ?, unavailable_streak = v_streak \
+             FROM v WHERE id = v_id AND lease_version = v_lease_version \
+             RETURNING id, lease_version"
+        );
+        let mut q = sqlx::query_as(&sql);
+        for r in rows {
+            q = q
+                .bind(r.id.as_str())
+                .bind(r.lease_version)
+                .bind(r.uncount)
+                .bind(r.checks)
+                .bind(r.state)
+                .bind(r.available_at)
+                .bind(r.provider_id.as_deref())
+                .bind(r.response.as_deref())
+                .bind(r.error.as_deref())
+                .bind(r.key.as_str())
+                .bind(r.key_generation)
+                .bind(r.streak);
+        }
+        let updated: Vec<(String, i64)> = q.bind(now_ms).fetch_all(&mut **tx).await?;
+        Ok(Some(held_rows(rows, &updated)))
     }
 }
