@@ -795,22 +795,22 @@ impl EffectRunner {
             .increment(1);
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
-            Ok(StatusOutcome::Found(objects)) => Self::found(effect, started, &objects),
+            Ok(StatusOutcome::Found(objects)) => Ok(Self::found(effect, started, &objects)),
             Ok(StatusOutcome::Absent) => self.absent(lane, effect, started).await,
             Ok(StatusOutcome::NotYetVisible { settles_at }) => {
                 let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
-                self.still_unknown(
+                Ok(self.still_unknown(
                     effect,
                     started,
                     checks,
                     "not_yet_visible",
                     at,
                     "the lookup may lag",
-                )
+                ))
             }
             Err(e) if e.is_unavailable() => {
                 let decision = self.decide_outage(lane, effect, OutcomeClass::NotSent, None);
-                Self::unavailable(effect, started, decision, &e.to_string())
+                Ok(Self::unavailable(effect, started, decision, &e.to_string()))
             }
             Err(e) => {
                 let error = e.to_string();
@@ -838,11 +838,7 @@ impl EffectRunner {
 
     /// The provider has objects for the effect: settled from the live one (or, when none is
     /// live, the refused one). More than one is noted in the evidence for reconciliation.
-    fn found(
-        effect: &Effect,
-        started: i64,
-        objects: &[RemoteObject],
-    ) -> Result<Pending, StoreError> {
+    fn found(effect: &Effect, started: i64, objects: &[RemoteObject]) -> Pending {
         let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
         let object = objects.iter().find(|o| o.effective).unwrap_or(&objects[0]);
         let detail = if objects.len() > 1 {
@@ -867,24 +863,19 @@ impl EffectRunner {
                 provider_id: object.id.clone(),
                 response: object.raw.to_string(),
             };
-            return Ok(Self::pending(
-                effect,
-                &settle,
-                &evidence,
-                Some(Settled::Succeeded(object)),
-            ));
+            return Self::pending(effect, &settle, &evidence, Some(Settled::Succeeded(object)));
         }
         let error = format!("found {} {}", object.id, object.status);
         let settle = Settle::Failed {
             error: error.clone(),
             response: Some(object.raw.to_string()),
         };
-        Ok(Self::pending(
+        Self::pending(
             effect,
             &settle,
             &evidence,
             Some(Settled::Failed { error: &error }),
-        ))
+        )
     }
 
     /// The provider has nothing for the effect: it is sent again with the same key — or,
@@ -978,7 +969,7 @@ impl EffectRunner {
         started: i64,
         decision: RetryDecision,
         detail: &str,
-    ) -> Result<Pending, StoreError> {
+    ) -> Pending {
         let evidence = evidence(
             EvidenceKind::Status,
             &effect.key,
@@ -993,7 +984,7 @@ impl EffectRunner {
                 at: now_ms() + ms(wait),
                 error: detail.to_owned(),
             };
-            return Ok(Self::pending(effect, &settle, &evidence, None));
+            return Self::pending(effect, &settle, &evidence, None);
         }
         let error = format!(
             "outcome still unknown, gave up ({}): {detail}",
@@ -1002,12 +993,12 @@ impl EffectRunner {
         let settle = Settle::GaveUpUnavailable {
             error: error.clone(),
         };
-        Ok(Self::pending(
+        Self::pending(
             effect,
             &settle,
             &evidence,
             Some(Settled::NeedsReview { error: &error }),
-        ))
+        )
     }
 
     fn still_unknown(
@@ -1018,7 +1009,7 @@ impl EffectRunner {
         outcome: &str,
         at: i64,
         detail: &str,
-    ) -> Result<Pending, StoreError> {
+    ) -> Pending {
         let evidence = evidence(
             EvidenceKind::Status,
             &effect.key,
@@ -1030,7 +1021,7 @@ impl EffectRunner {
         );
         if checks >= self.config.max_checks {
             let error = format!("outcome still unknown after {checks} status checks: {detail}");
-            return Self::park(effect, &evidence, error);
+            return Self::park(effect, &evidence, &error);
         }
         // The deadline ends the waiting too; the outcome may be an effect, so a person
         // decides (never `failed`, never a blind call).
@@ -1041,25 +1032,25 @@ impl EffectRunner {
             .is_some_and(|d| since(effect.created_at) >= d)
         {
             let error = format!("outcome still unknown at the deadline: {detail}");
-            return Self::park(effect, &evidence, error);
+            return Self::park(effect, &evidence, &error);
         }
         let settle = Settle::Unknown {
             at,
             error: detail.to_owned(),
         };
-        Ok(Self::pending(effect, &settle, &evidence, None))
+        Self::pending(effect, &settle, &evidence, None)
     }
 
     /// Parks `effect` in `needs_review` with `error`.
-    fn park(effect: &Effect, evidence: &Evidence, error: String) -> Result<Pending, StoreError> {
-        Ok(Self::pending(
+    fn park(effect: &Effect, evidence: &Evidence, error: &str) -> Pending {
+        Self::pending(
             effect,
             &Settle::NeedsReview {
-                error: error.clone(),
+                error: error.to_owned(),
             },
             evidence,
-            Some(Settled::NeedsReview { error: &error }),
-        ))
+            Some(Settled::NeedsReview { error }),
+        )
     }
 
     /// The outcome of a call or check, for the settle stage.
