@@ -89,7 +89,7 @@ pub use fulfilment::{
 pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use openapi::document as openapi_document;
 pub use orders::{NewOrder, OrderItem};
-pub use ready::{Dependency, CHECK_TIMEOUT};
 pub use payments::{PaymentFault, PaymentsSettings, OPERATIONS_ROUTE, PAYMENT_ROUTE};
 pub use payments_source::PaymentsSource;
+pub use ready::{Dependency, CHECK_TIMEOUT};
 pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};

@@ -33,7 +33,6 @@ pub(crate) struct PaymentRow {
     pub(crate) updated_at: i64,
 }
 
-
 /// One evidence row: a call (`kind` = `call`) or a status check (`status`); times in Unix
 /// milliseconds.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]

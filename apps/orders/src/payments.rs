@@ -71,7 +71,7 @@ pub struct PaymentsSettings {
 }
 
 #[derive(Clone)]
-struct Pay {
+pub(crate) struct Pay {
     db: Database,
     settings: PaymentsSettings,
 }
@@ -323,8 +323,9 @@ pub(crate) async fn create_payment(
     let input: NewPaymentBody = if body.iter().all(u8::is_ascii_whitespace) {
         NewPaymentBody::default()
     } else {
-        match serde_json::from_slice(&body) {
-            Ok(b) => b,
+        // `null` is no body too (the document's body is optional).
+        match serde_json::from_slice::<Option<NewPaymentBody>>(&body) {
+            Ok(b) => b.unwrap_or_default(),
             Err(e) => {
                 return not_stored(
                     Problem::new(

@@ -155,18 +155,37 @@ impl Browser {
     }
 
     async fn find(&self, css: &str) -> String {
-        let found = self.find_all(css).await;
-        assert!(!found.is_empty(), "no {css} on {}", self.path().await);
+        // A click that submits a form returns before the next page has loaded: wait for it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut found = self.find_all(css).await;
+        while found.is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            found = self.find_all(css).await;
+        }
+        if found.is_empty() {
+            let source = self.call(reqwest::Method::GET, "/source", None).await;
+            panic!("no {css} on {}; the page: {source:?}", self.path().await);
+        }
         found[0].clone()
     }
 
     async fn text(&self, css: &str) -> String {
-        let e = self.find(css).await;
-        let t = self
-            .call(reqwest::Method::GET, &format!("/element/{e}/text"), None)
-            .await
-            .unwrap();
-        t.as_str().unwrap().to_owned()
+        // The element may go stale if the page it was found on is still being replaced.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let e = self.find(css).await;
+            match self
+                .call(reqwest::Method::GET, &format!("/element/{e}/text"), None)
+                .await
+            {
+                Ok(t) => return t.as_str().unwrap().to_owned(),
+                Err(err) if std::time::Instant::now() < deadline => {
+                    eprintln!("console: text of {css} again after {err}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(err) => panic!("no text of {css}: {err}"),
+            }
+        }
     }
 
     async fn type_in(&self, css: &str, text: &str) {

@@ -115,7 +115,8 @@ async fn resolve_refuses_a_misfit_and_acknowledges(
 pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row(
     t: TestDb,
 ) {
-    t.db.migrate().await.unwrap();
+    // The order service's database: the command also reads its payments endpoint's charges.
+    orders::migrate(&t.db).await.unwrap();
     let sim = PaymentsSim::new(PaymentsConfig {
         secret_keys: vec![SK.into()],
         ..PaymentsConfig::default()
