@@ -90,6 +90,8 @@ pub(super) fn provider_args(payments: &str, shipping: &str) -> Vec<String> {
 pub(super) struct Slot {
     pub(super) name: &'static str,
     pub(super) args: Vec<String>,
+    /// Extra environment of each start (a fault injection, say).
+    pub(super) env: Vec<(String, String)>,
     pub(super) child: Option<Child>,
     pub(super) started: u64,
 }
@@ -105,6 +107,7 @@ impl Slot {
             .env("ONCELY_DATABASE_URL", url)
             .env("ONCELY_LOG", "info")
             .env("ONCELY_DB_MAX_CONNECTIONS", "3")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
@@ -177,6 +180,7 @@ fn fleet(providers: &[String]) -> Vec<Slot> {
             (0..2).map(move |_| Slot {
                 name,
                 args: args.clone(),
+                env: Vec::new(),
                 child: None,
                 started: 0,
             })

@@ -11,8 +11,13 @@
 //! refunded or never made, no live shipment), or its saga waits in `needs_review` with
 //! evidence; never charged without stock, never refunded and shipped.
 //!
-//! Knobs: `ONCELY_SAGA_CHAOS_ORDERS` (per backend: PostgreSQL 1000, MariaDB and SQLite
-//! 200), `ONCELY_CHAOS_KILLS` (at least this many SIGKILLs, 30), `ONCELY_CHAOS_SEED`,
+//! `…_runner_aborted_after_every_provider_call_…` (every backend): the crash at the exact
+//! step boundary. The effects runner process aborts right after each provider call of a
+//! saga step (the charge, the shipment booking that is the pivot, a refund, a cancelled
+//! booking) returns and before its outcome is recorded, and is restarted; every step is then
+//! settled from a status check after the lease, never by a second call.
+//!
+//! Knobs: `ONCELY_SAGA_CHAOS_ORDERS` (1000 on every backend), `ONCELY_CHAOS_KILLS` (at least this many SIGKILLs, 30), `ONCELY_CHAOS_SEED`,
 //! `ONCELY_CHAOS_FAULT_RATE` (0.05).
 
 use std::collections::BTreeMap;
@@ -25,6 +30,11 @@ use serde_json::{json, Value};
 
 use super::chaos::{chaos_dir, faults, provider_args, strings, strs, Slot};
 use super::{env_u64, serve_with, sim, stats, Rng, API_KEY};
+
+oncely_testkit::matrix! {
+    tests: [sagas_whose_runner_is_aborted_after_every_provider_call_end_fulfilled_or_compensated],
+    cannot_apply: [],
+}
 
 /// A SKU the shipping simulator refuses for good.
 const FRAGILE: &str = "sku-fragile";
@@ -42,16 +52,18 @@ async fn postgres_one_thousand_sagas_through_processes_sigkilled_at_random_end_f
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mysql_sagas_through_processes_sigkilled_at_random_end_fulfilled_or_compensated() {
+async fn mysql_one_thousand_sagas_through_processes_sigkilled_at_random_end_fulfilled_or_compensated(
+) {
     if let Some(t) = TestDb::new(TestBackend::MySql).await {
-        saga_orders(t, 200).await;
+        saga_orders(t, 1000).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_sagas_through_processes_sigkilled_at_random_end_fulfilled_or_compensated() {
+async fn sqlite_one_thousand_sagas_through_processes_sigkilled_at_random_end_fulfilled_or_compensated(
+) {
     if let Some(t) = TestDb::new(TestBackend::Sqlite).await {
-        saga_orders(t, 200).await;
+        saga_orders(t, 1000).await;
     }
 }
 
@@ -200,6 +212,7 @@ fn fleet(providers: &[String]) -> Vec<Slot> {
             (0..2).map(move |_| Slot {
                 name,
                 args: args.clone(),
+                env: Vec::new(),
                 child: None,
                 started: 0,
             })
@@ -526,4 +539,137 @@ async fn assert_each_order_ends_consistent(
             "{sku}: available {available} + consumed or held {gone} != {initial}"
         );
     }
+}
+
+/// Orders of every plan through a saga whose one effects runner process is started with
+/// `ONCELY_FAULT=runner-abort-after-call`: it aborts (as a SIGKILL would end it) as soon as
+/// any provider call returns, before the outcome is recorded, and is restarted at once —
+/// so every step boundary with a provider call (charge, booking, refund, cancellation) is
+/// crossed through a crash after the provider acted. The simulators inject no other fault.
+/// At the end every order ends as the 1,000-order run requires; the runner aborted at least
+/// once per provider object created; every settled call effect was settled from a status
+/// check (its evidence has one), and no reference reached the provider twice.
+pub(crate) async fn sagas_whose_runner_is_aborted_after_every_provider_call_end_fulfilled_or_compensated(
+    t: TestDb,
+) {
+    const N: u64 = 12;
+    let seed = env_u64("ONCELY_CHAOS_SEED", oncely_core::now_ms() as u64) | 1;
+    let logs = chaos_dir(&format!("saga-abort-{}", uuid::Uuid::new_v4().simple()));
+    eprintln!(
+        "saga abort: {N} orders, seed {seed}, logs {}",
+        logs.display()
+    );
+    orders::migrate(&t.db).await.unwrap();
+    let (payments, _) = sim("payments", &strs(&faults(0.0, seed)));
+    let mut ship_args = faults(0.0, seed);
+    ship_args.extend(strings(&["--undeliverable-sku", FRAGILE]));
+    let (shipping, _) = sim("shipping", &strs(&ship_args));
+    let providers = provider_args(&payments.base, &shipping.base);
+    let mut serve_args = strings(&["--no-relay", "--no-consumer", "--no-runner"]);
+    serve_args.extend(strings(&["--fulfilment", "saga"]));
+    serve_args.extend(providers.iter().cloned());
+    let server = serve_with(&t.url, &strs(&serve_args));
+    let stock = [("sku-a", 2 * N as i64), ("sku-b", 2), (FRAGILE, N as i64)];
+    for (sku, units) in stock {
+        put_stock(&server.base, sku, units).await;
+    }
+    let mut slots = fleet(&providers);
+    // One relay, one consumer, one runner: the runner with the fault and a short lease.
+    slots.dedup_by(|a, b| a.name == b.name);
+    for s in &mut slots {
+        if s.name == "runner" {
+            s.env = vec![(
+                "ONCELY_FAULT".to_owned(),
+                "runner-abort-after-call".to_owned(),
+            )];
+            // A refusal that leaves nothing at the provider (the undeliverable SKU's 422)
+            // dies with the process each time: the status check proves it absent, so it is
+            // sent again, up to the attempt limit, then failed and compensated.
+            let lease = s
+                .args
+                .iter()
+                .position(|a| a == "--runner-lease-secs")
+                .unwrap();
+            s.args[lease + 1] = "2".to_owned();
+            s.args.extend(strings(&["--runner-max-attempts", "3"]));
+        }
+        s.start(&t.url, &logs);
+    }
+    wait_for_subscription(&t).await;
+    let mut rng = Rng(seed);
+    // Every plan at least once, the rest drawn.
+    let mut plans = vec![
+        Plan::Plain,
+        Plan::Scarce,
+        Plan::Declined,
+        Plan::Fragile,
+        Plan::Cancelled,
+    ];
+    plans.extend((plans.len() as u64..N).map(|_| plan(&mut rng)));
+    let posted = Arc::new(AtomicUsize::new(0));
+    let ids = post_orders(server.base.clone(), plans, seed, posted).await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut aborts = 0u64;
+    loop {
+        for s in &mut slots {
+            let exited = s.child.as_mut().unwrap().try_wait().unwrap();
+            if let Some(status) = exited {
+                assert_eq!(s.name, "runner", "{} exited: {status:?}", s.name);
+                assert!(!status.success(), "the runner exited cleanly: {status:?}");
+                aborts += 1;
+                s.start(&t.url, &logs);
+            }
+        }
+        let states = saga_states(&t).await;
+        let open = states.get("running").copied().unwrap_or(0)
+            + states.get("compensating").copied().unwrap_or(0);
+        if states.values().sum::<i64>() == N as i64 && open == 0 {
+            eprintln!("saga abort: sagas {states:?} after {aborts} runner aborts");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sagas not ended within 10 minutes: {states:?}, {aborts} aborts"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_each_order_ends_consistent(&t, &payments.base, &shipping.base, &ids, &stock).await;
+    assert_settled_by_status_checks(&t, aborts).await;
+    drop(slots);
+    drop(server);
+}
+
+/// Every effect a call settled was settled from a status check (the call's own outcome died
+/// with the process), and the runner aborted at least once per effect that reached a
+/// provider.
+async fn assert_settled_by_status_checks(t: &TestDb, aborts: u64) {
+    let store = oncely_sql::EffectStore::new(t.db.clone());
+    let effects = store.list(None, 1_000).await.unwrap();
+    let mut sent = 0u64;
+    for effect in &effects {
+        let evidence = store.evidence(&effect.id).await.unwrap();
+        let kinds: Vec<String> = evidence
+            .iter()
+            .map(|e| format!("{}:{}", e.kind, e.outcome))
+            .collect();
+        if effect.state_word == "succeeded" || effect.state_word == "failed" {
+            if kinds.iter().any(|k| k.starts_with("status:")) {
+                sent += 1;
+            }
+            assert!(
+                !kinds.iter().any(|k| k == "call:succeeded"),
+                "{} {}: settled by its call although the runner aborts after every call: \
+                 {kinds:?}",
+                effect.reference,
+                effect.state_word
+            );
+        }
+    }
+    eprintln!(
+        "saga abort: {} effects, {sent} settled from a status check, {aborts} aborts",
+        effects.len()
+    );
+    assert!(sent > 0, "no effect was settled from a status check");
+    assert!(aborts >= 1, "the runner never aborted");
 }
