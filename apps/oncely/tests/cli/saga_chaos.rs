@@ -590,7 +590,7 @@ pub(crate) async fn sagas_whose_runner_is_aborted_after_every_provider_call_end_
                 .iter()
                 .position(|a| a == "--runner-lease-secs")
                 .unwrap();
-            s.args[lease + 1] = "2".to_owned();
+            "2".clone_into(&mut s.args[lease + 1]);
             s.args.extend(strings(&["--runner-max-attempts", "3"]));
         }
         s.start(&t.url, &logs);
