@@ -252,8 +252,9 @@ pub(crate) enum EffectsCommand {
 }
 
 /// The order service's completion of its effects (an invoice marked paid and `invoice.paid`
-/// for a succeeded charge), in the transaction that settles each: the one handler every
-/// runner, reconciler and operator resolution of this binary uses.
+/// for a succeeded charge), in the transaction that settles each: the runners' handler under
+/// the choreography (under the saga, the orchestrator's inner one). Resolutions and
+/// reconcilers use [`orders::resolution_handler`], which also continues a saga's step.
 pub(crate) fn service_handler(events_topic: &str) -> Arc<dyn EffectHandler> {
     Arc::new(orders::OrderEffects::new(events_topic))
 }
@@ -384,9 +385,9 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
                 actor: &actor,
                 reason: &reason,
             };
-            // The business update the runner would have made (invoice paid, invoice.paid)
-            // commits with the resolution and its audit row.
-            let handler = service_handler(&events_topic);
+            // The business update the runner would have made (invoice paid, invoice.paid;
+            // a saga step's continuation) commits with the resolution and its audit row.
+            let handler = orders::resolution_handler(store.database().clone(), &events_topic);
             let e =
                 oncely_effects::resolve_effect(&store, &*handler, &id, &resolution, now).await?;
             println!("{}", row(&e));

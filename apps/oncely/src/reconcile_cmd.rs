@@ -249,7 +249,7 @@ pub(crate) fn reconcilers(
     effects: &oncely_runtime::EffectsConfig,
     events_topic: &str,
 ) -> anyhow::Result<Vec<Reconciler>> {
-    let handler = crate::effects_cmd::service_handler(events_topic);
+    let handler = orders::resolution_handler(db.clone(), events_topic);
     Ok(effects
         .providers()?
         .into_iter()
@@ -295,7 +295,7 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     let provider = provider(name, run)?;
     let operation = oncely_effects::default_operation(provider.name()).unwrap_or("charge");
     // A completed charge marks its invoice paid, as the runner's settle would.
-    let handler = crate::effects_cmd::service_handler(&run.events_topic);
+    let handler = orders::resolution_handler(db.clone(), &run.events_topic);
     let reconciler = Reconciler::new(
         provider,
         EffectStore::new(db.clone()),

@@ -215,6 +215,22 @@ pub fn orchestrator(
         .chain(inner)
 }
 
+/// The handler an operator's resolution (`oncely effects resolve`, the console) and a
+/// reconciler complete an effect with, whichever way the service fulfils orders: an effect
+/// of a fulfilment saga's step continues its saga (the steps it schedules next get the
+/// default [`FulfilmentConfig`] timeouts), any other effect gets the choreography's
+/// completion, [`crate::OrderEffects`] (an invoice paid and `invoice.paid` to
+/// `events_topic`). Resolving a saga's charge with the choreography's handler alone would
+/// leave its saga waiting on a step that is already settled.
+pub fn resolution_handler(db: Database, events_topic: &str) -> Arc<dyn EffectHandler> {
+    Arc::new(orchestrator(
+        db,
+        &FulfilmentConfig::default(),
+        OrchestratorConfig::default(),
+        Arc::new(crate::OrderEffects::new(events_topic)),
+    ))
+}
+
 /// The `fulfilment` handler: for each `order.created`, starts the order's saga (id = the
 /// order id, input = the event's payload, the order as created) in the consumer's
 /// transaction; its first step, the stock reservation, commits with the inbox row. A

@@ -83,8 +83,8 @@ pub use events::{INVOICE_PAID, ORDERS_TOPIC, ORDER_CREATED};
 pub use flow::{OrderEffects, BOOK, CHARGE, PAYMENTS, SHIPPING};
 pub use fulfilment::{
     definition as fulfilment_definition, fulfilment_consumer,
-    orchestrator as fulfilment_orchestrator, saga_definitions, Fulfilment, FulfilmentConfig,
-    FulfilmentHandler, CANCEL, FULFILMENT_CONSUMER, ORDER_SAGA, REFUND,
+    orchestrator as fulfilment_orchestrator, resolution_handler, saga_definitions, Fulfilment,
+    FulfilmentConfig, FulfilmentHandler, CANCEL, FULFILMENT_CONSUMER, ORDER_SAGA, REFUND,
 };
 pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use openapi::document as openapi_document;

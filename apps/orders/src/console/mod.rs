@@ -430,9 +430,9 @@ async fn resolve_effect(
     };
     let store = EffectStore::new(c.db.clone());
     // The service's completion (invoice paid, `invoice.paid`) commits with the resolution.
-    let handler = crate::OrderEffects::new(&c.events_topic);
+    let handler = crate::resolution_handler(c.db.clone(), &c.events_topic);
     let now = oncely_core::now_ms();
-    match oncely_effects::resolve_effect(&store, &handler, &id, &resolution, now).await {
+    match oncely_effects::resolve_effect(&store, &*handler, &id, &resolution, now).await {
         Ok(e) => {
             let text = format!("Effect {} is {} now.", e.id, e.state_word);
             html(
