@@ -1,17 +1,13 @@
 use std::time::Duration;
 
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
-};
-use lapin::publisher_confirm::Confirmation;
+use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use oncely_core::MessageId;
 
 use crate::dead_letter::preview;
 use crate::message::headers;
-use crate::rabbitmq_subscriber::{long, value_str};
+use crate::rabbitmq_subscriber::{long, publish_to_queue, value_str, QueueConfirm};
 use crate::subscriber::retry_headers;
 use crate::{BoxFuture, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters, Requeue};
 
@@ -275,29 +271,18 @@ impl RabbitMqDeadLetters {
         queue: &str,
         got: &Got,
     ) -> Result<(), DeadLetterError> {
-        let confirm = publish
-            .basic_publish(
-                "",
-                queue,
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &got.delivery.data,
-                Self::requeue_properties(got),
-            )
-            .await
-            .map_err(|e| unavailable(&e))?;
-        match tokio::time::timeout(self.config.confirm_timeout, confirm).await {
-            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)))) => Err(
-                DeadLetterError::rejected(format!("queue {queue} does not exist")),
-            ),
-            Ok(Ok(other)) => Err(DeadLetterError::rejected(format!(
-                "requeue to {queue} not confirmed: {other:?}"
+        let props = Self::requeue_properties(got);
+        let timeout = self.config.confirm_timeout;
+        match publish_to_queue(publish, queue, &got.delivery.data, props, timeout).await {
+            QueueConfirm::Confirmed => Ok(()),
+            QueueConfirm::NoQueue => Err(DeadLetterError::rejected(format!(
+                "queue {queue} does not exist"
             ))),
-            Ok(Err(e)) => Err(unavailable(&e)),
-            Err(_) => Err(DeadLetterError::unavailable(format!(
+            QueueConfirm::NotConfirmed(why) => Err(DeadLetterError::rejected(format!(
+                "requeue to {queue} not confirmed: {why}"
+            ))),
+            QueueConfirm::Unavailable(e) => Err(DeadLetterError::unavailable(e)),
+            QueueConfirm::TimedOut => Err(DeadLetterError::unavailable(format!(
                 "no confirm for the requeue to {queue}"
             ))),
         }

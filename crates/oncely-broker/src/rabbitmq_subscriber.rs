@@ -137,6 +137,56 @@ impl std::fmt::Debug for RabbitMqSubscriber {
     }
 }
 
+/// What a persistent publish to one queue through the default exchange (`mandatory`, so an
+/// absent queue comes back as a return) came to, by its publisher confirm.
+pub(crate) enum QueueConfirm {
+    /// Acknowledged by the broker and routed.
+    Confirmed,
+    /// Returned: the queue does not exist.
+    NoQueue,
+    /// Neither acknowledged nor returned (a nack): the broker did not take it.
+    NotConfirmed(String),
+    /// The channel or connection failed.
+    Unavailable(String),
+    /// No confirm within the timeout.
+    TimedOut,
+}
+
+/// Publishes `body` with `props` to `queue` through the default exchange and waits up to
+/// `timeout` for its publisher confirm (the channel must be in confirm mode): the requeue
+/// and retry copies of the subscriber and the dead-letter requeue alike.
+pub(crate) async fn publish_to_queue(
+    channel: &lapin::Channel,
+    queue: &str,
+    body: &[u8],
+    props: lapin::BasicProperties,
+    timeout: Duration,
+) -> QueueConfirm {
+    let confirm = match channel
+        .basic_publish(
+            "",
+            queue,
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            props,
+        )
+        .await
+    {
+        Ok(confirm) => confirm,
+        Err(e) => return QueueConfirm::Unavailable(e.to_string()),
+    };
+    match tokio::time::timeout(timeout, confirm).await {
+        Ok(Ok(Confirmation::Ack(None))) => QueueConfirm::Confirmed,
+        Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)))) => QueueConfirm::NoQueue,
+        Ok(Ok(other)) => QueueConfirm::NotConfirmed(format!("{other:?}")),
+        Ok(Err(e)) => QueueConfirm::Unavailable(e.to_string()),
+        Err(_) => QueueConfirm::TimedOut,
+    }
+}
+
 fn unavailable(e: &lapin::Error) -> SubscribeError {
     SubscribeError::unavailable(e.to_string())
 }
@@ -392,29 +442,16 @@ impl RabbitMqSubscriber {
         if let Some(ttl) = expiration {
             props = props.with_expiration(ttl.as_millis().max(1).to_string().into());
         }
-        let confirm = channel
-            .basic_publish(
-                "",
-                queue,
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &h.body,
-                props,
-            )
-            .await
-            .map_err(|e| unavailable(&e))?;
-        match tokio::time::timeout(self.config.confirm_timeout, confirm).await {
-            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)))) => Err(
-                SubscribeError::rejected(format!("queue {queue} does not exist")),
-            ),
-            Ok(Ok(other)) => Err(SubscribeError::rejected(format!(
-                "copy to {queue} not confirmed: {other:?}"
+        match publish_to_queue(&channel, queue, &h.body, props, self.config.confirm_timeout).await {
+            QueueConfirm::Confirmed => Ok(()),
+            QueueConfirm::NoQueue => Err(SubscribeError::rejected(format!(
+                "queue {queue} does not exist"
             ))),
-            Ok(Err(e)) => Err(unavailable(&e)),
-            Err(_) => Err(SubscribeError::unavailable(format!(
+            QueueConfirm::NotConfirmed(why) => Err(SubscribeError::rejected(format!(
+                "copy to {queue} not confirmed: {why}"
+            ))),
+            QueueConfirm::Unavailable(e) => Err(SubscribeError::unavailable(e)),
+            QueueConfirm::TimedOut => Err(SubscribeError::unavailable(format!(
                 "no confirm for the copy to {queue}"
             ))),
         }
