@@ -36,6 +36,7 @@ oncely_testkit::matrix! {
         a_declined_card_rejects_the_order_and_restores_the_stock,
         a_refused_shipment_refunds_the_charge_and_restores_the_stock,
         a_cancel_before_the_pivot_compensates_and_after_it_answers_409,
+        a_charge_resolved_by_an_operator_continues_its_saga,
     ],
 }
 
@@ -122,6 +123,12 @@ fn providers(payments: &str, shipping: &str) -> Vec<Arc<dyn Provider>> {
 
 impl Saga {
     async fn start(db: &Database) -> Self {
+        Self::start_with(db, true).await
+    }
+
+    /// The service as [`Saga::start`]; without `payments_lane` its effect runner holds
+    /// the shipping provider only, so nothing claims a charge.
+    async fn start_with(db: &Database, payments_lane: bool) -> Self {
         orders::migrate(db).await.unwrap();
         let payments = PaymentsSim::new(PaymentsConfig {
             secret_keys: vec![SK.to_owned()],
@@ -190,7 +197,10 @@ impl Saga {
         tokio::spawn(consumer.run(stop.clone()));
         let runner = Arc::new(EffectRunner::new(
             EffectStore::new(db.clone()),
-            providers(&payments_srv.base, &shipping_srv.base),
+            providers(&payments_srv.base, &shipping_srv.base)
+                .into_iter()
+                .filter(|p| payments_lane || p.name() != "payments")
+                .collect(),
             orchestrator.clone(),
             RunnerConfig {
                 lease: Duration::from_secs(10),
@@ -516,4 +526,70 @@ async fn a_cancel_before_the_pivot_compensates_and_after_it_answers_409(t: TestD
     assert_eq!(problem["type"], "urn:oncely:problem:order-not-cancellable");
     assert_eq!(s.get(KEY_A, &done).await.1["status"], "fulfilled");
     assert_eq!(s.stock(KEY_A, "sku-1").await, (3, 0));
+}
+
+/// An operator resolves a saga's charge whose outcome the runner could not learn (the
+/// effect `unknown`: its runner died after sending, its lease ran out) as succeeded, with
+/// [`orders::resolution_handler`] — what `oncely effects resolve`, the console and the
+/// reconcilers use. The saga continues from the charge: shipped and invoiced once, nothing
+/// sent to the payments provider. (With the choreography's handler alone the saga stayed
+/// at the charge.)
+async fn a_charge_resolved_by_an_operator_continues_its_saga(t: TestDb) {
+    // No payments lane: the charge is enqueued and nothing calls it.
+    let s = Saga::start_with(&t.db, false).await;
+    s.set_stock(KEY_A, "sku-1", 5).await;
+    s.set_stock(KEY_A, "sku-2", 3).await;
+    let id = s.order(KEY_A, "op-1", two_lines(), None).await;
+    let store = EffectStore::new(t.db.clone());
+    let reference = format!("{id}:charge");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let charge = loop {
+        let effects = store.list(None, 100).await.unwrap();
+        if let Some(e) = effects.into_iter().find(|e| e.reference == reference) {
+            break e;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no charge effect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    t.db.execute(
+        oncely_sql::query("UPDATE oncely_effects SET state = 'unknown' WHERE id = $1")
+            .bind(charge.id.as_str()),
+    )
+    .await
+    .unwrap();
+    let handler = orders::resolution_handler(t.db.clone(), orders::ORDERS_TOPIC);
+    let resolution = oncely_sql::Resolution {
+        to: oncely_sql::EffectState::Succeeded,
+        provider_id: Some("pi_seen_in_the_dashboard"),
+        actor: "ops@acme",
+        reason: "the charge is in the provider's dashboard",
+    };
+    oncely_effects::resolve_effect(
+        &store,
+        &*handler,
+        &charge.id,
+        &resolution,
+        oncely_core::now_ms(),
+    )
+    .await
+    .unwrap();
+    let got = s.until(KEY_A, &id, "fulfilled").await;
+    assert_eq!(
+        log(&got),
+        [
+            row("reserve", "forward", "succeeded"),
+            row("charge", "forward", "succeeded"),
+            row("ship", "forward", "succeeded"),
+            row("invoice", "forward", "succeeded"),
+        ]
+    );
+    assert_eq!(s.stock(KEY_A, "sku-1").await, (3, 0));
+    let booked = s.shipping.stats().by_merchant_reference[&format!("{id}:ship")];
+    assert_eq!((booked.total, booked.booked), (1, 1));
+    assert_eq!(s.invoices(&id).await, 1);
+    assert_eq!(
+        s.payments.stats().payment_intents,
+        0,
+        "nothing was sent to payments"
+    );
 }
