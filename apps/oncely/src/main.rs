@@ -463,7 +463,13 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     let config = AppConfig {
         admin_token: args.admin_token.clone(),
-        broker: args.relay.broker.name().to_owned(),
+        dead_letters: {
+            let broker = args.relay.broker.config();
+            match broker.kind {
+                oncely_runtime::BrokerKind::Sql => None,
+                _ => Some(broker.dead_letters(None)?),
+            }
+        },
         api_keys,
         retention: Duration::from_secs(args.retention_secs),
         collector_interval: Duration::from_secs(args.collector_interval_secs.max(1)),

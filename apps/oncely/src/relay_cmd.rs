@@ -70,11 +70,6 @@ pub(crate) struct BrokerArgs {
 
 impl BrokerArgs {
     /// The broker configuration these arguments describe.
-    /// The broker's `--broker` name: `sql`, `rabbitmq`, `nats`, `kafka`.
-    pub(crate) fn name(&self) -> &'static str {
-        self.broker.as_str()
-    }
-
     pub(crate) fn config(&self) -> BrokerConfig {
         BrokerConfig {
             kind: self.broker,

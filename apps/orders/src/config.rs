@@ -60,9 +60,10 @@ pub struct AppConfig {
     /// The operator console's admin token (`/console`, signed in once per browser). `None`:
     /// the console is off and `/console` is a 404. Default `None`.
     pub admin_token: Option<String>,
-    /// Name of the transport the service's events travel on (`sql`, `rabbitmq`, `nats`,
-    /// `kafka`), for the console's dead-letter page. Default `sql`.
-    pub broker: String,
+    /// The dead letters of the broker the service's events travel on, for the console's
+    /// dead-letter page (list, requeue) and overview counts. `None`: the SQL transport's, in
+    /// the service's database. Default `None`.
+    pub dead_letters: Option<std::sync::Arc<dyn oncely_broker::DeadLetters>>,
 }
 
 impl Default for AppConfig {
@@ -84,7 +85,7 @@ impl Default for AppConfig {
             payments: None,
             lease_sweep_interval: Duration::from_secs(10),
             admin_token: None,
-            broker: "sql".to_owned(),
+            dead_letters: None,
         }
     }
 }

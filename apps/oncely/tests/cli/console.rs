@@ -137,6 +137,18 @@ impl Browser {
         format!("/{}", after_host.split(['?', '#']).next().unwrap_or(""))
     }
 
+    /// Waits (at most 20 s) until the browser is at `path`: a click that submits a form
+    /// returns before the next page has loaded.
+    async fn until_path(&self, path: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut now_at = self.path().await;
+        while now_at != path && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            now_at = self.path().await;
+        }
+        assert_eq!(now_at, path);
+    }
+
     async fn find_all(&self, css: &str) -> Vec<String> {
         let found = self
             .call(
@@ -359,7 +371,7 @@ pub(crate) async fn console_in_headless_chromium_requeues_a_dead_letter_and_reso
         "A tenant API key cannot open the console."
     );
     sign_in(&c, &b.base, ADMIN_TOKEN, "ops-e2e").await;
-    assert_eq!(c.path().await, "/console");
+    c.until_path("/console").await;
     assert_eq!(c.text("#count-dead-billing").await, "1");
     let cookie = c.cookie("oncely_console").await;
     assert_eq!(cookie["httpOnly"], true, "{cookie}");

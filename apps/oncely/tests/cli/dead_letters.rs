@@ -217,3 +217,140 @@ async fn inbox_dead_commands_list_and_requeue_on_kafka() {
     .map(str::to_owned);
     list_and_requeue_through_the_command(&sub, &publisher, &topic, "billing", &broker).await;
 }
+
+/// The operator console of `oncely serve --broker rabbitmq` (`--no-consumer`, so nothing
+/// but the test takes the group's messages) lists a dead letter of the broker's
+/// `billing` group — counted on the overview, a row on the dead-letter page — and its
+/// requeue form sends it back to that group with attempts reset, after which the page lists
+/// nothing. Plain HTTP with the session cookie and the page's CSRF token (the browser test
+/// is `console_in_headless_chromium_…`, on the SQL transport).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: seed at the broker, sign in, list, requeue, receive"
+)]
+async fn console_lists_and_requeues_a_dead_letter_of_the_rabbitmq_broker() {
+    use oncely_broker::{
+        RabbitMqConfig, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscriberConfig,
+    };
+    const ADMIN: &str = "console-admin-token-rabbitmq-0123";
+    let url = oncely_testkit::amqp_url();
+    if !oncely_testkit::service_reachable("RabbitMQ", &url).await {
+        return;
+    }
+    let ns = ns();
+    let prefix = format!("t.{ns}");
+    let mut pc = RabbitMqConfig::new(&url);
+    pc.exchange.clone_from(&prefix);
+    let publisher = RabbitMqPublisher::connect(pc).await.expect("RabbitMQ");
+    let mut sc =
+        RabbitMqSubscriberConfig::new(&url, "billing", "orders").with_queue_prefix(&prefix);
+    sc.exchange.clone_from(&prefix);
+    let sub = RabbitMqSubscriber::new(sc.clone());
+    sub.subscribe().await.expect("subscribe");
+    let m = message("orders");
+    for r in publisher.publish(std::slice::from_ref(&m)).await {
+        r.expect("published");
+    }
+    let got = receive_n(&sub, 1, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 1, "delivered");
+    sub.dead(&got[0], "invoice service down")
+        .await
+        .expect("dead");
+
+    let t = oncely_testkit::TestDb::new(oncely_testkit::TestBackend::Sqlite)
+        .await
+        .expect("SQLite");
+    let serve = super::serve_with_env(
+        &t.url,
+        &[
+            "--no-consumer",
+            "--no-relay",
+            "--broker",
+            "rabbitmq",
+            "--amqp-url",
+            &url,
+            "--amqp-queue-prefix",
+            &prefix,
+        ],
+        &[("ONCELY_ADMIN_TOKEN", ADMIN)],
+    );
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = http
+        .post(format!("{}/console/login", serve.base))
+        .form(&[("token", ADMIN), ("name", "ops-rabbit")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303, "signed in");
+    let cookie = res.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = |path: &str| {
+        let req = http
+            .get(format!("{}{path}", serve.base))
+            .header("cookie", &cookie);
+        async move {
+            let res = req.send().await.unwrap();
+            assert_eq!(res.status(), 200);
+            res.text().await.unwrap()
+        }
+    };
+    let overview = page("/console").await;
+    assert!(
+        overview.contains(r#"id="count-dead-billing">1<"#),
+        "{overview}"
+    );
+    let letters = page("/console/dead-letters").await;
+    let row = format!(r#"id="dead-billing-{}""#, m.id);
+    assert!(letters.contains(&row), "{letters}");
+    assert!(letters.contains("invoice service down"), "{letters}");
+    assert!(letters.contains("Dead letters on rabbitmq."), "{letters}");
+    let csrf = letters
+        .split(r#"name="csrf" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF token on the page")
+        .to_owned();
+    let res = http
+        .post(format!("{}/console/dead-letters/requeue", serve.base))
+        .header("cookie", &cookie)
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("consumer", "billing"),
+            ("message_id", &m.id.to_string()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let body = res.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&format!("Requeued message {}", m.id)),
+        "{body}"
+    );
+    let again = receive_n(&sub, 1, Duration::from_secs(20)).await;
+    assert_eq!(
+        again.len(),
+        1,
+        "the requeued message comes again to billing"
+    );
+    assert_eq!(again[0].message.as_ref().expect("decodable").id, m.id);
+    assert_eq!(again[0].attempts, 0, "attempts reset");
+    sub.ack(&again[0]).await.expect("ack");
+    assert!(page("/console/dead-letters")
+        .await
+        .contains(r#"id="no-dead-letters""#));
+    drop(serve);
+    sub.close().await;
+    RabbitMqSubscriber::new(sc).delete_queues().await.unwrap();
+    publisher.close().await;
+}

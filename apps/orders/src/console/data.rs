@@ -3,17 +3,20 @@
 //! [`Backend::text_column`](oncely_sql::Backend::text_column) (MySQL's binary-collated
 //! columns otherwise decode as bytes).
 
-use oncely_broker::SqlTransport;
+use oncely_broker::{DeadLetterError, DeadLetters};
 use oncely_core::RecordState;
 use oncely_sql::{
     query, Database, Discrepancy, DiscrepancyStore, Effect, EffectState, EffectStore,
     IdempotencyStore, OutboxStore, RecordSummary, StoreError,
 };
 
-use crate::{BILLING_CONSUMER, BOOK, CHARGE, PAYMENTS, SHIPPING, SHIPPING_CONSUMER};
+use crate::{
+    BILLING_CONSUMER, BOOK, CHARGE, FULFILMENT_CONSUMER, PAYMENTS, SHIPPING, SHIPPING_CONSUMER,
+};
 
-/// The consumers whose dead letters the console lists (the service's own).
-pub(crate) const CONSUMERS: [&str; 2] = [BILLING_CONSUMER, SHIPPING_CONSUMER];
+/// The consumers whose dead letters the console lists (the service's own: the
+/// choreography's and the saga's).
+pub(crate) const CONSUMERS: [&str; 3] = [BILLING_CONSUMER, SHIPPING_CONSUMER, FULFILMENT_CONSUMER];
 /// Effect states the console puts before a person.
 pub(crate) const REVIEW_STATES: [EffectState; 3] = [
     EffectState::NeedsReview,
@@ -44,14 +47,15 @@ pub(crate) struct Group {
 }
 
 /// The overview's counts.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Overview {
     pub(crate) orders: i64,
     pub(crate) idempotency: Vec<Group>,
     pub(crate) processing_past_lease: i64,
     pub(crate) outbox_pending: u64,
     pub(crate) outbox_dead: u64,
-    pub(crate) dead_letters: Vec<Group>,
+    /// Per consumer group, from the broker; `Err` says why it could not be asked.
+    pub(crate) dead_letters: Result<Vec<Group>, String>,
     pub(crate) effects: Vec<(String, String, i64)>,
     pub(crate) sagas: Vec<Group>,
     pub(crate) saga_steps_in_review: i64,
@@ -86,15 +90,8 @@ pub(crate) async fn overview(db: &Database, now: i64) -> Result<Overview, StoreE
         processing_past_lease: lease.processing_past_lease,
         outbox_pending: outbox.pending,
         outbox_dead: outbox.dead,
-        dead_letters: groups(
-            db,
-            format!(
-                "SELECT {}, COUNT(*) AS n FROM oncely_deliveries WHERE state = 'dead' \
-                 GROUP BY consumer ORDER BY consumer",
-                label("consumer")
-            ),
-        )
-        .await?,
+        // Filled from the broker by the caller ([`dead_letter_counts`]).
+        dead_letters: Ok(Vec::new()),
         effects: EffectStore::new(db.clone()).counts().await?,
         sagas: groups(
             db,
@@ -197,53 +194,62 @@ pub(crate) async fn stuck_records(
     Ok(out)
 }
 
-/// A dead letter of the SQL transport, with what its delivery row says about it.
+/// A dead letter of one of the service's consumer groups, as its broker reports it.
 #[derive(Debug)]
 pub(crate) struct DeadLetter {
     pub(crate) consumer: &'static str,
+    /// Empty for a message that had no id (it cannot be requeued by id).
     pub(crate) message_id: String,
+    pub(crate) topic: String,
     pub(crate) attempts: u32,
     pub(crate) last_error: Option<String>,
     pub(crate) event_type: String,
-    pub(crate) partition_key: String,
+    /// The order the payload names (`order_id`, or `id` of an `order.created`), when its
+    /// preview is JSON that says.
+    pub(crate) order_id: Option<String>,
 }
 
-#[derive(sqlx::FromRow)]
-struct DeliveryInfo {
-    event_type: String,
-    partition_key: String,
+/// The order a payload preview names, if it is a JSON object with `order_id` or `id`.
+fn order_in_payload(preview: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(preview).ok()?;
+    v.get("order_id")
+        .or_else(|| v.get("id"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
 }
 
-/// Every dead letter of the service's consumers on the SQL transport
-/// ([`SqlTransport::dead_deliveries`]), with the event type and partition key (the order
-/// id) of each.
-pub(crate) async fn dead_letters(db: &Database) -> Result<Vec<DeadLetter>, StoreError> {
-    let transport = SqlTransport::new(db.clone(), usize::MAX);
+/// Every dead letter of the service's consumer groups on its broker, up to [`LIMIT`] per
+/// group, oldest first.
+pub(crate) async fn dead_letters(dl: &dyn DeadLetters) -> Result<Vec<DeadLetter>, DeadLetterError> {
     let mut out = Vec::new();
     for consumer in CONSUMERS {
-        for d in transport.dead_deliveries(consumer, LIMIT).await? {
-            let message_id = d.id.to_string();
-            let info: Option<DeliveryInfo> = db
-                .fetch_optional(
-                    query(format!(
-                        "SELECT {} FROM oncely_deliveries WHERE consumer = $1 AND message_id = $2",
-                        text(db, &["event_type", "partition_key"])
-                    ))
-                    .bind(consumer)
-                    .bind(message_id.as_str()),
-                )
-                .await?;
-            let (event_type, partition_key) =
-                info.map_or_else(Default::default, |i| (i.event_type, i.partition_key));
+        for d in dl.list(consumer, LIMIT, None).await? {
             out.push(DeadLetter {
                 consumer,
-                message_id,
+                message_id: d.message_id.map(|m| m.to_string()).unwrap_or_default(),
+                order_id: order_in_payload(&d.payload_preview),
+                topic: d.topic,
                 attempts: d.attempts,
                 last_error: d.last_error,
-                event_type,
-                partition_key,
+                event_type: d.event_type,
             });
         }
+    }
+    Ok(out)
+}
+
+/// How many dead letters each of the service's consumer groups has on its broker (up to
+/// [`LIMIT`] counted), for the overview.
+pub(crate) async fn dead_letter_counts(
+    dl: &dyn DeadLetters,
+) -> Result<Vec<Group>, DeadLetterError> {
+    let mut out = Vec::new();
+    for consumer in CONSUMERS {
+        let n = dl.list(consumer, LIMIT, None).await?.len();
+        out.push(Group {
+            label: consumer.to_owned(),
+            n: i64::try_from(n).unwrap_or(i64::MAX),
+        });
     }
     Ok(out)
 }

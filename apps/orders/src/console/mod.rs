@@ -31,6 +31,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Form, Router};
 use http::{header, HeaderValue, Method, StatusCode};
 use maud::Markup;
+use oncely_broker::{DeadLetterError, DeadLetters};
 use oncely_core::{MessageId, TenantId};
 use oncely_effects::ResolveAction;
 use oncely_http::Problem;
@@ -47,25 +48,29 @@ struct Console {
     db: Database,
     keys: Keys,
     tenants: Arc<HashMap<String, TenantId>>,
-    broker: String,
+    /// The broker's dead letters (the SQL transport's by default).
+    dead_letters: Arc<dyn DeadLetters>,
     /// The service's events topic: a charge resolved as succeeded writes `invoice.paid` to it.
     events_topic: String,
 }
 
 /// The console's routes for `db`, signed in with `config`'s admin token. `tenants` are the
-/// service's API keys (refused with 403); `config.broker` names the transport of the
-/// service's events (the dead-letter page lists the SQL transport's).
+/// service's API keys (refused with 403); `config.dead_letters` is the broker's dead
+/// letters (the SQL transport's in `db` when `None`).
 pub(crate) fn router(
     db: Database,
     admin_token: &str,
     tenants: Arc<HashMap<String, TenantId>>,
     config: &crate::AppConfig,
 ) -> Router {
+    let letters = config.dead_letters.clone().unwrap_or_else(|| {
+        Arc::new(oncely_broker::SqlDeadLetters::new(db.clone())) as Arc<dyn DeadLetters>
+    });
     let state = Console {
         db,
         keys: Keys::new(admin_token),
         tenants,
-        broker: config.broker.clone(),
+        dead_letters: letters,
         events_topic: config.events_topic.clone(),
     };
     let guarded = Router::new()
@@ -273,7 +278,18 @@ fn failed(c: &Console, s: &Session, e: &StoreError, back: &str) -> Response {
 
 async fn overview(State(c): State<Console>, Extension(s): Extension<Session>) -> Response {
     match data::overview(&c.db, oncely_core::now_ms()).await {
-        Ok(o) => html(StatusCode::OK, pages::overview(&o, &c.keys.csrf(&s))),
+        Ok(mut o) => {
+            o.dead_letters = data::dead_letter_counts(&*c.dead_letters)
+                .await
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "console: the broker's dead letters not counted");
+                    format!(
+                        "the broker ({}) cannot be asked now",
+                        c.dead_letters.broker()
+                    )
+                });
+            html(StatusCode::OK, pages::overview(&o, &c.keys.csrf(&s)))
+        }
         Err(e) => failed(&c, &s, &e, "/console"),
     }
 }
@@ -291,23 +307,48 @@ async fn stuck(State(c): State<Console>, Extension(s): Extension<Session>) -> Re
     }
 }
 
-fn broker_note(c: &Console) -> Option<String> {
-    (c.broker != "sql").then(|| {
-        format!(
-            "The service's events travel on {}; listed here are the SQL transport's dead \
-             letters only (use `oncely inbox dead` for the broker's dead queue).",
-            c.broker
-        )
-    })
+/// A broker's failure to list or requeue: 503 when it cannot be reached, else as
+/// [`failed`].
+fn broker_failed(c: &Console, s: &Session, e: &DeadLetterError, back: &str) -> Response {
+    match e {
+        DeadLetterError::Store(e) => failed(c, s, e, back),
+        DeadLetterError::Transient(_) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::outcome(
+                "Not done",
+                &c.keys.csrf(s),
+                &format!(
+                    "The broker ({}) cannot be reached; try again.",
+                    c.dead_letters.broker()
+                ),
+                false,
+                back,
+            ),
+        ),
+        e => {
+            tracing::error!(error = %e, "console: the broker refused");
+            html(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                pages::outcome(
+                    "Not done",
+                    &c.keys.csrf(s),
+                    "The broker refused; the service's log says why.",
+                    false,
+                    back,
+                ),
+            )
+        }
+    }
 }
 
 async fn dead_letters(State(c): State<Console>, Extension(s): Extension<Session>) -> Response {
-    match data::dead_letters(&c.db).await {
+    let note = format!("Dead letters on {}.", c.dead_letters.broker());
+    match data::dead_letters(&*c.dead_letters).await {
         Ok(d) => html(
             StatusCode::OK,
-            pages::dead_letters(&d, broker_note(&c).as_deref(), &c.keys.csrf(&s), None),
+            pages::dead_letters(&d, Some(&note), &c.keys.csrf(&s), None),
         ),
-        Err(e) => failed(&c, &s, &e, "/console"),
+        Err(e) => broker_failed(&c, &s, &e, "/console"),
     }
 }
 
@@ -317,8 +358,8 @@ struct Requeue {
     message_id: String,
 }
 
-/// Requeues one dead letter on the SQL transport ([`oncely_broker::SqlTransport::requeue_dead`])
-/// and audits it in `oncely_operator_audit`.
+/// Requeues one dead letter to its consumer group on the service's broker
+/// ([`DeadLetters::requeue`]) and audits it in `oncely_operator_audit`.
 async fn requeue(
     State(c): State<Console>,
     Extension(s): Extension<Session>,
@@ -340,10 +381,13 @@ async fn requeue(
             pages::outcome("Not done", &csrf, &text, false, back),
         );
     };
-    let transport = oncely_broker::SqlTransport::new(c.db.clone(), usize::MAX);
-    let n = match transport.requeue_dead(consumer, Some(&id)).await {
+    let n = match c
+        .dead_letters
+        .requeue(consumer, oncely_broker::Requeue::Message(id))
+        .await
+    {
         Ok(n) => n,
-        Err(e) => return failed(&c, &s, &e, back),
+        Err(e) => return broker_failed(&c, &s, &e, back),
     };
     if n == 0 {
         let text = format!("No dead delivery of message {id} for {consumer} (requeued already?)");
@@ -360,7 +404,7 @@ async fn requeue(
             &s.actor,
             "requeue-dead-letter",
             &target,
-            "requeued on the SQL transport",
+            &format!("requeued on {}", c.dead_letters.broker()),
         )
         .await
     {

@@ -112,8 +112,15 @@ pub(crate) fn overview(o: &Overview, csrf: &str) -> Markup {
             tr { th { "Idempotency records processing past their lease" } td id="count-past-lease" { (o.processing_past_lease) } }
             tr { th { "Outbox pending" } td id="count-outbox-pending" { (o.outbox_pending) } }
             tr { th { "Outbox dead" } td id="count-outbox-dead" { (o.outbox_dead) } }
-            @for g in &o.dead_letters {
-                tr { th { "Inbox dead letters, " (g.label) } td id={"count-dead-" (g.label)} { (g.n) } }
+            @match &o.dead_letters {
+                Ok(groups) => {
+                    @for g in groups {
+                        tr { th { "Inbox dead letters, " (g.label) } td id={"count-dead-" (g.label)} { (g.n) } }
+                    }
+                }
+                Err(why) => {
+                    tr { th { "Inbox dead letters" } td id="count-dead-unavailable" { (why) } }
+                }
             }
             @for (provider, state, n) in &o.effects {
                 tr { th { "Effects " (provider) " " (state) } td id={"count-effects-" (provider) "-" (state)} { (n) } }
@@ -196,11 +203,11 @@ pub(crate) fn dead_letters(
         @if let Some(n) = note { p { (n) } }
         @if letters.is_empty() { p id="no-dead-letters" { "No dead letters." } } @else {
             table id="dead-letters" {
-                tr { th { "Consumer" } th { "Message" } th { "Event" } th { "Order" } th { "Attempts" } th { "Last error" } th { "" } }
+                tr { th { "Consumer" } th { "Message" } th { "Topic" } th { "Event" } th { "Order" } th { "Attempts" } th { "Last error" } th { "" } }
                 @for d in letters {
                     tr id={"dead-" (d.consumer) "-" (d.message_id)} {
-                        td { (d.consumer) } td { (d.message_id) } td { (d.event_type) }
-                        td { (order_link(Some(d.partition_key.as_str()))) } td { (d.attempts) }
+                        td { (d.consumer) } td { (d.message_id) } td { (d.topic) } td { (d.event_type) }
+                        td { (order_link(d.order_id.as_deref())) } td { (d.attempts) }
                         td { (d.last_error.as_deref().unwrap_or("")) }
                         td {
                             form.inline method="post" action="/console/dead-letters/requeue" {
