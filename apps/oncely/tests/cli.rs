@@ -1042,47 +1042,7 @@ async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_t
     ))
     .await
     .unwrap();
-    let store = oncely_sql::EffectStore::new(t.db.clone());
-    let request = serde_json::json!({"amount": 100, "currency": "eur"});
-    let mut tx = t.db.begin().await.unwrap();
-    let new = oncely_sql::NewEffect {
-        tenant: "acme",
-        provider: "payments",
-        operation: "charge",
-        reference: "inv-ops",
-        key: "key-ops",
-        request: &request,
-    };
-    let oncely_sql::Enqueued::Created(id) = oncely_sql::EffectStore::enqueue(&mut tx, &new, 1_000)
-        .await
-        .unwrap()
-    else {
-        panic!("created")
-    };
-    tx.commit().await.unwrap();
-    let claimed = store
-        .claim("payments", "r", 1, Duration::from_secs(30), 2_000)
-        .await
-        .unwrap()
-        .remove(0);
-    let mut tx = t.db.begin().await.unwrap();
-    let park = oncely_sql::Settle::NeedsReview {
-        error: "still unknown".into(),
-    };
-    let evidence = oncely_sql::Evidence {
-        kind: oncely_sql::EvidenceKind::Status,
-        key: "key-ops".into(),
-        started_at: 2_000,
-        finished_at: 2_010,
-        outcome: "unavailable".into(),
-        http_status: None,
-        provider_ids: Vec::new(),
-        detail: "provider down".into(),
-    };
-    oncely_sql::EffectStore::settle(&mut tx, &claimed, &park, &evidence, 2_010)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let id = oncely_testkit::park_effect(&t.db, "acme", "inv-ops").await;
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_oncely"))
             .args(["effects", "--database-url", &t.url])

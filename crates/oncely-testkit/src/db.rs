@@ -173,6 +173,68 @@ fn with_database(base: &str, database: &str) -> String {
     url
 }
 
+/// Enqueues a `payments`/`charge` effect of `tenant` under `reference` (key
+/// `key-<reference>`, request `{"amount": 100, "currency": "eur"}`) and parks it in
+/// `needs_review` as the runner leaves one whose outcome it could not establish: claimed,
+/// then settled with a status check's `unavailable` evidence ("provider down") and the error
+/// "still unknown". Returns the effect's id. For the operator tests (commands, console).
+///
+/// # Panics
+/// When the database fails.
+pub async fn park_effect(db: &oncely_sql::Database, tenant: &str, reference: &str) -> String {
+    use oncely_sql::{EffectStore, Enqueued, Evidence, EvidenceKind, NewEffect, Settle};
+    let store = EffectStore::new(db.clone());
+    let key = format!("key-{reference}");
+    let request = serde_json::json!({"amount": 100, "currency": "eur"});
+    let mut tx = db.begin().await.unwrap();
+    let new = NewEffect {
+        tenant,
+        provider: "payments",
+        operation: "charge",
+        reference,
+        key: &key,
+        request: &request,
+    };
+    let Enqueued::Created(id) = EffectStore::enqueue(&mut tx, &new, 1_000).await.unwrap() else {
+        panic!("{reference}: an effect of this reference exists already")
+    };
+    tx.commit().await.unwrap();
+    let claimed = store
+        .claim(
+            "payments",
+            "r",
+            1,
+            std::time::Duration::from_secs(30),
+            2_000,
+        )
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        claimed.id, id,
+        "another payments effect was due before {reference}"
+    );
+    let evidence = Evidence {
+        kind: EvidenceKind::Status,
+        key,
+        started_at: 2_000,
+        finished_at: 2_010,
+        outcome: "unavailable".into(),
+        http_status: None,
+        provider_ids: Vec::new(),
+        detail: "provider down".into(),
+    };
+    let park = Settle::NeedsReview {
+        error: "still unknown".into(),
+    };
+    let mut tx = db.begin().await.unwrap();
+    EffectStore::settle(&mut tx, &claimed, &park, &evidence, 2_010)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    id
+}
+
 #[cfg(test)]
 mod tests {
     use super::with_database;

@@ -32,8 +32,8 @@ mod proxy;
 mod topic;
 
 pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
-pub use db::{mysql_url, postgres_url, require_services, TestBackend, TestDb};
-pub use localstripe::LocalStripe;
+pub use db::{mysql_url, park_effect, postgres_url, require_services, TestBackend, TestDb};
+pub use localstripe::{localstripe_payment_intents, LocalStripe};
 pub use matrix::{MatrixBroker, TestBroker};
 pub use proxy::{without_statement_cache, Fault, FaultProxy};
 #[cfg(feature = "kafka")]

@@ -61,6 +61,44 @@ impl LocalStripe {
     }
 }
 
+/// Every PaymentIntent localstripe at `base` holds, in its list order (newest first): the
+/// list paged with `starting_after` until `has_more` is false. What the payments tests
+/// count charges by (localstripe has no search).
+///
+/// # Panics
+/// When localstripe cannot be reached or answers something that is not a list.
+pub async fn localstripe_payment_intents(base: &str, secret_key: &str) -> Vec<serde_json::Value> {
+    let client = reqwest::Client::new();
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut query = vec![("limit", "100".to_owned())];
+        if let Some(a) = &after {
+            query.push(("starting_after", a.clone()));
+        }
+        let page: serde_json::Value = client
+            .get(format!("{base}/v1/payment_intents"))
+            .bearer_auth(secret_key)
+            .query(&query)
+            .send()
+            .await
+            .expect("localstripe answers")
+            .json()
+            .await
+            .expect("a JSON list");
+        let data = page["data"].as_array().expect("a list's data").clone();
+        let more = page["has_more"] == true && !data.is_empty();
+        after = data
+            .last()
+            .and_then(|pi| pi["id"].as_str())
+            .map(str::to_owned);
+        all.extend(data);
+        if !more {
+            return all;
+        }
+    }
+}
+
 impl Drop for LocalStripe {
     fn drop(&mut self) {
         drop(self.child.kill());

@@ -245,53 +245,6 @@ async fn sign_in(c: &Browser, base: &str, token: &str, name: &str) {
     c.click("#sign-in").await;
 }
 
-/// An effect parked in `needs_review`, as the runner leaves one whose outcome it could not
-/// establish.
-async fn park_effect(t: &TestDb, reference: &str) -> String {
-    let store = oncely_sql::EffectStore::new(t.db.clone());
-    let request = json!({"amount": 100, "currency": "eur"});
-    let mut tx = t.db.begin().await.unwrap();
-    let new = oncely_sql::NewEffect {
-        tenant: "cli",
-        provider: "payments",
-        operation: "charge",
-        reference,
-        key: &format!("key-{reference}"),
-        request: &request,
-    };
-    let oncely_sql::Enqueued::Created(id) = oncely_sql::EffectStore::enqueue(&mut tx, &new, 1_000)
-        .await
-        .unwrap()
-    else {
-        panic!("created")
-    };
-    tx.commit().await.unwrap();
-    let claimed = store
-        .claim("payments", "r", 1, Duration::from_secs(30), 2_000)
-        .await
-        .unwrap()
-        .remove(0);
-    let evidence = oncely_sql::Evidence {
-        kind: oncely_sql::EvidenceKind::Status,
-        key: format!("key-{reference}"),
-        started_at: 2_000,
-        finished_at: 2_010,
-        outcome: "unavailable".into(),
-        http_status: None,
-        provider_ids: Vec::new(),
-        detail: "provider down".into(),
-    };
-    let park = oncely_sql::Settle::NeedsReview {
-        error: "still unknown".into(),
-    };
-    let mut tx = t.db.begin().await.unwrap();
-    oncely_sql::EffectStore::settle(&mut tx, &claimed, &park, &evidence, 2_010)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    id
-}
-
 /// An order whose `order.created` reached the billing consumer's queue and was dead-lettered
 /// there (its handler "failed" while no consumer ran: the test plays the failing consumer),
 /// created through a server without the console, which answers `/console` with 404.
@@ -360,7 +313,7 @@ pub(crate) async fn console_in_headless_chromium_requeues_a_dead_letter_and_reso
         return;
     };
     let (order_id, message_id) = dead_lettered_order(&t).await;
-    let effect_id = park_effect(&t, "inv-console").await;
+    let effect_id = oncely_testkit::park_effect(&t.db, "cli", "inv-console").await;
     let b = serve_with_env(&t.url, &[], &[("ONCELY_ADMIN_TOKEN", ADMIN_TOKEN)]);
     let profile = tempfile::tempdir().unwrap();
     let c = Browser::start(&driver, profile.path()).await;

@@ -129,36 +129,16 @@ async fn sim_charges(base: String, reference: String) -> (u64, u64) {
 /// PaymentIntents at localstripe whose `metadata[invoice_id]` is `reference`: (total,
 /// succeeded), every page.
 async fn localstripe_charges(base: String, reference: String) -> (u64, u64) {
-    let client = reqwest::Client::new();
-    let (mut total, mut succeeded) = (0, 0);
-    let mut after: Option<String> = None;
-    loop {
-        let mut query = vec![("limit", "100".to_owned())];
-        if let Some(a) = &after {
-            query.push(("starting_after", a.clone()));
-        }
-        let page: Value = client
-            .get(format!("{base}/v1/payment_intents"))
-            .bearer_auth(SK)
-            .query(&query)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let data = page["data"].as_array().unwrap();
-        for pi in data {
-            if pi["metadata"]["invoice_id"] == reference.as_str() {
-                total += 1;
-                succeeded += u64::from(pi["status"] == "succeeded");
-            }
-        }
-        if page["has_more"] != true || data.is_empty() {
-            return (total, succeeded);
-        }
-        after = data.last().unwrap()["id"].as_str().map(str::to_owned);
-    }
+    let intents = oncely_testkit::localstripe_payment_intents(&base, SK).await;
+    let mine = intents
+        .iter()
+        .filter(|pi| pi["metadata"]["invoice_id"] == reference.as_str());
+    mine.fold((0, 0), |(total, succeeded), pi| {
+        (
+            total + 1,
+            succeeded + u64::from(pi["status"] == "succeeded"),
+        )
+    })
 }
 
 /// One killed payment: `dying` aborts at `kill` on the first request; `survivor` (the same

@@ -102,53 +102,6 @@ async fn dead_letter(t: &TestDb, order_id: &str) -> String {
     id.to_string()
 }
 
-/// An effect in `needs_review`; its id.
-async fn parked_effect(t: &TestDb, reference: &str) -> String {
-    let store = oncely_sql::EffectStore::new(t.db.clone());
-    let request = serde_json::json!({"amount": 100});
-    let mut tx = t.db.begin().await.unwrap();
-    let key = format!("key-{reference}");
-    let new = oncely_sql::NewEffect {
-        tenant: "tenant-a",
-        provider: "payments",
-        operation: "charge",
-        reference,
-        key: &key,
-        request: &request,
-    };
-    let oncely_sql::Enqueued::Created(id) = oncely_sql::EffectStore::enqueue(&mut tx, &new, 1_000)
-        .await
-        .unwrap()
-    else {
-        panic!("created")
-    };
-    tx.commit().await.unwrap();
-    let claimed = store
-        .claim("payments", "r", 1, Duration::from_secs(30), 2_000)
-        .await
-        .unwrap()
-        .remove(0);
-    let evidence = oncely_sql::Evidence {
-        kind: oncely_sql::EvidenceKind::Status,
-        key,
-        started_at: 2_000,
-        finished_at: 2_010,
-        outcome: "unavailable".into(),
-        http_status: None,
-        provider_ids: Vec::new(),
-        detail: "provider down".into(),
-    };
-    let park = oncely_sql::Settle::NeedsReview {
-        error: "still unknown".into(),
-    };
-    let mut tx = t.db.begin().await.unwrap();
-    oncely_sql::EffectStore::settle(&mut tx, &claimed, &park, &evidence, 2_010)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    id
-}
-
 async fn open_discrepancy(t: &TestDb) -> String {
     let store = oncely_sql::DiscrepancyStore::new(t.db.clone());
     let new = oncely_sql::NewDiscrepancy {
@@ -245,7 +198,7 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
         .await;
     let order_id = created.id();
     let message_id = dead_letter(&t, &order_id).await;
-    let effect_id = parked_effect(&t, &unique("inv")).await;
+    let effect_id = oncely_testkit::park_effect(&t.db, "tenant-a", &unique("inv")).await;
     let discrepancy_id = open_discrepancy(&t).await;
     let client = no_redirects();
     let cookie = sign_in(&client, &s.base).await;

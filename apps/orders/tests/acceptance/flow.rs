@@ -18,6 +18,8 @@ use oncely_sql::{on_pool, Database, EffectStore};
 use oncely_testkit::{LocalStripe, TestDb};
 use provider_sim::{PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::{json, Value};
+
+use super::{serve_sim, Sim};
 use tokio_util::sync::CancellationToken;
 
 const KEY_A: &str = "flow-key-tenant-a-0123456789";
@@ -33,30 +35,6 @@ oncely_testkit::matrix! {
         a_payment_or_shipment_of_another_tenant_is_not_shown,
         against_localstripe_every_invoice_is_charged_once_and_shipped_once,
     ],
-}
-
-/// A simulator served on `127.0.0.1:0`, stopped on drop.
-struct Sim {
-    base: String,
-    stop: CancellationToken,
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn serve_sim(router: axum::Router) -> Sim {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(provider_sim::serve(
-        listener,
-        router,
-        stop.clone().cancelled_owned(),
-    ));
-    Sim { base, stop }
 }
 
 /// The order service with everything the flow runs beside it, on the SQL transport.
@@ -485,35 +463,13 @@ async fn a_payment_or_shipment_of_another_tenant_is_not_shown(t: TestDb) {
 
 /// PaymentIntents at localstripe per `metadata[invoice_id]`, every status.
 async fn localstripe_charges(base: &str) -> BTreeMap<String, u64> {
-    let client = reqwest::Client::new();
     let mut counts = BTreeMap::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut query = vec![("limit", "100".to_owned())];
-        if let Some(a) = &after {
-            query.push(("starting_after", a.clone()));
+    for pi in oncely_testkit::localstripe_payment_intents(base, SK).await {
+        if let Some(inv) = pi["metadata"]["invoice_id"].as_str() {
+            *counts.entry(inv.to_owned()).or_default() += 1;
         }
-        let page: Value = client
-            .get(format!("{base}/v1/payment_intents"))
-            .bearer_auth(SK)
-            .query(&query)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let data = page["data"].as_array().unwrap();
-        for pi in data {
-            if let Some(inv) = pi["metadata"]["invoice_id"].as_str() {
-                *counts.entry(inv.to_owned()).or_default() += 1;
-            }
-        }
-        if page["has_more"] != true || data.is_empty() {
-            return counts;
-        }
-        after = data.last().unwrap()["id"].as_str().map(str::to_owned);
     }
+    counts
 }
 
 async fn against_localstripe_every_invoice_is_charged_once_and_shipped_once(t: TestDb) {

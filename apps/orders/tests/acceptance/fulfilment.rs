@@ -19,6 +19,8 @@ use oncely_sql::{Database, EffectStore};
 use oncely_testkit::TestDb;
 use provider_sim::{FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::{json, Value};
+
+use super::{serve_sim, Sim};
 use tokio_util::sync::CancellationToken;
 
 const KEY_A: &str = "saga-key-tenant-a-0123456789";
@@ -38,30 +40,6 @@ oncely_testkit::matrix! {
         a_cancel_before_the_pivot_compensates_and_after_it_answers_409,
         a_charge_resolved_by_an_operator_continues_its_saga,
     ],
-}
-
-/// A simulator served on `127.0.0.1:0`, stopped on drop.
-struct Sim {
-    base: String,
-    stop: CancellationToken,
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn serve_sim(router: axum::Router) -> Sim {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(provider_sim::serve(
-        listener,
-        router,
-        stop.clone().cancelled_owned(),
-    ));
-    Sim { base, stop }
 }
 
 /// The service under `--fulfilment saga` with everything it runs beside it, on the SQL

@@ -40,6 +40,31 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
+/// A provider simulator served on `127.0.0.1:0`, stopped on drop.
+pub(crate) struct Sim {
+    pub(crate) base: String,
+    stop: CancellationToken,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Serves a simulator's `router` on `127.0.0.1:0` until the returned [`Sim`] is dropped.
+pub(crate) async fn serve_sim(router: axum::Router) -> Sim {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(provider_sim::serve(
+        listener,
+        router,
+        stop.clone().cancelled_owned(),
+    ));
+    Sim { base, stop }
+}
+
 const KEY_A: &str = "key-tenant-a-0123456789";
 const KEY_B: &str = "key-tenant-b-0123456789";
 

@@ -14,9 +14,8 @@ use oncely_testkit::TestDb;
 use provider_sim::{PaymentsConfig, PaymentsSim};
 use reqwest::StatusCode;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
-use super::{config, order, start, Server, KEY_A, KEY_B};
+use super::{config, order, serve_sim, start, Server, Sim, KEY_A, KEY_B};
 
 const SK: &str = "sk_test_payments_endpoint";
 
@@ -29,18 +28,6 @@ oncely_testkit::matrix! {
     cannot_apply: [],
 }
 
-/// A simulator served on `127.0.0.1:0` until dropped.
-struct Sim {
-    base: String,
-    stop: CancellationToken,
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 /// The payments simulator on `127.0.0.1:0`.
 async fn payments_sim() -> (PaymentsSim, Sim) {
     let sim = PaymentsSim::new(PaymentsConfig {
@@ -48,15 +35,8 @@ async fn payments_sim() -> (PaymentsSim, Sim) {
         search_lag: Duration::from_millis(100),
         ..PaymentsConfig::default()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(provider_sim::serve(
-        listener,
-        sim.router(),
-        stop.clone().cancelled_owned(),
-    ));
-    (sim, Sim { base, stop })
+    let served = serve_sim(sim.router()).await;
+    (sim, served)
 }
 
 fn stripe(base: &str) -> StripePayments {
