@@ -654,9 +654,14 @@ async fn assert_settled_by_status_checks(t: &TestDb, aborts: u64) {
             .map(|e| format!("{}:{}", e.kind, e.outcome))
             .collect();
         if effect.state_word == "succeeded" || effect.state_word == "failed" {
-            if kinds.iter().any(|k| k.starts_with("status:")) {
-                sent += 1;
-            }
+            assert!(
+                kinds.iter().any(|k| k.starts_with("status:")),
+                "{} {}: settled without a status check although its call's outcome died \
+                 with the runner: {kinds:?}",
+                effect.reference,
+                effect.state_word
+            );
+            sent += 1;
             assert!(
                 !kinds.iter().any(|k| k == "call:succeeded"),
                 "{} {}: settled by its call although the runner aborts after every call: \

@@ -50,8 +50,10 @@ struct Console {
     tenants: Arc<HashMap<String, TenantId>>,
     /// The broker's dead letters (the SQL transport's by default).
     dead_letters: Arc<dyn DeadLetters>,
-    /// The service's events topic: a charge resolved as succeeded writes `invoice.paid` to it.
-    events_topic: String,
+    /// What a resolution completes an effect with ([`crate::resolution_handler`]): a
+    /// charge resolved as succeeded writes `invoice.paid` to the service's events topic, a
+    /// saga step's effect continues its saga.
+    resolver: Arc<dyn oncely_effects::EffectHandler>,
 }
 
 /// The console's routes for `db`, signed in with `config`'s admin token. `tenants` are the
@@ -67,11 +69,11 @@ pub(crate) fn router(
         Arc::new(oncely_broker::SqlDeadLetters::new(db.clone())) as Arc<dyn DeadLetters>
     });
     let state = Console {
+        resolver: crate::resolution_handler(db.clone(), &config.events_topic),
         db,
         keys: Keys::new(admin_token),
         tenants,
         dead_letters: letters,
-        events_topic: config.events_topic.clone(),
     };
     let guarded = Router::new()
         .route("/console", get(overview))
@@ -473,10 +475,10 @@ async fn resolve_effect(
         reason: non_empty(&f.reason).unwrap_or("resolved in the console"),
     };
     let store = EffectStore::new(c.db.clone());
-    // The service's completion (invoice paid, `invoice.paid`) commits with the resolution.
-    let handler = crate::resolution_handler(c.db.clone(), &c.events_topic);
+    // The service's completion (invoice paid, `invoice.paid`; a saga's next step) commits
+    // with the resolution.
     let now = oncely_core::now_ms();
-    match oncely_effects::resolve_effect(&store, &*handler, &id, &resolution, now).await {
+    match oncely_effects::resolve_effect(&store, &*c.resolver, &id, &resolution, now).await {
         Ok(e) => {
             let text = format!("Effect {} is {} now.", e.id, e.state_word);
             html(
