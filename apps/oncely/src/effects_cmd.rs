@@ -41,6 +41,11 @@ pub(crate) struct ProviderArgs {
     /// Shipping API key, sent as Authorization: Bearer when set.
     #[arg(long, env = "ONCELY_SHIPPING_API_KEY", hide_env_values = true)]
     shipping_api_key: Option<String>,
+    /// Shipping: seconds after the latest booking before a lookup that finds no shipment
+    /// proves it absent and lets it be booked again (the contract has no keys: a booking
+    /// may commit after the caller gave up).
+    #[arg(long, env = "ONCELY_SHIPPING_SETTLE_SECS", default_value_t = 60)]
+    shipping_settle_secs: u64,
     /// Bound on one provider HTTP exchange, in ms; past it the outcome is unknown.
     #[arg(long, env = "ONCELY_PROVIDER_TIMEOUT_MS", default_value_t = 30_000)]
     provider_timeout_ms: u64,
@@ -100,6 +105,8 @@ impl ProviderArgs {
             base_url: url.clone(),
             api_key: self.shipping_api_key.clone(),
             timeout,
+            settle_time: Duration::from_secs(self.shipping_settle_secs),
+            ..ShippingConfig::default()
         });
         let defaults = RunnerConfig::default();
         let runner = RunnerConfig {

@@ -15,16 +15,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{middleware, Json, Router};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use http::request::Parts;
 use http::StatusCode;
 use oncely_core::TenantId;
 use oncely_effects::{
-    CallOutcome, EffectRequest, Provider, RemoteObject, StatusOutcome, StatusQuery,
+    CallOutcome, EffectRequest, ObjectState, Provider, RemoteObject, StatusOutcome, StatusQuery,
 };
 use oncely_http::{
     IdempotencyLayer, MultiPhase, NotStored, OperationContext, Problem, Resolution, ResolveQuery,
@@ -74,6 +75,9 @@ pub struct PaymentsSettings {
 pub(crate) struct Pay {
     db: Database,
     settings: PaymentsSettings,
+    /// The service fulfils orders with its saga, whose `charge` step holds every order's
+    /// charge role: the endpoint never charges then (one business effect per role).
+    saga: bool,
 }
 
 /// The stable reference of the order's payment (the provider's metadata reference field).
@@ -110,6 +114,7 @@ pub(crate) fn routes(
                 .with_state(Pay {
                     db: db.clone(),
                     settings: settings.clone(),
+                    saga: config.fulfilment.mode == crate::Fulfilment::Saga,
                 })
         }
         None => Router::new().route(PAYMENT_ROUTE, post(not_configured)),
@@ -168,6 +173,18 @@ pub(crate) struct PaymentReceipt {
 fn not_stored(mut res: Response) -> Response {
     res.extensions_mut().insert(NotStored);
     res
+}
+
+/// The order id of a payments request, read once for the handler and the resolver alike:
+/// the matched route's `{id}`, percent-decoded by the router (`%2D` is `-`). `None` for an
+/// id that is not a UUID — no order, and PostgreSQL refuses NUL in text — which is a 404
+/// before any query.
+async fn order_id_of(parts: &Parts) -> Option<String> {
+    let mut parts = parts.clone();
+    let Path(id) = Path::<String>::from_request_parts(&mut parts, &())
+        .await
+        .ok()?;
+    uuid::Uuid::try_parse(&id).is_ok().then_some(id)
 }
 
 /// The order's amount and currency, in the caller's tenant.
@@ -307,7 +324,7 @@ enum Claimed {
 pub(crate) async fn create_payment(
     State(pay): State<Pay>,
     ctx: OperationContext,
-    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    parts: Parts,
     body: Bytes,
 ) -> Response {
     let not_found = || {
@@ -316,8 +333,7 @@ pub(crate) async fn create_payment(
                 .into_response(),
         )
     };
-    // A non-UUID id is no order (and PostgreSQL refuses NUL in text): 404 before any query.
-    let Some(Path(order_id)) = id.ok().filter(|Path(i)| uuid::Uuid::try_parse(i).is_ok()) else {
+    let Some(order_id) = order_id_of(&parts).await else {
         return not_found();
     };
     let input: NewPaymentBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -347,6 +363,11 @@ pub(crate) async fn create_payment(
         Ok(None) => return not_found(),
         Err(e) => return not_stored(StoreFailure::from(e).into_response()),
     };
+    if pay.saga {
+        // The order's charge belongs to its fulfilment saga: a second path to it would be
+        // a second charge (docs/DESIGN.md "One business effect per business role").
+        return not_stored(charged_by_saga(&order_id));
+    }
     let request = charge_request(
         &ctx,
         &order_id,
@@ -425,7 +446,7 @@ fn remote_of(row: &PaymentRow) -> RemoteObject {
     RemoteObject {
         id: row.payment_intent.clone().unwrap_or_default(),
         status: "succeeded".to_owned(),
-        effective: true,
+        state: ObjectState::Live,
         reference: Some(row.reference.clone()),
         amount: Some(row.amount_minor),
         currency: Some(row.currency.to_ascii_lowercase()),
@@ -441,6 +462,17 @@ fn charged_by_flow(order_id: &str) -> Response {
         "The order is charged through its invoice",
     )
     .detail("the billing flow claimed this order's payment (its invoice's charge effect); see GET /v1/orders/{id}")
+    .with("order_id", order_id)
+    .into_response()
+}
+
+fn charged_by_saga(order_id: &str) -> Response {
+    Problem::new(
+        StatusCode::CONFLICT,
+        problem::ORDER_CHARGED_BY_FLOW,
+        "The order is charged by its fulfilment saga",
+    )
+    .detail("this service charges every order in the charge step of its fulfilment saga; see GET /v1/orders/{id}")
     .with("order_id", order_id)
     .into_response()
 }
@@ -648,9 +680,11 @@ fn system_time(ms: i64) -> SystemTime {
 impl Resolver for PaymentStatus {
     fn resolve<'a>(&'a self, q: ResolveQuery<'a>) -> BoxFuture<'a, Resolution> {
         Box::pin(async move {
-            // The path is /v1/orders/{id}/payments.
-            let order_id = q.request.uri.path().split('/').nth(3).unwrap_or_default();
-            match self.check(q, order_id).await {
+            // No such order: the handler answers 404 and stores nothing.
+            let Some(order_id) = order_id_of(q.request).await else {
+                return Resolution::Absent;
+            };
+            match self.check(q, &order_id).await {
                 Ok(r) => r,
                 Err(e) => Resolution::Unknown(format!("the database failed: {e}")),
             }
@@ -659,6 +693,62 @@ impl Resolver for PaymentStatus {
 }
 
 impl PaymentStatus {
+    /// What the order's PaymentIntents found by the status check mean for this key,
+    /// three-valued (docs/DESIGN.md "Status vocabularies"): live — the receipt, but only to
+    /// the key that charged (another key's charge is 409 `order-already-paid`); ended in
+    /// Stripe's words — declined; pending or a word nobody listed — still unknown, never a
+    /// refusal. Returns the resolution and the id of the object it rests on.
+    async fn settle_found(
+        &self,
+        q: ResolveQuery<'_>,
+        order_id: &str,
+        (amount, currency): (i64, &str),
+        found: &[RemoteObject],
+        now: i64,
+    ) -> Result<(Resolution, String), StoreError> {
+        let first_in = |state| found.iter().find(|o| o.state == state);
+        let object = first_in(ObjectState::Live)
+            .or_else(|| first_in(ObjectState::Pending))
+            .or_else(|| first_in(ObjectState::Unrecognised))
+            .unwrap_or(&found[0]);
+        let key = q.context.key.as_str();
+        let owner = store::by_order(&self.db, q.context.scope.tenant.as_str(), order_id).await?;
+        if let Some(row) = owner.as_ref().filter(|r| r.idempotency_key != key) {
+            // Another key (or the billing flow) owns the order's payment now: its receipt
+            // is not this key's to replay.
+            let resolution = if row.via == store::VIA_FLOW {
+                Resolution::Found(charged_by_flow(order_id))
+            } else if row.state == "succeeded" {
+                Resolution::Found(already_paid(order_id, row))
+            } else {
+                Resolution::Unknown(format!(
+                    "another key's payment of the order is {}",
+                    row.state
+                ))
+            };
+            return Ok((resolution, object.id.clone()));
+        }
+        let (state, res) = match object.state {
+            ObjectState::Live => ("succeeded", paid(order_id, amount, currency, object)),
+            ObjectState::Ended => {
+                let msg = format!("the PaymentIntent is {}", object.status);
+                (
+                    "declined",
+                    declined(order_id, Some(&object.status), &msg, Some(&object.id)),
+                )
+            }
+            _ => {
+                let why = format!(
+                    "the PaymentIntent {} is {} ({:?}): not an outcome yet",
+                    object.id, object.status, object.state
+                );
+                return Ok((Resolution::Unknown(why), object.id.clone()));
+            }
+        };
+        store::set_outcome(&self.db, order_id, key, state, Some(&object.id), now).await?;
+        Ok((Resolution::Found(res), object.id.clone()))
+    }
+
     async fn check(&self, q: ResolveQuery<'_>, order_id: &str) -> Result<Resolution, StoreError> {
         let tenant = q.context.scope.tenant.as_str();
         let Some((amount, currency)) = order_amount(&self.db, tenant, order_id).await? else {
@@ -675,26 +765,10 @@ impl PaymentStatus {
         let started_at = oncely_core::now_ms();
         let (outcome, resolution, provider_id) = match status.await {
             Ok(StatusOutcome::Found(found)) => {
-                let object = found.iter().find(|o| o.effective).unwrap_or(&found[0]);
-                let (state, res) = if object.effective {
-                    ("succeeded", paid(order_id, amount, &currency, object))
-                } else {
-                    let msg = format!("the PaymentIntent is {}", object.status);
-                    (
-                        "declined",
-                        declined(order_id, Some(&object.status), &msg, Some(&object.id)),
-                    )
-                };
-                store::set_outcome(
-                    &self.db,
-                    order_id,
-                    q.context.key.as_str(),
-                    state,
-                    Some(&object.id),
-                    started_at,
-                )
-                .await?;
-                ("found", Resolution::Found(res), Some(object.id.clone()))
+                let (resolution, object) = self
+                    .settle_found(q, order_id, (amount, &currency), &found, started_at)
+                    .await?;
+                ("found", resolution, Some(object))
             }
             Ok(StatusOutcome::Absent) => ("absent", Resolution::Absent, None),
             Ok(other) => (

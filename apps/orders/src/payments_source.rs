@@ -3,7 +3,9 @@
 //! /v1/orders/{id}/payments` would be reported `missing_local`.
 
 use futures_util::future::BoxFuture;
-use oncely_effects::{Completion, LocalIntent, LocalSource, LocalStatus, RemoteObject};
+use oncely_effects::{
+    Completion, LocalIntent, LocalSource, LocalStatus, ObjectState, RemoteObject,
+};
 use oncely_sql::{Database, StoreError};
 
 use crate::payment_store::{self as store, EvidenceRow, PaymentRow};
@@ -101,9 +103,20 @@ impl LocalSource for PaymentsSource {
                 return Ok(Completion::Busy);
             }
             let now = oncely_core::now_ms();
-            let object = found.iter().find(|o| o.effective).or(found.first());
+            // Live: charged; ended in Stripe's words: declined. Pending or a word nobody
+            // listed proves neither: the payment stays unknown (docs/DESIGN.md "Status
+            // vocabularies").
+            let object = found
+                .iter()
+                .find(|o| o.is_live())
+                .or_else(|| found.iter().find(|o| o.state != ObjectState::Ended))
+                .or(found.first());
             if let Some(o) = object {
-                let state = if o.effective { "succeeded" } else { "declined" };
+                let state = match o.state {
+                    ObjectState::Live => "succeeded",
+                    ObjectState::Ended => "declined",
+                    _ => return Ok(Completion::Busy),
+                };
                 store::set_outcome(
                     &self.db,
                     &row.order_id,

@@ -29,7 +29,8 @@ pub enum FaultKind {
     /// stored under the request's `Idempotency-Key`, as Stripe v1 does once an endpoint
     /// began executing.)
     ErrorBefore,
-    /// The effect happens, then a 500. On the Stripe API that 500 is what is stored under
+    /// The effect happens, then a 500 (or [`FaultConfig::error_after_status`]). On the
+    /// Stripe API that answer is what is stored under
     /// the key and replayed.
     ErrorAfter,
     /// The effect happens, then the TCP connection is closed without an answer.
@@ -174,6 +175,10 @@ pub struct FaultConfig {
     pub late_ms: u64,
     /// `Retry-After` of a `rate_limit` answer, in seconds (default 1).
     pub retry_after_secs: u32,
+    /// HTTP status of an `error_after` answer (default 500): what reaches the caller after
+    /// the effect happened — a 503 from an egress proxy, a CDN's 520/524, a 507, Stripe's
+    /// 409 "a request with this key is in progress".
+    pub error_after_status: u16,
     /// Seed of the random draws, for reproducible runs; `None` seeds from the OS.
     pub seed: Option<u64>,
 }
@@ -185,6 +190,7 @@ impl Default for FaultConfig {
             latency_ms: 200,
             late_ms: 5000,
             retry_after_secs: 1,
+            error_after_status: 500,
             seed: None,
         }
     }
@@ -203,6 +209,7 @@ struct FaultPatch {
     latency_ms: Option<u64>,
     late_ms: Option<u64>,
     retry_after_secs: Option<u32>,
+    error_after_status: Option<u16>,
     seed: Option<u64>,
     /// Drops every pending one-shot fault.
     clear_next: Option<bool>,
@@ -230,6 +237,8 @@ pub(crate) struct Outcome {
     pub(crate) error_after: bool,
     pub(crate) drop_after: bool,
     pub(crate) late_after: bool,
+    /// The status an `error_after` answers ([`FaultConfig::error_after_status`]).
+    pub(crate) error_status: u16,
 }
 
 /// The fault state of one API: settings, the seeded RNG, pending one-shots and counts of
@@ -315,6 +324,7 @@ impl Faults {
             error_after: Self::draw(&mut s, FaultKind::ErrorAfter),
             drop_after: Self::draw(&mut s, FaultKind::DropAfter),
             late_after: Self::draw(&mut s, FaultKind::LateAfter),
+            error_status: s.config.error_after_status,
         }
     }
 
@@ -356,6 +366,7 @@ impl Faults {
         c.latency_ms = patch.latency_ms.unwrap_or(c.latency_ms);
         c.late_ms = patch.late_ms.unwrap_or(c.late_ms);
         c.retry_after_secs = patch.retry_after_secs.unwrap_or(c.retry_after_secs);
+        c.error_after_status = patch.error_after_status.unwrap_or(c.error_after_status);
         if let Some(seed) = patch.seed {
             c.seed = Some(seed);
             s.rng = rng_for(Some(seed));

@@ -11,7 +11,10 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use oncely_http::Problem;
 use serde::{Deserialize, Serialize};
 
-use crate::faults::{FaultConfig, FaultKind, Faults};
+use crate::faults::{FaultConfig, FaultKind, Faults, Outcome};
+
+/// The status word of a cancelled shipment.
+const CANCELLED: &str = "cancelled";
 
 /// Largest JSON body accepted, in bytes.
 const MAX_BODY: usize = 256 * 1024;
@@ -27,6 +30,10 @@ pub struct ShippingConfig {
     pub undeliverable_skus: BTreeSet<String>,
     /// Fault injection on `POST /v1/shipments` and `POST /v1/shipments/{id}/cancel`.
     pub faults: FaultConfig,
+    /// The status word of a live shipment; `None` is `booked`. A carrier's own words
+    /// (`created`, `label_created`, `in_transit`) or one nobody lists, for clients that
+    /// must not read an unfamiliar word as a failure.
+    pub live_status: Option<String>,
 }
 
 /// One line of a shipment.
@@ -52,8 +59,8 @@ struct Shipment {
     merchant_reference: String,
     order_id: String,
     items: Vec<ShipmentItem>,
-    /// `booked` or `cancelled`.
-    status: &'static str,
+    /// The live word ([`ShippingConfig::live_status`], `booked` by default) or `cancelled`.
+    status: String,
     /// Unix seconds.
     created: i64,
     /// Unix seconds; `null` until cancelled.
@@ -108,6 +115,7 @@ struct Inner {
     api_key: Option<String>,
     undeliverable: BTreeSet<String>,
     faults: Faults,
+    live_status: String,
     state: Mutex<Ledger>,
 }
 
@@ -137,6 +145,7 @@ impl ShippingSim {
                 api_key: config.api_key,
                 undeliverable: config.undeliverable_skus,
                 faults: Faults::new(config.faults),
+                live_status: config.live_status.unwrap_or_else(|| "booked".to_owned()),
                 state: Mutex::new(Ledger {
                     tag,
                     ..Ledger::default()
@@ -178,7 +187,7 @@ impl Inner {
             ..ShippingStats::default()
         };
         for sh in &s.shipments {
-            let booked = u64::from(sh.status == "booked");
+            let booked = u64::from(sh.status != CANCELLED);
             stats.booked += booked;
             stats.cancelled += 1 - booked;
             let r = stats
@@ -259,31 +268,36 @@ fn validate(sim: &Inner, body: &[u8]) -> Result<NewShipment, Problem> {
     Ok(new)
 }
 
-/// The part shared by the two effects: faults on arrival, then the effect under the lock
-/// with the effect faults, then the after-effect faults. `effect` answers the response.
-async fn run_effect(
-    sim: &Inner,
-    extensions: &http::Extensions,
-    effect: impl FnOnce(&mut Ledger) -> Response,
-) -> Response {
+/// The effect under the lock with the effect faults drawn: the response and the faults
+/// still to apply after it ([`deliver`]). An `error_before` answers 503 and runs nothing.
+fn commit(sim: &Inner, effect: impl FnOnce(&mut Ledger) -> Response) -> (Response, Outcome) {
     let outcome = sim.faults.on_effect();
     if outcome.error_before {
-        return problem(
+        let res = problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "Service unavailable; nothing was done",
         )
         .into_response();
+        return (res, Outcome::default());
     }
     let mut res = effect(&mut sim.lock());
     if outcome.error_after {
-        res = problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "Internal error",
-        )
-        .into_response();
+        let status =
+            StatusCode::from_u16(outcome.error_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        res = problem(status, "internal", "Internal error").into_response();
     }
+    (res, outcome)
+}
+
+/// The after-effect faults of `outcome` on the committed answer `res`: a late answer, a
+/// dropped connection.
+async fn deliver(
+    sim: &Inner,
+    extensions: &http::Extensions,
+    res: Response,
+    outcome: Outcome,
+) -> Response {
     if outcome.late_after {
         tokio::time::sleep(sim.faults.late()).await;
     }
@@ -291,6 +305,27 @@ async fn run_effect(
         return crate::server::drop_connection(extensions).await;
     }
     res
+}
+
+/// Runs `work` — the arrival faults, validation and the commit — in a task of its own, as
+/// a server keeps working on a request its client stopped waiting for: a booking held by a
+/// `latency` fault past the caller's timeout still commits (a slow commit), and only then is
+/// the answer delivered with the after-effect faults.
+async fn effect_request(
+    sim: Arc<Inner>,
+    extensions: &http::Extensions,
+    work: impl std::future::Future<Output = (Response, Option<Outcome>)> + Send + 'static,
+) -> Response {
+    match tokio::spawn(work).await {
+        Ok((res, Some(outcome))) => deliver(&sim, extensions, res, outcome).await,
+        Ok((res, None)) => res,
+        Err(_) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+        )
+        .into_response(),
+    }
 }
 
 /// Rate limiter and latency faults of an arriving effect request: the 429 to answer, if any.
@@ -320,37 +355,42 @@ async fn create(State(sim): State<Arc<Inner>>, req: Request) -> Response {
         )
         .into_response();
     };
-    if let Some(res) = arrival(&sim).await {
-        return res;
-    }
-    let new = match validate(&sim, &body) {
-        Ok(n) => n,
-        Err(p) => {
-            if p.status == StatusCode::UNPROCESSABLE_ENTITY {
-                sim.lock().refused += 1;
+    let inner = sim.clone();
+    let work = async move {
+        if let Some(res) = arrival(&inner).await {
+            return (res, None);
+        }
+        let new = match validate(&inner, &body) {
+            Ok(n) => n,
+            Err(p) => {
+                if p.status == StatusCode::UNPROCESSABLE_ENTITY {
+                    inner.lock().refused += 1;
+                }
+                return (p.into_response(), None);
             }
-            return p.into_response();
-        }
-    };
-    run_effect(&sim, &parts.extensions, move |s| {
-        let id = format!("shp_{}{:012}", s.tag, s.shipments.len() + 1);
-        let shipment = Shipment {
-            id,
-            merchant_reference: new.merchant_reference,
-            order_id: new.order_id,
-            items: new.items,
-            status: "booked",
-            created: unix_now(),
-            cancelled_at: None,
         };
-        s.shipments.push(shipment.clone());
-        let mut res = (StatusCode::CREATED, Json(&shipment)).into_response();
-        if let Ok(v) = HeaderValue::from_str(&format!("/v1/shipments/{}", shipment.id)) {
-            res.headers_mut().insert(header::LOCATION, v);
-        }
-        res
-    })
-    .await
+        let live = inner.live_status.clone();
+        let (res, outcome) = commit(&inner, move |s| {
+            let id = format!("shp_{}{:012}", s.tag, s.shipments.len() + 1);
+            let shipment = Shipment {
+                id,
+                merchant_reference: new.merchant_reference,
+                order_id: new.order_id,
+                items: new.items,
+                status: live,
+                created: unix_now(),
+                cancelled_at: None,
+            };
+            s.shipments.push(shipment.clone());
+            let mut res = (StatusCode::CREATED, Json(&shipment)).into_response();
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/shipments/{}", shipment.id)) {
+                res.headers_mut().insert(header::LOCATION, v);
+            }
+            res
+        });
+        (res, Some(outcome))
+    };
+    effect_request(sim, &parts.extensions, work).await
 }
 
 fn not_found() -> Response {
@@ -368,19 +408,19 @@ async fn cancel(State(sim): State<Arc<Inner>>, Path(id): Path<String>, req: Requ
     if !sim.lock().shipments.iter().any(|s| s.id == id) {
         return not_found();
     }
-    run_effect(&sim, &parts.extensions, move |s| {
+    let (res, outcome) = commit(&sim, move |s| {
         match s.shipments.iter_mut().find(|s| s.id == id) {
             Some(sh) => {
-                if sh.status == "booked" {
-                    sh.status = "cancelled";
+                if sh.status != CANCELLED {
+                    sh.status = CANCELLED.to_owned();
                     sh.cancelled_at = Some(unix_now());
                 }
                 Json(&*sh).into_response()
             }
             None => not_found(),
         }
-    })
-    .await
+    });
+    deliver(&sim, &parts.extensions, res, outcome).await
 }
 
 #[derive(Debug, Deserialize)]

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use clap::Args;
 use futures_util::future::BoxFuture;
 use oncely_effects::{
-    CallOutcome, EffectRequest, EffectRunner, ListPage, Provider, ProviderError, RemoteObject,
-    RunnerConfig, StatusOutcome, StatusQuery,
+    CallOutcome, EffectRequest, EffectRunner, ListPage, ObjectState, Provider, ProviderError,
+    RemoteObject, RunnerConfig, StatusOutcome, StatusQuery,
 };
 use oncely_saga::{
     Action, NewSaga, Orchestrator, OrchestratorConfig, SagaDefinition, SagaState, Step,
@@ -63,7 +63,7 @@ impl MemoryProvider {
             .or_insert_with(|| RemoteObject {
                 id: format!("obj_{n}"),
                 status: "succeeded".into(),
-                effective: true,
+                state: ObjectState::Live,
                 reference: Some(request.reference.clone()),
                 amount: None,
                 currency: None,

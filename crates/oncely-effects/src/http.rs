@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use oncely_core::{parse_retry_after, OutcomeClass};
 
-use crate::{CallOutcome, ProviderError};
+use crate::{CallOutcome, ObjectState, ProviderError, RemoteObject};
 
 /// An HTTP answer read whole: status, `Retry-After`, whether the provider marked it an
 /// idempotent replay, and the JSON body (`Null` when it was not JSON).
@@ -56,8 +56,41 @@ pub(crate) fn transport(e: &reqwest::Error) -> CallOutcome {
     }
 }
 
-/// The outcome of a non-2xx answer, by its status class (RFC 9110 §15): 408/425/429/503
-/// retryable, 500/502/504 unknown, other statuses definitive refusals.
+/// The outcome of a 2xx answer whose body the adapter read as `object` (`None`: the body
+/// was not the object it should be — empty, garbled, another shape). Only a live object is
+/// a success and only an ended one a refusal; a pending object, a status word nobody
+/// listed, or an unreadable body leave the outcome unknown, for the status check.
+pub(crate) fn answered(answer: &Answer, object: Option<RemoteObject>) -> CallOutcome {
+    let Some(object) = object.filter(|o| !o.id.is_empty()) else {
+        return CallOutcome::Unknown {
+            status: Some(answer.status),
+            reason: format!(
+                "a {} whose body is not the object it should be",
+                answer.status
+            ),
+        };
+    };
+    match object.state {
+        ObjectState::Live => CallOutcome::Succeeded(object),
+        ObjectState::Ended => CallOutcome::Failed {
+            status: answer.status,
+            code: Some(object.status.clone()),
+            message: format!("the object {} is {}", object.id, object.status),
+            object: Some(object),
+        },
+        ObjectState::Pending | ObjectState::Unrecognised => CallOutcome::Unknown {
+            status: Some(answer.status),
+            reason: format!(
+                "the object {} is {} ({:?}): not yet an outcome",
+                object.id, object.status, object.state
+            ),
+        },
+    }
+}
+
+/// The outcome of a non-2xx answer by [`OutcomeClass::of_status`], the one conservative
+/// classifier: documented refusals are final, 408/425/429 retryable, everything else —
+/// every 5xx, a 409, an unlisted 4xx, a 1xx or 3xx — unknown.
 pub(crate) fn refusal(
     answer: &Answer,
     code: Option<String>,

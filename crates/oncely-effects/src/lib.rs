@@ -15,7 +15,8 @@
 //!   service's business update in the same transaction; [`retry_effect`] under the key's
 //!   next generation.
 //! - `provider` — [`Provider`], [`EffectRequest`], [`CallOutcome`], [`StatusQuery`],
-//!   [`StatusOutcome`], [`RemoteObject`], [`ListPage`], [`ProviderError`].
+//!   [`StatusOutcome`], [`RemoteObject`] with its [`ObjectState`] read through a
+//!   [`StatusVocabulary`], [`not_found`] (the settle window), [`ListPage`], [`ProviderError`].
 //! - `key` — [`derive_key`]: the effect's idempotency key from its parent's scope, key and
 //!   step.
 //! - `http` — how a `reqwest` failure or an HTTP answer maps to an outcome class.
@@ -43,8 +44,8 @@ mod stripe;
 pub use key::{derive_key, next_key};
 pub use operator::{resolve_effect, retry_effect};
 pub use provider::{
-    CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
-    StatusQuery,
+    not_found, CallOutcome, EffectRequest, ListPage, ObjectState, Provider, ProviderError,
+    RemoteObject, StatusOutcome, StatusQuery, StatusVocabulary,
 };
 pub use reconcile::{
     default_operation, resolve, Completion, EffectsSource, LocalIntent, LocalSource, LocalStatus,

@@ -2,7 +2,7 @@
 
 use oncely_sql::{Effect, EffectState, EffectStore, Resolution, StoreError};
 
-use crate::{EffectHandler, RemoteObject, Settled};
+use crate::{EffectHandler, ObjectState, RemoteObject, Settled};
 
 /// Resolves effect `id` as a person found it at the provider (`oncely effects resolve`,
 /// the console) and runs the service's [`EffectHandler`] on that outcome in the same
@@ -36,7 +36,7 @@ pub async fn resolve_effect(
             let object = RemoteObject {
                 id: provider_id.to_owned(),
                 status: "succeeded".to_owned(),
-                effective: true,
+                state: ObjectState::Live,
                 reference: Some(effect.reference.clone()),
                 amount: None,
                 currency: None,

@@ -34,9 +34,9 @@ pub struct RemoteObject {
     /// The provider's status word, unchanged (`succeeded`, `requires_payment_method`,
     /// `booked`, `cancelled`, …).
     pub status: String,
-    /// Whether `status` means the effect took place and is live (a succeeded charge, a
-    /// booked shipment); `false` for a declined, cancelled or still-processing object.
-    pub effective: bool,
+    /// What `status` means for the effect, read through the provider's
+    /// [`StatusVocabulary`]: live, ended, pending, or a word it does not know.
+    pub state: ObjectState,
     /// The business reference the object carries (metadata or `merchant_reference`).
     pub reference: Option<String>,
     /// Amount in the currency's smallest unit, where the object has one.
@@ -47,6 +47,114 @@ pub struct RemoteObject {
     pub created: Option<i64>,
     /// The provider's whole answer, kept as evidence.
     pub raw: serde_json::Value,
+}
+
+impl RemoteObject {
+    /// `true` when the object is [`ObjectState::Live`]: the effect took place.
+    pub fn is_live(&self) -> bool {
+        self.state == ObjectState::Live
+    }
+}
+
+/// What a provider object's status word means for the effect that made it — three values
+/// and the word nobody listed (docs/DESIGN.md "Status vocabularies").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ObjectState {
+    /// The effect took place and stands (a succeeded charge, a booked shipment, a label
+    /// created, a parcel in transit).
+    Live,
+    /// Final and not live, in the provider's own words (declined, cancelled, failed): the
+    /// effect did not take place and will not.
+    Ended,
+    /// Still moving (`processing`, `pending`): it may yet become live or end. The effect
+    /// stays unknown and is checked again, within a bound.
+    Pending,
+    /// A word the vocabulary does not list. Never a failure: the effect is parked for a
+    /// person with the object attached.
+    Unrecognised,
+}
+
+/// A provider's status words, sorted into [`ObjectState`]s. Configuration: a provider
+/// that reports other words gets its own lists; a word on no list is
+/// [`ObjectState::Unrecognised`]. Words compare exactly (ASCII case-insensitive).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusVocabulary {
+    /// Words of a live object.
+    pub live: Vec<String>,
+    /// Words of an object that ended without taking effect.
+    pub ended: Vec<String>,
+    /// Words of an object still moving.
+    pub pending: Vec<String>,
+}
+
+impl StatusVocabulary {
+    /// A vocabulary from three lists of words.
+    pub fn new(live: &[&str], ended: &[&str], pending: &[&str]) -> Self {
+        let own = |w: &[&str]| w.iter().map(|s| (*s).to_owned()).collect();
+        Self {
+            live: own(live),
+            ended: own(ended),
+            pending: own(pending),
+        }
+    }
+
+    /// Stripe's PaymentIntent (API v1 "PaymentIntent.status"): live `succeeded`,
+    /// `requires_capture` (authorised, the money held); ended `canceled`,
+    /// `requires_payment_method` (the attempt failed, nothing charged); pending
+    /// `processing`, `requires_action`, `requires_confirmation`.
+    pub fn stripe_payment_intent() -> Self {
+        Self::new(
+            &["succeeded", "requires_capture"],
+            &["canceled", "requires_payment_method"],
+            &["processing", "requires_action", "requires_confirmation"],
+        )
+    }
+
+    /// Stripe's Refund ("Refund.status"): live `succeeded`, `pending` (issued; Stripe
+    /// completes it); ended `failed`, `canceled`; pending `requires_action`.
+    pub fn stripe_refund() -> Self {
+        Self::new(
+            &["succeeded", "pending"],
+            &["failed", "canceled"],
+            &["requires_action"],
+        )
+    }
+
+    /// The shipping contract's shipment (docs/DESIGN.md "Provider contracts") and the words
+    /// carriers use for a shipment that exists: live `booked`, `created`, `label_created`,
+    /// `in_transit`, `out_for_delivery`, `delivered`, `shipped`; ended `cancelled`,
+    /// `canceled`, `rejected`, `voided`; pending `pending`, `processing`.
+    pub fn shipment() -> Self {
+        Self::new(
+            &[
+                "booked",
+                "created",
+                "label_created",
+                "in_transit",
+                "out_for_delivery",
+                "delivered",
+                "shipped",
+            ],
+            &["cancelled", "canceled", "rejected", "voided"],
+            &["pending", "processing"],
+        )
+    }
+
+    /// The state `word` means.
+    pub fn state_of(&self, word: &str) -> ObjectState {
+        let listed = |words: &[String]| words.iter().any(|w| w.eq_ignore_ascii_case(word));
+        if listed(&self.live) {
+            ObjectState::Live
+        } else if listed(&self.ended) {
+            ObjectState::Ended
+        } else if listed(&self.pending) {
+            ObjectState::Pending
+        } else {
+            ObjectState::Unrecognised
+        }
+    }
 }
 
 /// What one call proved. Each variant maps to one [`OutcomeClass`] ([`CallOutcome::class`]).
@@ -68,7 +176,7 @@ pub enum CallOutcome {
         /// The object the refusal left behind (Stripe keeps a declined PaymentIntent).
         object: Option<RemoteObject>,
     },
-    /// The provider said it did not act and may be asked again (429, 503, 408, 425).
+    /// The provider said it did not act and may be asked again (408, 425, 429).
     Retryable {
         /// HTTP status.
         status: u16,
@@ -76,8 +184,10 @@ pub enum CallOutcome {
         retry_after: Option<Duration>,
     },
     /// The request may have reached the provider and taken effect — a timeout after
-    /// sending, a connection dropped before the answer, a 500/502/504, a 500 replayed
-    /// under the key. Nothing more may be sent before the status is checked.
+    /// sending, a connection dropped before the answer, any 5xx, a 409, a 2xx whose body
+    /// cannot be read or whose object is pending or in a word nobody listed
+    /// ([`oncely_core::OutcomeClass::of_status`]). Nothing more may be sent before the
+    /// status is checked.
     Unknown {
         /// HTTP status, when there was an answer.
         status: Option<u16>,
@@ -134,12 +244,24 @@ pub enum StatusOutcome {
     /// The provider has no such object, and its lookup can be trusted to show one by now:
     /// the call may be sent again **with the same key**.
     Absent,
-    /// Nothing found yet, but the lookup may lag (a search index within its settle time):
-    /// ask again later; this proves nothing.
+    /// Nothing found yet, but "not found" cannot be trusted yet: a search index that lags,
+    /// or a provider without keys (or a lookup without search) that may still commit a
+    /// request it received, until the latest send + the provider's settle time. Ask again
+    /// later; this proves nothing.
     NotYetVisible {
         /// When a "not found" will mean absent.
         settles_at: SystemTime,
     },
+}
+
+/// What "nothing found" means for a lookup of a call last sent at `last_sent`, with
+/// `settle` the provider's settle time: [`StatusOutcome::NotYetVisible`] until `last_sent +
+/// settle`, [`StatusOutcome::Absent`] after (or when nothing may have been sent).
+pub fn not_found(last_sent: Option<SystemTime>, settle: Duration) -> StatusOutcome {
+    match last_sent.map(|t| t + settle) {
+        Some(at) if at > SystemTime::now() => StatusOutcome::NotYetVisible { settles_at: at },
+        _ => StatusOutcome::Absent,
+    }
 }
 
 /// One page of a provider's objects, newest first.

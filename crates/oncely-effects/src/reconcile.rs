@@ -16,7 +16,7 @@ use oncely_sql::{
 use serde_json::json;
 
 use crate::metrics as metric;
-use crate::{EffectHandler, Provider, ProviderError, RemoteObject, Settled};
+use crate::{EffectHandler, ObjectState, Provider, ProviderError, RemoteObject, Settled};
 
 /// Where a local intent stands, as reconciliation reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +175,11 @@ impl EffectsSource {
         run_id: &str,
     ) -> Result<(), StoreError> {
         let now = oncely_core::now_ms();
-        let object = found.iter().find(|o| o.effective).unwrap_or(&found[0]);
+        let first_in = |state| found.iter().find(|o| o.state == state);
+        let object = first_in(ObjectState::Live)
+            .or_else(|| first_in(ObjectState::Pending))
+            .or_else(|| first_in(ObjectState::Unrecognised))
+            .unwrap_or(&found[0]);
         let evidence = Evidence {
             kind: EvidenceKind::Status,
             key: effect.key.clone(),
@@ -186,27 +190,49 @@ impl EffectsSource {
             provider_ids: found.iter().map(|o| o.id.clone()).collect(),
             detail: format!("reconciliation run {run_id}"),
         };
+        // Three-valued, as the runner reads a status (docs/DESIGN.md "Status
+        // vocabularies"): pending stays unknown for the runner's next check; a word nobody
+        // listed is parked for a person; only an ended object fails the effect.
+        let (settle, settled_error) = match object.state {
+            ObjectState::Live => (
+                Settle::Succeeded {
+                    provider_id: object.id.clone(),
+                    response: object.raw.to_string(),
+                },
+                None,
+            ),
+            ObjectState::Pending => return Ok(()),
+            ObjectState::Ended => {
+                let error = format!("found {} {}", object.id, object.status);
+                (
+                    Settle::Failed {
+                        error: error.clone(),
+                        response: Some(object.raw.to_string()),
+                    },
+                    Some((false, error)),
+                )
+            }
+            _ => {
+                let error = format!(
+                    "found {} in a status the vocabulary does not list ({:?})",
+                    object.id, object.status
+                );
+                (
+                    Settle::NeedsReview {
+                        error: error.clone(),
+                    },
+                    Some((true, error)),
+                )
+            }
+        };
         let mut tx = self.store.database().begin().await?;
-        if object.effective {
-            let settle = Settle::Succeeded {
-                provider_id: object.id.clone(),
-                response: object.raw.to_string(),
-            };
-            EffectStore::settle(&mut tx, effect, &settle, &evidence, now).await?;
-            self.handler
-                .settled(&mut tx, effect, Settled::Succeeded(object))
-                .await?;
-        } else {
-            let error = format!("found {} {}", object.id, object.status);
-            let settle = Settle::Failed {
-                error: error.clone(),
-                response: Some(object.raw.to_string()),
-            };
-            EffectStore::settle(&mut tx, effect, &settle, &evidence, now).await?;
-            self.handler
-                .settled(&mut tx, effect, Settled::Failed { error: &error })
-                .await?;
-        }
+        EffectStore::settle(&mut tx, effect, &settle, &evidence, now).await?;
+        let settled = match &settled_error {
+            None => Settled::Succeeded(object),
+            Some((false, error)) => Settled::Failed { error },
+            Some((true, error)) => Settled::NeedsReview { error },
+        };
+        self.handler.settled(&mut tx, effect, settled).await?;
         tx.commit().await
     }
 
@@ -633,7 +659,7 @@ fn against_local<'a>(
     if intent.status == LocalStatus::Unknown {
         return vec![Finding::Unknown(intent, found)];
     }
-    let live: Vec<&RemoteObject> = found.iter().filter(|o| o.effective).collect();
+    let live: Vec<&RemoteObject> = found.iter().filter(|o| o.is_live()).collect();
     let mut out = Vec::new();
     let mut report = |kind, object: Option<&RemoteObject>, detail: String| {
         out.push(Finding::Discrepancy(discrepancy(
@@ -662,7 +688,7 @@ fn against_local<'a>(
                         provider_id.as_deref().unwrap_or("no id")
                     ),
                 ),
-                Some(m) if !m.effective => report(
+                Some(m) if !m.is_live() => report(
                     DiscrepancyKind::StatusMismatch,
                     Some(m),
                     format!("succeeded here, {} at the provider", m.status),

@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics as metric;
 use crate::next_key;
-use crate::{CallOutcome, EffectRequest, Provider, RemoteObject, StatusOutcome, StatusQuery};
+use crate::{
+    CallOutcome, EffectRequest, ObjectState, Provider, RemoteObject, StatusOutcome, StatusQuery,
+};
 
 /// How an effect ended, handed to [`EffectHandler::settled`].
 #[derive(Debug, Clone, Copy)]
@@ -795,7 +797,7 @@ impl EffectRunner {
             .increment(1);
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
-            Ok(StatusOutcome::Found(objects)) => Ok(Self::found(effect, started, &objects)),
+            Ok(StatusOutcome::Found(objects)) => Ok(self.found(effect, started, checks, &objects)),
             Ok(StatusOutcome::Absent) => self.absent(lane, effect, started).await,
             Ok(StatusOutcome::NotYetVisible { settles_at }) => {
                 let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
@@ -836,11 +838,25 @@ impl EffectRunner {
         }
     }
 
-    /// The provider has objects for the effect: settled from the live one (or, when none is
-    /// live, the refused one). More than one is noted in the evidence for reconciliation.
-    fn found(effect: &Effect, started: i64, objects: &[RemoteObject]) -> Pending {
+    /// The provider has objects for the effect, read three-valued (docs/DESIGN.md "Status
+    /// vocabularies"): a live one settles it `succeeded`; else one still pending keeps it
+    /// unknown and checks again (within [`RunnerConfig::max_checks`]); else one in a word
+    /// nobody listed parks it in `needs_review` with the object attached; only when every
+    /// object found ended in the provider's own words is it `failed`. More than one object
+    /// is noted in the evidence for reconciliation.
+    fn found(
+        &self,
+        effect: &Effect,
+        started: i64,
+        checks: u32,
+        objects: &[RemoteObject],
+    ) -> Pending {
         let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
-        let object = objects.iter().find(|o| o.effective).unwrap_or(&objects[0]);
+        let first_in = |state| objects.iter().find(|o| o.state == state);
+        let object = first_in(ObjectState::Live)
+            .or_else(|| first_in(ObjectState::Pending))
+            .or_else(|| first_in(ObjectState::Unrecognised))
+            .unwrap_or(&objects[0]);
         let detail = if objects.len() > 1 {
             format!(
                 "{} objects at the provider for one reference",
@@ -858,24 +874,43 @@ impl EffectRunner {
             &ids,
             &detail,
         );
-        if object.effective {
-            let settle = Settle::Succeeded {
-                provider_id: object.id.clone(),
-                response: object.raw.to_string(),
-            };
-            return Self::pending(effect, &settle, &evidence, Some(Settled::Succeeded(object)));
+        match object.state {
+            ObjectState::Live => {
+                let settle = Settle::Succeeded {
+                    provider_id: object.id.clone(),
+                    response: object.raw.to_string(),
+                };
+                Self::pending(effect, &settle, &evidence, Some(Settled::Succeeded(object)))
+            }
+            ObjectState::Pending => self.still_unknown(
+                effect,
+                started,
+                checks,
+                "found",
+                now_ms() + ms(self.config.check_delay),
+                &format!("found {} {}: still pending", object.id, object.status),
+            ),
+            ObjectState::Ended => {
+                let error = format!("found {} {}", object.id, object.status);
+                let settle = Settle::Failed {
+                    error: error.clone(),
+                    response: Some(object.raw.to_string()),
+                };
+                Self::pending(
+                    effect,
+                    &settle,
+                    &evidence,
+                    Some(Settled::Failed { error: &error }),
+                )
+            }
+            _ => {
+                let error = format!(
+                    "found {} in a status this provider's vocabulary does not list ({:?}): {}",
+                    object.id, object.status, object.raw
+                );
+                Self::park(effect, &evidence, &error)
+            }
         }
-        let error = format!("found {} {}", object.id, object.status);
-        let settle = Settle::Failed {
-            error: error.clone(),
-            response: Some(object.raw.to_string()),
-        };
-        Self::pending(
-            effect,
-            &settle,
-            &evidence,
-            Some(Settled::Failed { error: &error }),
-        )
     }
 
     /// The provider has nothing for the effect: it is sent again with the same key — or,

@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 
 use crate::http;
 use crate::{
-    CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
-    StatusQuery,
+    not_found, CallOutcome, EffectRequest, ListPage, ObjectState, Provider, ProviderError,
+    RemoteObject, StatusOutcome, StatusQuery, StatusVocabulary,
 };
 
 /// Settings of [`ShippingClient`].
@@ -19,6 +19,17 @@ pub struct ShippingConfig {
     pub api_key: Option<String>,
     /// Bound on one HTTP exchange; past it the outcome is unknown. Default 30 s.
     pub timeout: Duration,
+    /// How long after the latest send "no shipment for this reference" proves nothing
+    /// (docs/DESIGN.md "The settle window"). The contract has no keys: a booking the
+    /// provider received may commit after the caller gave up waiting (a slow commit), and
+    /// a second booking sent before it shows would be a second shipment. Until `last send
+    /// + settle_time` not-found is "not yet visible"; only after it is the booking absent
+    /// and sent again. Default 60 s: longer than the provider's own request timeout is
+    /// expected to be (60 s, nginx's default `proxy_read_timeout`), past which it should
+    /// have finished or dropped the request.
+    pub settle_time: Duration,
+    /// The shipment's status words. Default [`StatusVocabulary::shipment`].
+    pub statuses: StatusVocabulary,
 }
 
 impl Default for ShippingConfig {
@@ -27,6 +38,8 @@ impl Default for ShippingConfig {
             base_url: "http://127.0.0.1:8090".to_owned(),
             api_key: None,
             timeout: Duration::from_secs(30),
+            settle_time: Duration::from_secs(60),
+            statuses: StatusVocabulary::shipment(),
         }
     }
 }
@@ -37,8 +50,10 @@ impl Default for ShippingConfig {
 /// status by `GET /v1/shipments?merchant_reference=…`.
 ///
 /// The provider has no idempotency keys ([`Provider::honours_keys`] is `false`): after an
-/// unknown outcome nothing is re-sent before the status check has answered absent. Its
-/// lookup is read from the store it books into, so "not found" is absent at once.
+/// unknown outcome nothing is re-sent before the status check has answered absent, and
+/// "not found" is absent only once [`ShippingConfig::settle_time`] has passed since the
+/// latest send. Status words are read through [`ShippingConfig::statuses`]: a shipment in
+/// a word nobody listed is never a failure.
 ///
 /// Parameters: `book` — `order_id` (string), `items` (`[{sku, quantity}]`); the reference
 /// is the `merchant_reference`. `cancel` — `shipment_id`.
@@ -78,7 +93,7 @@ impl ShippingClient {
         let sent = self
             .request(reqwest::Method::POST, "/v1/shipments")
             .json(&body);
-        answer(http::send(sent).await)
+        self.answer(http::send(sent).await, false)
     }
 
     async fn cancel(&self, request: &EffectRequest) -> CallOutcome {
@@ -94,17 +109,52 @@ impl ShippingClient {
             reqwest::Method::POST,
             &format!("/v1/shipments/{}/cancel", path_segment(id)),
         );
-        match answer(http::send(sent).await) {
-            // A cancellation's effect is the shipment being cancelled.
-            CallOutcome::Succeeded(mut o) => {
-                o.effective = o.status == "cancelled";
-                CallOutcome::Succeeded(o)
-            }
-            other => other,
-        }
+        self.answer(http::send(sent).await, true)
     }
 
-    async fn shipments(&self, reference: Option<&str>) -> Result<Vec<RemoteObject>, ProviderError> {
+    /// A shipment as an object of the effect: of a booking, its own state; of a
+    /// cancellation, the cancellation's — live once the shipment ended, pending while the
+    /// shipment is still live (the cancel has not shown), the word's own state otherwise.
+    fn shipment(&self, v: &Value, cancel: bool) -> RemoteObject {
+        let mut object = shipment(v);
+        object.state = match (self.config.statuses.state_of(&object.status), cancel) {
+            (ObjectState::Ended, true) => ObjectState::Live,
+            (ObjectState::Live, true) => ObjectState::Pending,
+            (state, _) => state,
+        };
+        object
+    }
+
+    fn answer(&self, sent: Result<http::Answer, CallOutcome>, cancel: bool) -> CallOutcome {
+        let answer = match sent {
+            Ok(a) => a,
+            Err(outcome) => return outcome,
+        };
+        if (200..300).contains(&answer.status) {
+            let object = answer
+                .body
+                .is_object()
+                .then(|| self.shipment(&answer.body, cancel));
+            return http::answered(&answer, object);
+        }
+        // Problem details (RFC 9457): the kind is the last segment of `type`.
+        let code = answer.body["type"]
+            .as_str()
+            .and_then(|t| t.rsplit(':').next())
+            .map(str::to_owned);
+        let message = answer.body["detail"]
+            .as_str()
+            .or_else(|| answer.body["title"].as_str())
+            .unwrap_or("no message")
+            .to_owned();
+        http::refusal(&answer, code, message, None)
+    }
+
+    async fn shipments(
+        &self,
+        reference: Option<&str>,
+        cancel: bool,
+    ) -> Result<Vec<RemoteObject>, ProviderError> {
         let mut r = self.request(reqwest::Method::GET, "/v1/shipments");
         if let Some(reference) = reference {
             r = r.query(&[("merchant_reference", reference)]);
@@ -117,7 +167,11 @@ impl ShippingClient {
                 reason: "a list answer without a data array".to_owned(),
             })?;
         // Newest first, like every list here.
-        Ok(data.iter().rev().map(shipment).collect())
+        Ok(data
+            .iter()
+            .rev()
+            .map(|v| self.shipment(v, cancel))
+            .collect())
     }
 }
 
@@ -151,20 +205,23 @@ impl Provider for ShippingClient {
         query: StatusQuery<'a>,
     ) -> BoxFuture<'a, Result<StatusOutcome, ProviderError>> {
         async move {
-            let found = self.shipments(Some(&query.request.reference)).await?;
-            let found: Vec<RemoteObject> = match query.request.operation.as_str() {
-                // A cancellation happened when its shipment is cancelled.
-                "cancel" => {
-                    let id = query.request.params["shipment_id"].as_str();
-                    found
-                        .into_iter()
-                        .filter(|o| Some(o.id.as_str()) == id && o.status == "cancelled")
-                        .collect()
-                }
-                _ => found,
+            let cancel = query.request.operation == "cancel";
+            let found = self
+                .shipments(Some(&query.request.reference), cancel)
+                .await?;
+            let found: Vec<RemoteObject> = if cancel {
+                // The cancellation's object is its shipment; one still live has not shown
+                // the cancel, which is then not (yet) found.
+                let id = query.request.params["shipment_id"].as_str();
+                found
+                    .into_iter()
+                    .filter(|o| Some(o.id.as_str()) == id && o.state != ObjectState::Pending)
+                    .collect()
+            } else {
+                found
             };
             Ok(if found.is_empty() {
-                StatusOutcome::Absent
+                not_found(query.last_sent, self.config.settle_time)
             } else {
                 StatusOutcome::Found(found)
             })
@@ -184,7 +241,7 @@ impl Provider for ShippingClient {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
             let objects = self
-                .shipments(None)
+                .shipments(None, false)
                 .await?
                 .into_iter()
                 .filter(|o| o.created.is_none_or(|c| c >= since))
@@ -198,32 +255,12 @@ impl Provider for ShippingClient {
     }
 }
 
-fn answer(sent: Result<http::Answer, CallOutcome>) -> CallOutcome {
-    let answer = match sent {
-        Ok(a) => a,
-        Err(outcome) => return outcome,
-    };
-    if (200..300).contains(&answer.status) {
-        return CallOutcome::Succeeded(shipment(&answer.body));
-    }
-    // Problem details (RFC 9457): the kind is the last segment of `type`.
-    let code = answer.body["type"]
-        .as_str()
-        .and_then(|t| t.rsplit(':').next())
-        .map(str::to_owned);
-    let message = answer.body["detail"]
-        .as_str()
-        .or_else(|| answer.body["title"].as_str())
-        .unwrap_or("no message")
-        .to_owned();
-    http::refusal(&answer, code, message, None)
-}
-
+/// A shipment's fields; its state is set by [`ShippingClient::shipment`].
 fn shipment(v: &Value) -> RemoteObject {
     let status = v["status"].as_str().unwrap_or_default().to_owned();
     RemoteObject {
         id: v["id"].as_str().unwrap_or_default().to_owned(),
-        effective: status == "booked",
+        state: ObjectState::Unrecognised,
         status,
         reference: v["merchant_reference"].as_str().map(str::to_owned),
         amount: None,

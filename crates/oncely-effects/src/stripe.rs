@@ -6,8 +6,8 @@ use serde_json::Value;
 
 use crate::http::{self, Answer};
 use crate::{
-    CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject, StatusOutcome,
-    StatusQuery,
+    not_found, CallOutcome, EffectRequest, ListPage, Provider, ProviderError, RemoteObject,
+    StatusOutcome, StatusQuery, StatusVocabulary,
 };
 
 /// Settings of [`StripePayments`].
@@ -27,10 +27,18 @@ pub struct StripeConfig {
     /// localstripe does not). Otherwise the list is paged, newest first, down to the
     /// query's `since`. Default `true`.
     pub search: bool,
-    /// How long after the latest attempt an empty search may still be the search index
-    /// lagging (Stripe: "under a minute" normally): until then "not found" proves nothing.
-    /// Default 60 s. Listing is read from the same store as creation and needs none.
+    /// How long after the latest attempt "not found" proves nothing (docs/DESIGN.md "The
+    /// settle window"): the search index lags ("under a minute" normally, Stripe's search
+    /// documentation), and a request the API received may commit after the caller gave up
+    /// waiting, which a list cannot show yet either. Until `last send + settle_time` an
+    /// empty search or list is "not yet visible"; only after it is the charge absent and
+    /// sent again. Default 60 s.
     pub settle_time: Duration,
+    /// The PaymentIntent's status words. Default
+    /// [`StatusVocabulary::stripe_payment_intent`].
+    pub intent_statuses: StatusVocabulary,
+    /// The Refund's status words. Default [`StatusVocabulary::stripe_refund`].
+    pub refund_statuses: StatusVocabulary,
     /// The `payment_method` of a charge whose parameters name none. Default `pm_card_visa`
     /// (Stripe's test card; set your own for live mode).
     pub default_payment_method: String,
@@ -47,6 +55,8 @@ impl Default for StripeConfig {
             reference_field: "invoice_id".to_owned(),
             search: true,
             settle_time: Duration::from_secs(60),
+            intent_statuses: StatusVocabulary::stripe_payment_intent(),
+            refund_statuses: StatusVocabulary::stripe_refund(),
             default_payment_method: "pm_card_visa".to_owned(),
             page_limit: 100,
         }
@@ -65,7 +75,9 @@ impl Default for StripeConfig {
 ///
 /// Stripe v1 stores the first answer under a key, a 500 included, and replays it: a 500 —
 /// replayed or not — is an unknown outcome, resolved by the status check, never taken as
-/// the answer.
+/// the answer. Every answer is read through the one classifier
+/// ([`oncely_core::OutcomeClass::of_status`]) and the status vocabularies: a 2xx with a
+/// `processing` PaymentIntent, a word nobody listed or an unreadable body is unknown too.
 #[derive(Debug, Clone)]
 pub struct StripePayments {
     config: StripeConfig,
@@ -146,22 +158,8 @@ impl StripePayments {
             Err(outcome) => return outcome,
         };
         if (200..300).contains(&answer.status) {
-            let intent = self.intent(&answer.body);
-            return if intent.effective {
-                CallOutcome::Succeeded(intent)
-            } else if intent.status == "processing" {
-                CallOutcome::Unknown {
-                    status: Some(answer.status),
-                    reason: "the PaymentIntent is still processing".to_owned(),
-                }
-            } else {
-                CallOutcome::Failed {
-                    status: answer.status,
-                    code: Some(intent.status.clone()),
-                    message: format!("the PaymentIntent is {}", intent.status),
-                    object: Some(intent),
-                }
-            };
+            let intent = answer.body.is_object().then(|| self.intent(&answer.body));
+            return http::answered(&answer, intent);
         }
         // A declined card (402) leaves its PaymentIntent in `error.payment_intent`.
         let object = answer.body["error"]
@@ -185,17 +183,11 @@ impl StripePayments {
             Err(outcome) => return outcome,
         };
         if (200..300).contains(&answer.status) {
-            let refund = refund_object(&answer.body, &request.reference);
-            return if refund.effective {
-                CallOutcome::Succeeded(refund)
-            } else {
-                CallOutcome::Failed {
-                    status: answer.status,
-                    code: Some(refund.status.clone()),
-                    message: format!("the Refund is {}", refund.status),
-                    object: Some(refund),
-                }
-            };
+            let refund = answer
+                .body
+                .is_object()
+                .then(|| self.refund_object(&answer.body, &request.reference));
+            return http::answered(&answer, refund);
         }
         stripe_refusal(&answer, None)
     }
@@ -218,13 +210,7 @@ impl StripePayments {
             if !found.is_empty() {
                 return Ok(StatusOutcome::Found(found));
             }
-            let settles_at = query.last_sent.map(|t| t + self.config.settle_time);
-            return Ok(match settles_at {
-                Some(at) if at > SystemTime::now() => {
-                    StatusOutcome::NotYetVisible { settles_at: at }
-                }
-                _ => StatusOutcome::Absent,
-            });
+            return Ok(not_found(query.last_sent, self.config.settle_time));
         }
         let mut found = Vec::new();
         let mut cursor: Option<String> = None;
@@ -243,7 +229,7 @@ impl StripePayments {
             }
         }
         Ok(if found.is_empty() {
-            StatusOutcome::Absent
+            not_found(query.last_sent, self.config.settle_time)
         } else {
             StatusOutcome::Found(found)
         })
@@ -267,10 +253,10 @@ impl StripePayments {
         .await?;
         let found: Vec<RemoteObject> = data(&answer)?
             .iter()
-            .map(|r| refund_object(r, &query.request.reference))
+            .map(|r| self.refund_object(r, &query.request.reference))
             .collect();
         Ok(if found.is_empty() {
-            StatusOutcome::Absent
+            not_found(query.last_sent, self.config.settle_time)
         } else {
             StatusOutcome::Found(found)
         })
@@ -305,7 +291,7 @@ impl StripePayments {
             let object = if operation == "charge" {
                 self.intent(item)
             } else {
-                refund_object(item, "")
+                self.refund_object(item, "")
             };
             if object.created.is_some_and(|c| c < since) {
                 older = true;
@@ -318,6 +304,20 @@ impl StripePayments {
         Ok(ListPage { objects, next })
     }
 
+    fn refund_object(&self, r: &Value, reference: &str) -> RemoteObject {
+        let status = r["status"].as_str().unwrap_or_default().to_owned();
+        RemoteObject {
+            id: r["id"].as_str().unwrap_or_default().to_owned(),
+            state: self.config.refund_statuses.state_of(&status),
+            status,
+            reference: (!reference.is_empty()).then(|| reference.to_owned()),
+            amount: r["amount"].as_i64(),
+            currency: r["currency"].as_str().map(str::to_owned),
+            created: r["created"].as_i64(),
+            raw: r.clone(),
+        }
+    }
+
     fn intents(&self, answer: &Answer) -> Result<Vec<RemoteObject>, ProviderError> {
         Ok(data(answer)?.iter().map(|pi| self.intent(pi)).collect())
     }
@@ -326,7 +326,7 @@ impl StripePayments {
         let status = pi["status"].as_str().unwrap_or_default().to_owned();
         RemoteObject {
             id: pi["id"].as_str().unwrap_or_default().to_owned(),
-            effective: matches!(status.as_str(), "succeeded" | "requires_capture"),
+            state: self.config.intent_statuses.state_of(&status),
             status,
             reference: pi["metadata"][&self.config.reference_field]
                 .as_str()
@@ -395,20 +395,6 @@ fn stripe_refusal(answer: &Answer, object: Option<RemoteObject>) -> CallOutcome 
         .map(str::to_owned);
     let message = error["message"].as_str().unwrap_or("no message").to_owned();
     http::refusal(answer, code, message, object)
-}
-
-fn refund_object(r: &Value, reference: &str) -> RemoteObject {
-    let status = r["status"].as_str().unwrap_or_default().to_owned();
-    RemoteObject {
-        id: r["id"].as_str().unwrap_or_default().to_owned(),
-        effective: matches!(status.as_str(), "succeeded" | "pending"),
-        status,
-        reference: (!reference.is_empty()).then(|| reference.to_owned()),
-        amount: r["amount"].as_i64(),
-        currency: r["currency"].as_str().map(str::to_owned),
-        created: r["created"].as_i64(),
-        raw: r.clone(),
-    }
 }
 
 /// The `data` array of a list or search answer.

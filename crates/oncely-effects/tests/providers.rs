@@ -19,6 +19,8 @@ use serde_json::json;
 
 #[path = "providers/group.rs"]
 mod group;
+#[path = "providers/money.rs"]
+mod money;
 #[path = "providers/outage.rs"]
 mod outage;
 #[path = "providers/reconcile.rs"]
@@ -28,7 +30,7 @@ mod s6;
 
 pub(crate) const SK: &str = "sk_test_oncely_effects";
 
-async fn listen(router: axum::Router) -> String {
+pub(crate) async fn listen(router: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(listener, router, std::future::pending()));
@@ -74,6 +76,17 @@ fn charge(invoice: &str, key: &str) -> EffectRequest {
     }
 }
 
+/// Sets a simulator's fault settings (`POST /_sim/faults`).
+pub(crate) async fn set_faults(base: &str, settings: serde_json::Value) {
+    let res = reqwest::Client::new()
+        .post(format!("{base}/_sim/faults"))
+        .json(&settings)
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{settings}: {}", res.status());
+}
+
 /// Arms one fault of `kind` for the simulator's next effect.
 pub(crate) async fn next_fault(base: &str, kind: &str) {
     let res = reqwest::Client::new()
@@ -93,6 +106,15 @@ fn query(request: &EffectRequest) -> StatusQuery<'_> {
     }
 }
 
+/// A status query of a call last sent a minute ago: past every settle time here, so
+/// "not found" is absent.
+fn settled_query(request: &EffectRequest) -> StatusQuery<'_> {
+    StatusQuery {
+        last_sent: Some(SystemTime::now() - Duration::from_secs(60)),
+        ..query(request)
+    }
+}
+
 fn found(outcome: StatusOutcome) -> Vec<oncely_effects::RemoteObject> {
     match outcome {
         StatusOutcome::Found(objects) => objects,
@@ -107,7 +129,7 @@ fn succeeded(outcome: CallOutcome) -> oncely_effects::RemoteObject {
     }
 }
 
-fn intents_for(sim: &PaymentsSim, invoice: &str) -> u64 {
+pub(crate) fn intents_for(sim: &PaymentsSim, invoice: &str) -> u64 {
     sim.stats()
         .payment_intents_by_metadata
         .get("invoice_id")
@@ -151,7 +173,7 @@ async fn a_connection_dropped_after_the_charge_is_unknown_and_the_status_finds_t
     assert_eq!(outcome.class(), OutcomeClass::Unknown, "{outcome:?}");
     let objects = found(p.status(query(&request)).await.unwrap());
     assert_eq!(objects.len(), 1);
-    assert!(objects[0].effective);
+    assert!(objects[0].is_live());
     assert_eq!(intents_for(&sim, "inv-drop"), 1);
 }
 
@@ -199,7 +221,7 @@ async fn a_500_after_the_charge_and_its_replay_under_the_key_are_unknown_not_ans
         other => panic!("the replayed 500 must be unknown, got {other:?}"),
     }
     let objects = found(p.status(query(&request)).await.unwrap());
-    assert_eq!((objects.len(), objects[0].effective), (1, true));
+    assert_eq!((objects.len(), objects[0].is_live()), (1, true));
     assert_eq!(intents_for(&sim, "inv-500"), 1);
 }
 
@@ -248,12 +270,17 @@ async fn failures_before_the_charge_are_told_apart_from_unknown_outcomes() {
         (limited.class(), limited.retry_after()),
         (OutcomeClass::Retryable, Some(Duration::from_secs(3)))
     );
-    // A 500 before the effect is still unknown to the caller; the status says absent.
+    // A 500 before the effect is still unknown to the caller; within the settle window
+    // "not found" proves nothing, after it the status says absent.
     let before = charge("inv-before", "key-before");
     next_fault(&base, "error_before").await;
     assert_eq!(p.call(&before).await.class(), OutcomeClass::Unknown);
-    assert_eq!(
+    assert!(matches!(
         p.status(query(&before)).await.unwrap(),
+        StatusOutcome::NotYetVisible { .. }
+    ));
+    assert_eq!(
+        p.status(settled_query(&before)).await.unwrap(),
         StatusOutcome::Absent
     );
     // A declined card is final, with the PaymentIntent it left behind.
@@ -266,7 +293,7 @@ async fn failures_before_the_charge_are_told_apart_from_unknown_outcomes() {
             object: Some(pi),
             ..
         } => assert_eq!(
-            (code.as_deref(), pi.effective),
+            (code.as_deref(), pi.is_live()),
             (Some("card_declined"), false)
         ),
         other => panic!("a declined card is a final failure, got {other:?}"),
@@ -339,7 +366,7 @@ async fn a_refund_is_made_once_under_its_key_and_found_by_its_payment_intent() {
     next_fault(&base, "drop_after").await;
     assert_eq!(p.call(&refund).await.class(), OutcomeClass::Unknown);
     let refunds = found(p.status(query(&refund)).await.unwrap());
-    assert_eq!((refunds.len(), refunds[0].effective), (1, true));
+    assert_eq!((refunds.len(), refunds[0].is_live()), (1, true));
     assert_eq!(sim.stats().refunds, 1);
 }
 
@@ -357,6 +384,7 @@ async fn shipping() -> (ShippingSim, ShippingClient, String) {
     let client = ShippingClient::new(ShippingConfig {
         base_url: base.clone(),
         timeout: Duration::from_millis(800),
+        settle_time: Duration::from_secs(2),
         ..ShippingConfig::default()
     })
     .unwrap();
@@ -393,18 +421,24 @@ async fn a_keyless_booking_whose_answer_was_lost_is_found_by_its_merchant_refere
         );
         let shipments = found(client.status(query(&request)).await.unwrap());
         assert_eq!(
-            (shipments.len(), shipments[0].effective),
+            (shipments.len(), shipments[0].is_live()),
             (1, true),
             "{fault}"
         );
         assert_eq!(sim.stats().by_merchant_reference[order].total, 1, "{fault}");
     }
-    // 503 before the effect: nothing booked, retryable; the status says absent.
+    // 503 before the effect: nothing booked, but a 503 after the request left proves
+    // nothing (it may be an egress proxy's): unknown. The status says not yet visible
+    // within the settle window, absent after it.
     let before = booking("ord-503", "sku-1");
     next_fault(&base, "error_before").await;
-    assert_eq!(client.call(&before).await.class(), OutcomeClass::Retryable);
-    assert_eq!(
+    assert_eq!(client.call(&before).await.class(), OutcomeClass::Unknown);
+    assert!(matches!(
         client.status(query(&before)).await.unwrap(),
+        StatusOutcome::NotYetVisible { .. }
+    ));
+    assert_eq!(
+        client.status(settled_query(&before)).await.unwrap(),
         StatusOutcome::Absent
     );
 }
@@ -470,7 +504,7 @@ async fn against_localstripe_the_status_check_finds_the_charge_that_a_resent_key
     );
     let never = charge("inv-ls-never", "key-ls-never");
     assert_eq!(
-        p.status(query(&never)).await.unwrap(),
+        p.status(settled_query(&never)).await.unwrap(),
         StatusOutcome::Absent
     );
     // The proof that the key alone would not have saved us: localstripe charges again.
@@ -484,6 +518,6 @@ async fn against_localstripe_the_status_check_finds_the_charge_that_a_resent_key
         key: "key-ls-refund".into(),
         params: json!({"payment_intent": second.id}),
     };
-    assert!(succeeded(p.call(&refund).await).effective);
+    assert!(succeeded(p.call(&refund).await).is_live());
     assert_eq!(found(p.status(query(&refund)).await.unwrap()).len(), 1);
 }

@@ -47,8 +47,8 @@ use crate::{IdempotencyConfig, Problem};
 /// | retry after the lease ran out, no resolver (or it can't tell) | 409 `outcome-unknown` + status link |
 /// | … resolver found the provider's object | the outcome it builds, stored, replayed (`Idempotent-Replayed: true`) |
 /// | … resolver says the provider has nothing | the handler runs again, same key, fence raised |
-/// | handler answered 5xx, panicked or ran past `execution_timeout` | its answer (or 500/503); the record turns `unknown` |
-/// | handler answered with [`NotStored`] | its answer; the record is deleted (it vouches nothing was sent) |
+/// | handler answered 5xx without [`NotStored`], panicked or ran past `execution_timeout` | its answer (or 500/503); the record turns `unknown` |
+/// | handler answered with [`NotStored`] (a 5xx too) | its answer; the record is deleted (it vouches nothing was sent) |
 /// | holder's completion after a take-over | the current holder's stored outcome (or 409 while it runs) |
 ///
 /// The status link is sent as `Link: <url>; rel="monitor"` (RFC 5989) and as the problem's
@@ -526,14 +526,16 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// Stores the holder's answer `res`; on a lost fence, answers with the record as it is.
 async fn settle(cx: &Ctx<'_>, request: Who<'_>, lease: Lease, res: Response) -> Response {
-    if res.status().is_server_error() {
-        abandon(cx, &lease, "5xx").await;
-        return res;
-    }
+    // The handler vouches that nothing was sent (a 503 "nothing was charged" among them):
+    // the key is free for the same retry at once, whatever the status.
     if res.extensions().get::<NotStored>().is_some() {
         if let Err(e) = cx.store.release_leased(lease).await {
             tracing::warn!(error = %e, "multi-phase release failed; the record stays until its lease ends");
         }
+        return res;
+    }
+    if res.status().is_server_error() {
+        abandon(cx, &lease, "5xx").await;
         return res;
     }
     let (parts, body) = res.into_parts();

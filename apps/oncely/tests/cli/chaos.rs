@@ -80,6 +80,10 @@ pub(super) fn provider_args(payments: &str, shipping: &str) -> Vec<String> {
         // The simulator's search lags 1 s (`--search-lag-ms`).
         "--payments-settle-secs",
         "3",
+        // A booking answered 503 before it ran waits this long before it is sent again
+        // (the contract has no keys).
+        "--shipping-settle-secs",
+        "2",
     ]
     .iter()
     .map(|s| (*s).to_owned())

@@ -48,6 +48,8 @@ fn runner(
         base_url: url.to_owned(),
         api_key: None,
         timeout: Duration::from_secs(10),
+        settle_time: Duration::from_secs(2),
+        ..ShippingConfig::default()
     })
     .unwrap();
     let providers: Vec<Arc<dyn Provider>> = vec![Arc::new(client)];

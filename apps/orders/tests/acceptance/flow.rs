@@ -104,6 +104,7 @@ impl Flow {
                 ShippingClient::new(ShippingConfig {
                     base_url: shipping_url.to_owned(),
                     timeout: Duration::from_secs(5),
+                    settle_time: Duration::from_secs(2),
                     ..ShippingConfig::default()
                 })
                 .unwrap(),

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use super::{serve_sim, Sim};
 use tokio_util::sync::CancellationToken;
 
-const KEY_A: &str = "saga-key-tenant-a-0123456789";
+pub(super) const KEY_A: &str = "saga-key-tenant-a-0123456789";
 const KEY_B: &str = "saga-key-tenant-b-0123456789";
 const SK: &str = "sk_test_saga";
 /// A SKU the shipping simulator refuses for good (422).
@@ -44,15 +44,26 @@ oncely_testkit::matrix! {
 
 /// The service under `--fulfilment saga` with everything it runs beside it, on the SQL
 /// transport, and the simulators.
-struct Saga {
+pub(super) struct Saga {
     db: Database,
-    base: String,
-    client: reqwest::Client,
-    payments: PaymentsSim,
-    payments_srv: Sim,
-    shipping: ShippingSim,
-    _shipping_srv: Sim,
+    pub(super) base: String,
+    pub(super) client: reqwest::Client,
+    pub(super) payments: PaymentsSim,
+    pub(super) payments_srv: Sim,
+    pub(super) shipping: ShippingSim,
+    pub(super) shipping_srv: Sim,
     stop: CancellationToken,
+}
+
+/// How [`Saga::start_opts`] starts the service.
+#[derive(Debug, Default)]
+pub(super) struct SagaOptions {
+    /// The effect runner holds the shipping provider only: nothing claims a charge.
+    pub(super) no_payments_lane: bool,
+    /// `POST /v1/orders/{id}/payments` configured, against the same payments simulator.
+    pub(super) endpoint: bool,
+    /// The shipping simulator's word for a live shipment (`booked` when `None`).
+    pub(super) live_status: Option<String>,
 }
 
 impl Drop for Saga {
@@ -92,6 +103,7 @@ fn providers(payments: &str, shipping: &str) -> Vec<Arc<dyn Provider>> {
             ShippingClient::new(ShippingConfig {
                 base_url: shipping.to_owned(),
                 timeout: Duration::from_secs(5),
+                settle_time: Duration::from_secs(2),
                 ..ShippingConfig::default()
             })
             .unwrap(),
@@ -107,6 +119,19 @@ impl Saga {
     /// The service as [`Saga::start`]; without `payments_lane` its effect runner holds
     /// the shipping provider only, so nothing claims a charge.
     async fn start_with(db: &Database, payments_lane: bool) -> Self {
+        Self::start_opts(
+            db,
+            SagaOptions {
+                no_payments_lane: !payments_lane,
+                ..SagaOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// The service as [`Saga::start`], started as `opts` says.
+    pub(super) async fn start_opts(db: &Database, opts: SagaOptions) -> Self {
+        let payments_lane = !opts.no_payments_lane;
         orders::migrate(db).await.unwrap();
         let payments = PaymentsSim::new(PaymentsConfig {
             secret_keys: vec![SK.to_owned()],
@@ -118,6 +143,7 @@ impl Saga {
         });
         let shipping = ShippingSim::new(provider_sim::ShippingConfig {
             undeliverable_skus: [UNDELIVERABLE.to_owned()].into(),
+            live_status: opts.live_status,
             ..provider_sim::ShippingConfig::default()
         });
         let payments_srv = serve_sim(payments.router()).await;
@@ -131,6 +157,11 @@ impl Saga {
             api_keys: orders::parse_api_keys(&format!("{KEY_A}=tenant-a,{KEY_B}=tenant-b"))
                 .unwrap(),
             fulfilment: fulfilment.clone(),
+            payments: opts.endpoint.then(|| orders::PaymentsSettings {
+                provider: providers(&payments_srv.base, &shipping_srv.base).remove(0),
+                lease: Duration::from_secs(10),
+                fault: None,
+            }),
             ..orders::AppConfig::default()
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -196,12 +227,12 @@ impl Saga {
             payments,
             payments_srv,
             shipping,
-            _shipping_srv: shipping_srv,
+            shipping_srv,
             stop,
         }
     }
 
-    async fn set_stock(&self, api_key: &str, sku: &str, available: i64) {
+    pub(super) async fn set_stock(&self, api_key: &str, sku: &str, available: i64) {
         let res = self
             .client
             .put(format!("{}/v1/stock/{sku}", self.base))
@@ -214,7 +245,7 @@ impl Saga {
     }
 
     /// `(available, reserved)` of the tenant's `sku`, as `GET /v1/stock/{sku}` shows it.
-    async fn stock(&self, api_key: &str, sku: &str) -> (i64, i64) {
+    pub(super) async fn stock(&self, api_key: &str, sku: &str) -> (i64, i64) {
         let res = self
             .client
             .get(format!("{}/v1/stock/{sku}", self.base))
@@ -231,7 +262,13 @@ impl Saga {
     }
 
     /// Creates an order of `items` as the tenant of `api_key`; its id.
-    async fn order(&self, api_key: &str, ext: &str, items: Value, method: Option<&str>) -> String {
+    pub(super) async fn order(
+        &self,
+        api_key: &str,
+        ext: &str,
+        items: Value,
+        method: Option<&str>,
+    ) -> String {
         let mut body = json!({"source": "shop", "external_ref": ext, "customer_id": "c-1",
             "items": items, "amount_minor": 2500, "currency": "EUR"});
         if let Some(m) = method {
@@ -251,7 +288,7 @@ impl Saga {
         body["id"].as_str().unwrap().to_owned()
     }
 
-    async fn get(&self, api_key: &str, id: &str) -> (u16, Value) {
+    pub(super) async fn get(&self, api_key: &str, id: &str) -> (u16, Value) {
         let res = self
             .client
             .get(format!("{}/v1/orders/{id}", self.base))
@@ -265,7 +302,7 @@ impl Saga {
         )
     }
 
-    async fn cancel(&self, api_key: &str, id: &str) -> (u16, Value) {
+    pub(super) async fn cancel(&self, api_key: &str, id: &str) -> (u16, Value) {
         let res = self
             .client
             .post(format!("{}/v1/orders/{id}/cancel", self.base))
@@ -280,12 +317,17 @@ impl Saga {
     }
 
     /// Waits (at most 30 s) until `GET` shows the order with `status`.
-    async fn until(&self, api_key: &str, id: &str, status: &str) -> Value {
+    pub(super) async fn until(&self, api_key: &str, id: &str, status: &str) -> Value {
         self.until_with(api_key, id, |v| v["status"] == status)
             .await
     }
 
-    async fn until_with(&self, api_key: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    pub(super) async fn until_with(
+        &self,
+        api_key: &str,
+        id: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let (code, got) = self.get(api_key, id).await;
@@ -302,7 +344,7 @@ impl Saga {
     }
 
     /// Invoices of order `id`.
-    async fn invoices(&self, id: &str) -> i64 {
+    pub(super) async fn invoices(&self, id: &str) -> i64 {
         oncely_sql::on_pool!(&self.db, |p| sqlx::query_scalar::<_, i64>(
             &oncely_sql::sql_text(p, "SELECT COUNT(*) FROM invoices WHERE order_id = $1")
         )

@@ -21,6 +21,7 @@ mod events;
 mod flow;
 mod fulfilment;
 mod list;
+mod money;
 mod openapi;
 mod payments;
 mod verify;

@@ -274,7 +274,7 @@ impl Inner {
             }
         };
         if outcome.error_after {
-            answer = ApiError::api().answer();
+            answer = ApiError::api().status(outcome.error_status).answer();
         }
         if let Some(k) = key {
             store.remember(scope, k, path, params, answer.clone(), self.request_id());

@@ -38,6 +38,14 @@ impl ApiError {
         Self { status, error }
     }
 
+    /// The same error answered with `status` (kept when it is not a valid status code).
+    pub(crate) fn status(mut self, status: u16) -> Self {
+        if let Ok(s) = StatusCode::from_u16(status) {
+            self.status = s;
+        }
+        self
+    }
+
     /// 400 `invalid_request_error`.
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)

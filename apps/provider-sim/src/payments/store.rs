@@ -245,7 +245,8 @@ impl Store {
         );
     }
 
-    /// Creates the PaymentIntent (and, when confirmed, its Charge). A declined card leaves
+    /// Creates the PaymentIntent (and, when confirmed, its Charge). A payment method whose id
+    /// contains `processing` (`pm_card_processing`) leaves it `processing`. A declined card leaves
     /// the intent in `requires_payment_method` with `last_payment_error`, a failed Charge,
     /// and answers 402 `card_error` carrying the intent — as Stripe does.
     pub(crate) fn create_intent(&mut self, new: NewIntent) -> Answer {
@@ -273,6 +274,9 @@ impl Store {
         };
         let mut decline = None;
         match (&pi.payment_method, new.confirm) {
+            // A payment method that settles later (a bank debit): the intent stays
+            // `processing`, nothing charged yet.
+            (Some(pm), true) if pm.contains("processing") => pi.status = "processing".into(),
             (Some(pm), true) => {
                 let code = declined(pm);
                 let charge = self.charge_for(&pi, code);

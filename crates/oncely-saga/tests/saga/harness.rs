@@ -301,6 +301,8 @@ impl World {
                 base_url: shipping_url.clone(),
                 api_key: None,
                 timeout: Duration::from_secs(10),
+                settle_time: Duration::from_secs(2),
+                ..ShippingConfig::default()
             })
             .unwrap(),
         );
