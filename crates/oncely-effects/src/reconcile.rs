@@ -340,6 +340,12 @@ pub struct ReconcileConfig {
     /// Most pages read per run; a longer listing fails the run rather than report
     /// discrepancies from half a window. Default 10 000.
     pub max_pages: u32,
+    /// Where a provider record carries the business object it acts for, as a JSON pointer
+    /// (RFC 6901) into its raw answer. Two live records naming one business object under
+    /// different references are a `duplicate_remote` whatever their keys (docs/DESIGN.md
+    /// "One business effect per business role"): an order charged by two paths. Default
+    /// `/metadata/order_id` (Stripe's metadata as oncely writes it); `None` turns it off.
+    pub business_pointer: Option<String>,
 }
 
 impl ReconcileConfig {
@@ -349,6 +355,7 @@ impl ReconcileConfig {
             operation: operation.into(),
             skew: Duration::from_secs(300),
             max_pages: 10_000,
+            business_pointer: Some("/metadata/order_id".to_owned()),
         }
     }
 }
@@ -519,7 +526,10 @@ impl Reconciler {
         let (remote, pages) = self.remote(since - self.config.skew).await?;
         let since_ms = unix_ms(since);
         let local = self.local(since_ms, &remote).await?;
-        let findings = compare(self.provider.name(), &local, &remote);
+        let mut findings = compare(self.provider.name(), &local, &remote);
+        if let Some(pointer) = &self.config.business_pointer {
+            findings.extend(duplicates_by_business(self.provider.name(), pointer, &remote));
+        }
         let mut report = ReconcileReport {
             run: ReconcileRun {
                 id: run_id.clone(),
@@ -649,6 +659,47 @@ fn compare<'a>(
         )));
     }
     findings
+}
+
+/// Live records that name one business object (at `pointer` in their raw answers) under
+/// more than one reference: one `duplicate_remote` per business object, its reference
+/// `<pointer>=<value>`. Duplicates under one reference are `against_local`'s.
+fn duplicates_by_business<'a>(
+    provider: &str,
+    pointer: &str,
+    remote: &[RemoteObject],
+) -> Vec<Finding<'a>> {
+    let mut by_business: BTreeMap<String, Vec<RemoteObject>> = BTreeMap::new();
+    for object in remote.iter().filter(|o| o.is_live()) {
+        if let Some(value) = object.raw.pointer(pointer).and_then(|v| v.as_str()) {
+            by_business
+                .entry(value.to_owned())
+                .or_default()
+                .push(object.clone());
+        }
+    }
+    by_business
+        .into_iter()
+        .filter(|(_, found)| {
+            let references: std::collections::BTreeSet<_> =
+                found.iter().map(|o| o.reference.as_deref()).collect();
+            references.len() > 1
+        })
+        .map(|(value, found)| {
+            Finding::Discrepancy(discrepancy(
+                provider,
+                DiscrepancyKind::DuplicateRemote,
+                &format!("{pointer}={value}"),
+                None,
+                &found,
+                None,
+                &format!(
+                    "{} live records for one business object under different references",
+                    found.len()
+                ),
+            ))
+        })
+        .collect()
 }
 
 fn against_local<'a>(

@@ -250,8 +250,45 @@ async fn a_booking_a_keyless_provider_commits_after_the_caller_gave_up_is_not_bo
     );
 }
 
+/// Two live charges of one order made under different references (the payments endpoint's
+/// `order:{id}:payment` and a saga's `{saga}:charge`, each with its own key): reconciliation
+/// names them one `duplicate_remote` by the order they carry (scenario 1).
+async fn two_live_charges_of_one_order_under_different_references_are_a_duplicate(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let (_sim, base) = payments_sim(Duration::ZERO).await;
+    let provider = stripe(&base);
+    for reference in ["order:ord-2x:payment", "saga-2x:charge"] {
+        let request = oncely_effects::EffectRequest {
+            operation: "charge".into(),
+            reference: reference.into(),
+            key: format!("key-{reference}"),
+            params: json!({"amount": 700, "currency": "eur", "metadata": {"order_id": "ord-2x"}}),
+        };
+        super::succeeded(provider.call(&request).await);
+    }
+    let reconciler = oncely_effects::Reconciler::new(
+        provider,
+        EffectStore::new(t.db.clone()),
+        Arc::new(NoHandler),
+        oncely_effects::ReconcileConfig::new("charge"),
+    );
+    let report = reconciler
+        .run(std::time::SystemTime::now() - Duration::from_secs(600))
+        .await
+        .unwrap();
+    let duplicates: Vec<_> = report
+        .discrepancies
+        .iter()
+        .filter(|d| d.kind().unwrap() == oncely_sql::DiscrepancyKind::DuplicateRemote)
+        .collect();
+    assert_eq!(duplicates.len(), 1, "{:?}", report.discrepancies);
+    assert_eq!(duplicates[0].reference, "/metadata/order_id=ord-2x");
+    assert_eq!(duplicates[0].provider_ids.matches("pi_").count(), 2);
+}
+
 oncely_testkit::matrix! {
     tests: [
+        two_live_charges_of_one_order_under_different_references_are_a_duplicate,
         charge_answered_after_commit_with_any_5xx_or_409_settles_succeeded_once,
         a_shipment_found_live_in_a_carrier_word_is_never_failed,
         a_payment_intent_found_processing_stays_unknown_and_is_never_failed,
