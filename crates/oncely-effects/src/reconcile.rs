@@ -528,7 +528,11 @@ impl Reconciler {
         let local = self.local(since_ms, &remote).await?;
         let mut findings = compare(self.provider.name(), &local, &remote);
         if let Some(pointer) = &self.config.business_pointer {
-            findings.extend(duplicates_by_business(self.provider.name(), pointer, &remote));
+            findings.extend(duplicates_by_business(
+                self.provider.name(),
+                pointer,
+                &remote,
+            ));
         }
         let mut report = ReconcileReport {
             run: ReconcileRun {

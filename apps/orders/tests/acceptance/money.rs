@@ -120,6 +120,20 @@ async fn pay_until_settled(server: &Server, path: &str, key: &str) -> (StatusCod
     panic!("{path} with {key} stayed 409");
 }
 
+/// `GET /v1/operations/{key}` as tenant A.
+async fn operation(server: &Server, key: &str) -> Value {
+    server
+        .client
+        .get(format!("{}/v1/operations/{key}", server.base))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()
+}
+
 async fn new_order(server: &Server, ext: &str) -> String {
     let created = server
         .post_raw(
@@ -202,16 +216,7 @@ async fn a_retry_to_a_percent_encoded_path_is_resolved_from_the_same_order(t: Te
         assert_eq!(replay, StatusCode::CREATED);
     }
     assert_eq!(intents_of(&sim, &id), (1, 1));
-    let op = server
-        .client
-        .get(format!("{}/v1/operations/enc-1", server.base))
-        .bearer_auth(KEY_A)
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let op = operation(&server, "enc-1").await;
     let evidence = op["evidence"].as_array().unwrap();
     assert!(
         evidence
@@ -236,9 +241,24 @@ async fn a_payments_unavailable_answer_frees_the_key_and_another_keys_receipt_is
     let (first, body) = pay(&server, &id, "free-1").await;
     assert_eq!(first, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["type"], "urn:oncely:problem:payments-unavailable");
-    // "Nothing was charged, retry with the same key": at once, not after a lease.
+    // "Nothing was charged, retry with the same key": at once, not after a lease, and as
+    // a fresh run — no status check of a record left `unknown`.
     let (again, body) = pay(&server, &id, "free-1").await;
     assert_eq!(again, StatusCode::CREATED, "{body}");
+    let op = operation(&server, "free-1").await;
+    let evidence: Vec<String> = op["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["kind"].as_str().unwrap(),
+                e["outcome"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(evidence, ["call:not_charged", "call:succeeded"], "{op:#}");
 
     // Another order: the first key is refused, another key pays, then the first key's
     // retry must not get the other key's receipt as its own.

@@ -243,10 +243,22 @@ async fn a_booking_a_keyless_provider_commits_after_the_caller_gave_up_is_not_bo
         EffectState::Succeeded,
         "{effect:?}"
     );
+    // Counted once the slow booking has surely committed (1.5 s after its send): a second
+    // booking sent within the window would show here as a second shipment.
+    let committed = effect.created_at + 2_000 - oncely_core::now_ms();
+    if committed > 0 {
+        tokio::time::sleep(Duration::from_millis(committed.unsigned_abs())).await;
+    }
     assert_eq!(
         sim.stats().by_merchant_reference["order-slow"].total,
         1,
         "one shipment: the slow booking was found, not booked again"
+    );
+    let evidence = store.evidence(&id).await.unwrap();
+    assert_eq!(
+        evidence.iter().filter(|e| e.kind == "call").count(),
+        1,
+        "{evidence:?}"
     );
 }
 
