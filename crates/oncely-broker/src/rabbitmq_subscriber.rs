@@ -246,6 +246,21 @@ impl RabbitMqSubscriber {
         Ok(n)
     }
 
+    /// Declares the group's three queues and binds `queue` to the exchange with the topic,
+    /// without consuming: what [`Subscriber::subscribe`] declares. Run it before the relay
+    /// first publishes to the topic (a deployment step): from then on the queue holds every
+    /// event for the group, however late its first consumer starts. Idempotent.
+    ///
+    /// # Errors
+    /// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when the broker
+    /// cannot be reached or refuses a declaration.
+    pub async fn declare_queues(&self) -> Result<(), SubscribeError> {
+        let (connection, channel) = self.plain_channel().await?;
+        let declared = self.declare(&channel).await;
+        drop(connection.close(200, "declared").await);
+        declared
+    }
+
     async fn plain_channel(&self) -> Result<(Connection, Channel), SubscribeError> {
         let props = crate::rabbitmq::amqp_connection_properties()
             .with_connection_name(format!("oncely-consumer-{}", self.config.consumer).into());

@@ -141,6 +141,7 @@ macro_rules! sql_cases {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
+            a_group_started_after_one_hundred_events_were_published_receives_each_once,
         ]);
     };
 }
@@ -275,6 +276,13 @@ mod rabbitmq {
             RabbitMqSubscriber::new(c)
         }
 
+        async fn declare_group(&self, group: &str) {
+            self.subscriber(group, Duration::ZERO)
+                .declare_queues()
+                .await
+                .expect("declare the group's queues");
+        }
+
         fn refused_message(&self) -> Message {
             // No queue is bound for it: the mandatory message comes back.
             message("orders_nowhere", "p-1", "unroutable")
@@ -369,6 +377,7 @@ mod rabbitmq {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
+            a_group_started_after_one_hundred_events_were_published_receives_each_once,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
@@ -518,6 +527,7 @@ mod nats {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
+            a_group_started_after_one_hundred_events_were_published_receives_each_once,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
@@ -691,6 +701,7 @@ mod kafka {
             messages_of_one_partition_key_arrive_in_publish_order,
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
+            a_group_started_after_one_hundred_events_were_published_receives_each_once,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]

@@ -14,6 +14,7 @@
 //! - [`messages_of_one_partition_key_arrive_in_publish_order`]
 //! - [`a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes`]
 //! - [`dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset`]
+//! - [`a_group_started_after_one_hundred_events_were_published_receives_each_once`]
 //! - [`publishing_to_an_unreachable_broker_is_a_transient_failure`] and
 //!   [`subscribing_at_an_unreachable_broker_is_a_transient_failure`] (brokers with a network
 //!   path to cut)
@@ -57,6 +58,15 @@ pub trait BrokerUnderTest: Send + Sync {
     /// not settled comes again (SQL lease, JetStream `ack_wait`; RabbitMQ redelivers when
     /// the connection closes, Kafka on a rebalance).
     fn subscriber(&self, group: &str, settle: Duration) -> Self::Sub;
+
+    /// What a deployment does for consumer group `group` before anything is published to
+    /// [`BrokerUnderTest::topic`], if anything: RabbitMQ binds the group's queue (a message
+    /// no queue takes is unroutable, and the relay keeps it in the outbox); on the other
+    /// brokers a group need not exist before it first consumes.
+    fn declare_group(&self, group: &str) -> impl Future<Output = ()> + Send {
+        let _ = group;
+        std::future::ready(())
+    }
 
     /// A message this broker refuses for good, whatever is retried: one over its size
     /// limit, or one no destination takes.
@@ -509,6 +519,57 @@ pub async fn dead_letters_are_listed_paged_and_requeued_to_their_group_only_with
     sub.close().await;
     other.close().await;
     broker.cleanup().await;
+}
+
+/// A late consumer group: 100 messages (seven partition keys) are published while group
+/// `late` has never consumed (it was only declared where the broker needs that, see
+/// [`BrokerUnderTest::declare_group`]); then a subscriber of `late` starts and receives
+/// every one of them, each once: none lost, none twice (no duplicate within a further
+/// window after all 100 were acknowledged).
+///
+/// # Panics
+/// When the broker breaks the behaviour.
+pub async fn a_group_started_after_one_hundred_events_were_published_receives_each_once(
+    broker: &impl BrokerUnderTest,
+) {
+    broker.declare_group("late").await;
+    let topic = broker.topic();
+    let sent: Vec<Message> = (0..100)
+        .map(|i| message(&topic, &format!("p-{}", i % 7), &format!("late-{i}")))
+        .collect();
+    publish(broker, &sent).await;
+    let sub = broker.subscriber("late", Duration::from_secs(30));
+    sub.subscribe().await.expect("subscribe");
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < sent.len() && Instant::now() < deadline {
+        got.extend(drain(&sub, Duration::from_millis(500)).await);
+    }
+    got.extend(drain(&sub, Duration::from_secs(3)).await);
+    assert_each_once(&got, &sent);
+    sub.close().await;
+    broker.cleanup().await;
+}
+
+/// `got` holds each message of `sent` exactly once (in any order).
+fn assert_each_once(got: &[ReceivedMessage], sent: &[Message]) {
+    let mut counts: BTreeMap<String, usize> = sent.iter().map(|m| (m.id.to_string(), 0)).collect();
+    let mut strangers = Vec::new();
+    for r in got {
+        match counts.get_mut(&r.id.to_string()) {
+            Some(n) => *n += 1,
+            None => strangers.push(r.id),
+        }
+    }
+    let missing = counts.values().filter(|n| **n == 0).count();
+    let twice = counts.values().filter(|n| **n > 1).count();
+    assert!(
+        missing == 0 && twice == 0 && strangers.is_empty(),
+        "{} of {} delivered: {missing} never, {twice} more than once, {} not published here",
+        got.len(),
+        sent.len(),
+        strangers.len()
+    );
 }
 
 /// `letters` are the dead letters of `sent` (group `g`, `topic`), each with one attempt and
