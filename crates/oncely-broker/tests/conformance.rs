@@ -8,6 +8,10 @@
 //! - `a_republished_copy_with_the_same_message_id_is_delivered_once`: RabbitMQ and Kafka do
 //!   not de-duplicate by message id (a republished copy is a new message there; the
 //!   consumers' inboxes recognise it).
+//! - `two_consumers_of_a_new_group_subscribing_while_events_are_published_receive_each_once`:
+//!   on Kafka a second member of a group makes it rebalance, which redelivers records not
+//!   yet committed (at least once; the inbox recognises them), so "each once" is not
+//!   Kafka's promise between two members.
 //! - `publishing_to_an_unreachable_broker_is_a_transient_failure` and
 //!   `subscribing_at_an_unreachable_broker_is_a_transient_failure`: the SQL transport on
 //!   SQLite has no network path to cut (an embedded file).
@@ -142,6 +146,7 @@ macro_rules! sql_cases {
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
             a_group_started_after_one_hundred_events_were_published_receives_each_once,
+            two_consumers_of_a_new_group_subscribing_while_events_are_published_receive_each_once,
         ]);
     };
 }
@@ -378,6 +383,7 @@ mod rabbitmq {
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
             a_group_started_after_one_hundred_events_were_published_receives_each_once,
+            two_consumers_of_a_new_group_subscribing_while_events_are_published_receive_each_once,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
@@ -528,6 +534,7 @@ mod nats {
             a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes,
             dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset,
             a_group_started_after_one_hundred_events_were_published_receives_each_once,
+            two_consumers_of_a_new_group_subscribing_while_events_are_published_receive_each_once,
             publishing_to_an_unreachable_broker_is_a_transient_failure,
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]

@@ -14,7 +14,9 @@
 //! - [`messages_of_one_partition_key_arrive_in_publish_order`]
 //! - [`a_message_the_broker_refuses_is_a_permanent_failure_and_the_rest_of_its_batch_goes`]
 //! - [`dead_letters_are_listed_paged_and_requeued_to_their_group_only_with_attempts_reset`]
-//! - [`a_group_started_after_one_hundred_events_were_published_receives_each_once`]
+//! - [`a_group_started_after_one_hundred_events_were_published_receives_each_once`] and
+//!   [`two_consumers_of_a_new_group_subscribing_while_events_are_published_receive_each_once`]
+//!   (brokers whose group members share deliveries without a rebalance: not Kafka)
 //! - [`publishing_to_an_unreachable_broker_is_a_transient_failure`] and
 //!   [`subscribing_at_an_unreachable_broker_is_a_transient_failure`] (brokers with a network
 //!   path to cut)
@@ -548,6 +550,54 @@ pub async fn a_group_started_after_one_hundred_events_were_published_receives_ea
     got.extend(drain(&sub, Duration::from_secs(3)).await);
     assert_each_once(&got, &sent);
     sub.close().await;
+    broker.cleanup().await;
+}
+
+/// A new group's first two consumers subscribe at once while events are being published:
+/// 200 messages go out in batches of 10, the two subscribe together after the first 50;
+/// between them they receive every message, each once — none published before, during or
+/// after the subscription is lost or delivered twice.
+///
+/// # Panics
+/// When the broker breaks the behaviour.
+pub async fn two_consumers_of_a_new_group_subscribing_while_events_are_published_receive_each_once(
+    broker: &impl BrokerUnderTest,
+) {
+    broker.declare_group("late").await;
+    let topic = broker.topic();
+    let sent: Vec<Message> = (0..200)
+        .map(|i| message(&topic, &format!("p-{}", i % 7), &format!("racing-{i}")))
+        .collect();
+    let (a, b) = (
+        broker.subscriber("late", Duration::from_secs(30)),
+        broker.subscriber("late", Duration::from_secs(30)),
+    );
+    for batch in sent[..50].chunks(10) {
+        publish(broker, batch).await;
+    }
+    let rest = async {
+        for batch in sent[50..].chunks(10) {
+            publish(broker, batch).await;
+        }
+    };
+    let ((), (ra, rb)) = tokio::join!(rest, async { tokio::join!(a.subscribe(), b.subscribe()) });
+    ra.expect("subscribe");
+    rb.expect("subscribe");
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < sent.len() && Instant::now() < deadline {
+        let window = Duration::from_millis(500);
+        let (x, y) = tokio::join!(drain(&a, window), drain(&b, window));
+        got.extend(x.into_iter().chain(y));
+    }
+    let (x, y) = tokio::join!(
+        drain(&a, Duration::from_secs(3)),
+        drain(&b, Duration::from_secs(3))
+    );
+    got.extend(x.into_iter().chain(y));
+    assert_each_once(&got, &sent);
+    a.close().await;
+    b.close().await;
     broker.cleanup().await;
 }
 
