@@ -95,7 +95,7 @@ pub use nats::{NatsConfig, NatsPublisher};
 #[cfg(feature = "nats")]
 pub use nats_dead_letter::{NatsDeadLetters, NatsDeadLettersConfig};
 #[cfg(feature = "nats")]
-pub use nats_subscriber::{NatsHandle, NatsSubscriber, NatsSubscriberConfig};
+pub use nats_subscriber::{NatsHandle, NatsStart, NatsSubscriber, NatsSubscriberConfig};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{amqp_connection_properties, RabbitMqConfig, RabbitMqPublisher};
 #[cfg(feature = "rabbitmq")]

@@ -35,6 +35,37 @@ pub struct NatsSubscriberConfig {
     pub dlq_stream: String,
     /// Connection establishment timeout. Default 5 s.
     pub connect_timeout: Duration,
+    /// Where the group's durable consumer starts when the group is new. Default
+    /// [`NatsStart::Beginning`].
+    pub start: NatsStart,
+}
+
+/// Where a new consumer group starts reading the stream: the first time its durable
+/// consumer is created. A group whose durable consumer exists keeps its own position (its
+/// acknowledged messages never come again), whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum NatsStart {
+    /// The stream's first message still held (`DeliverPolicy::All`): a group that first
+    /// consumes late gets every event the stream kept, so none published before its
+    /// consumer started is lost. How far back that reaches is the stream's retention.
+    #[default]
+    Beginning,
+    /// The first message stored at or after this time (`DeliverPolicy::ByStartTime`): for
+    /// a group added to a stream whose older history it must not handle, or a durable
+    /// created again after deletion (which would otherwise read the stream again).
+    At(std::time::SystemTime),
+}
+
+impl NatsStart {
+    fn deliver_policy(self) -> jetstream::consumer::DeliverPolicy {
+        match self {
+            Self::Beginning => jetstream::consumer::DeliverPolicy::All,
+            Self::At(t) => jetstream::consumer::DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::from(t),
+            },
+        }
+    }
 }
 
 impl NatsSubscriberConfig {
@@ -55,6 +86,7 @@ impl NatsSubscriberConfig {
             dlq_prefix: "oncely.dlq".to_owned(),
             dlq_stream: "ONCELY_DLQ".to_owned(),
             connect_timeout: Duration::from_secs(5),
+            start: NatsStart::Beginning,
         }
     }
 
@@ -74,8 +106,10 @@ pub struct NatsHandle {
 /// [`Subscriber`] for one consumer group on NATS JetStream (async-nats).
 ///
 /// - A durable pull consumer named after the group on the stream, filtered on the topic,
-///   `AckPolicy::Explicit`, `DeliverPolicy::New` (a new group starts at the stream's end,
-///   like a new RabbitMQ queue), `max_deliver` unlimited (the consumer runtime counts and
+///   `AckPolicy::Explicit`; a new group starts at the stream's first message
+///   (`DeliverPolicy::All`) or at [`NatsSubscriberConfig::start`], so events published
+///   before its consumer first ran are not lost, while an existing group keeps its
+///   position; `max_deliver` unlimited (the consumer runtime counts and
 ///   dead-letters), `ack_wait` from the settings. Each group is its own durable consumer,
 ///   so every group gets every event.
 /// - Ack after commit (`+ACK`, not awaited: a lost ack means a redelivery after `ack_wait`
@@ -167,7 +201,9 @@ impl NatsSubscriber {
                     durable_name: Some(c.consumer.clone()),
                     filter_subject: c.topic.clone(),
                     ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    deliver_policy: jetstream::consumer::DeliverPolicy::New,
+                    // Read only when the durable is created: an existing group keeps
+                    // its position.
+                    deliver_policy: c.start.deliver_policy(),
                     ack_wait: c.ack_wait,
                     max_deliver: -1,
                     ..pull::Config::default()
