@@ -21,7 +21,7 @@ use crate::{
 /// - **Consumer groups** (at least once): [`SqlTransport::subscribe`] registers a consumer
 ///   for a topic; every message queued afterwards is copied (by a trigger, in the publishing
 ///   transaction) into table `oncely_deliveries`, one row per subscribed consumer, so each
-///   group gets every message. [`SqlTransport::claim`] leases ready deliveries of one
+///   group gets every message; a new group also gets the topic's messages still queued. [`SqlTransport::claim`] leases ready deliveries of one
 ///   consumer, [`SqlTransport::ack`] deletes one, [`SqlTransport::nack`] reschedules it after
 ///   a delay (only for that consumer), [`SqlTransport::dead`] parks it with its last error. A
 ///   delivery whose lease runs out unacknowledged is claimed again.
@@ -153,12 +153,15 @@ impl SqlTransport {
             .collect())
     }
 
-    /// Subscribes consumer group `consumer` to `topic`: every message queued on `topic`
-    /// from now on is delivered to it (earlier ones are not). Idempotent.
+    /// Subscribes consumer group `consumer` to `topic` (idempotent): every message queued on
+    /// `topic` from now on is delivered to it, and a group new to the topic also gets the
+    /// topic's messages still in the queue, each once ([`QueueStore::subscribe`]). Call it
+    /// before a new group's consumer first runs to give the group everything from then on,
+    /// whatever the queue retention. Returns `true` when the group is new to the topic.
     ///
     /// # Errors
-    /// [`StoreError`] when the database fails.
-    pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<(), StoreError> {
+    /// [`StoreError`] when the database fails; nothing changed then.
+    pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
         self.queue.subscribe(consumer, topic).await
     }
 
@@ -358,10 +361,10 @@ impl Subscriber for SqlSubscriber {
     }
 
     async fn subscribe(&self) -> Result<(), SubscribeError> {
-        Ok(self
-            .transport
+        self.transport
             .subscribe(&self.consumer, &self.topic)
-            .await?)
+            .await?;
+        Ok(())
     }
 
     async fn receive(

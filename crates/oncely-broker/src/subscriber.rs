@@ -136,9 +136,13 @@ pub trait Subscriber: Send + Sync + std::fmt::Debug + 'static {
     fn consumer(&self) -> &str;
 
     /// Creates what the group needs (idempotent): SQL subscription row; RabbitMQ queues and
-    /// binding; JetStream durable consumer and DLQ stream. Messages published before it are
-    /// not delivered to the group (RabbitMQ, SQL) or are (JetStream, from the stream's
-    /// start) — see each implementation.
+    /// binding; JetStream durable consumer and DLQ stream; Kafka topics and group
+    /// membership. A group gets every message published after it was created; a new group
+    /// also gets what the broker still holds from before: the SQL transport's queued
+    /// messages of the topic, JetStream's stream from its start, Kafka's topic from
+    /// `earliest`. A RabbitMQ queue gets only what is routed after it is bound, so a new
+    /// group's queues are declared before the relay publishes
+    /// (`RabbitMqSubscriber::declare_queues`) — see each implementation.
     ///
     /// # Errors
     /// [`SubscribeError`] when the broker is unreachable or refuses.

@@ -161,7 +161,21 @@ pub(crate) trait QueueBackend: Store {
 
     /// Deletes up to `batch` queue rows enqueued before `before_ms` on subscribed topics.
     async fn collect_fanned_out(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
+
+    /// Inserts the subscription of `consumer` to `topic` unless it exists; when it inserted
+    /// it, copies [`BACKLOG`] into the group's deliveries in the same transaction, with the
+    /// topic's publishing held back from before the insert to the commit. Returns whether
+    /// the subscription is new.
+    async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError>;
 }
+
+/// A new consumer group's backlog (`$1` the group, `$2` the topic): every message of the
+/// topic still in `oncely_queue`, copied into `oncely_deliveries` in queue order, ready
+/// now. Each backend adds its own "skip a row the group has already" spelling.
+pub(crate) const BACKLOG: &str = "INSERT INTO oncely_deliveries (consumer, message_id, topic, \
+     partition_key, event_type, headers, payload, enqueued_at, available_at) \
+     SELECT $1, message_id, topic, partition_key, event_type, headers, payload, enqueued_at, \
+     enqueued_at FROM oncely_queue WHERE topic = $2 ORDER BY id";
 
 /// The SQL transport's queue over [`Database`]: enqueue with fan-out to the subscribed
 /// consumer groups, take, subscribe, claim with a lease, settle (ack, retry, dead), dead
@@ -236,21 +250,36 @@ impl QueueStore {
             .collect()
     }
 
-    /// Subscribes consumer group `consumer` to `topic`: every message queued on `topic`
-    /// from now on is delivered to it (earlier ones are not). Idempotent.
+    /// Subscribes consumer group `consumer` to `topic` (idempotent): every message queued on
+    /// `topic` from now on is delivered to it. A group new to the topic also gets the
+    /// topic's messages still in the queue (all of them if no group was subscribed to it,
+    /// else those younger than the consumers' queue retention), copied in the transaction
+    /// that adds the subscription; that transaction waits for publishes of the topic in
+    /// flight and holds new ones back until it commits (PostgreSQL: `LOCK TABLE oncely_queue
+    /// IN SHARE MODE`; MySQL: `LOCK TABLES`, which needs that privilege; SQLite: the single
+    /// writer), so each message reaches the group once. Returns `true` when the group is new
+    /// to the topic.
     ///
     /// # Errors
-    /// [`StoreError`] when the database fails.
-    pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
-        tx.insert_ignoring_duplicate(
-            query("INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2)")
-                .bind(consumer)
-                .bind(topic),
-            "(consumer, topic)",
-        )
-        .await?;
-        tx.commit().await
+    /// [`StoreError`] when the database fails (a lock wait past the lock timeout included);
+    /// nothing changed then.
+    pub async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
+        // Most calls find the group subscribed (a consumer restarting): answered without
+        // locking out the publishers. The insert below decides, under its primary key.
+        let known: i64 = on_pool!(&self.db, |p| {
+            sqlx::query_scalar(&sql_text(
+                p,
+                "SELECT COUNT(*) FROM oncely_subscriptions WHERE consumer = $1 AND topic = $2",
+            ))
+            .bind(consumer)
+            .bind(topic)
+            .fetch_one(p)
+            .await
+        })?;
+        if known > 0 {
+            return Ok(false);
+        }
+        with_store!(&self.db, |s| s.subscribe(consumer, topic).await)
     }
 
     /// Leases up to `max` (at least 1) ready deliveries of `consumer` (pending, due, not

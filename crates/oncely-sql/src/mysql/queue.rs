@@ -4,9 +4,13 @@
 //! text columns (`topic`, `partition_key`) are read through `CAST(… AS CHAR)`, which sqlx
 //! decodes as text.
 
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor as _, MySql, MySqlConnection};
+
 use super::MySqlStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow};
-use crate::{in_list, StoreError};
+use crate::dialect::question_marks;
+use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
+use crate::{in_list, Backend, StoreError};
 
 const QUEUE_COLUMNS: &str = "id, CAST(topic AS CHAR) AS topic, message_id, \
      CAST(partition_key AS CHAR) AS partition_key, event_type, headers, payload, enqueued_at";
@@ -104,4 +108,79 @@ impl QueueBackend for MySqlStore {
         .await?
         .rows_affected())
     }
+
+    async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
+        let mut conn = TableLocks(Some(self.pool().acquire().await?));
+        let new = subscribe_locked(conn.connection(), consumer, topic).await?;
+        conn.release().await?;
+        Ok(new)
+    }
+}
+
+/// A session under `LOCK TABLES` (autocommit off until [`TableLocks::release`]). Dropped
+/// unreleased (an error, a cancelled future), it closes the session, which makes the
+/// server roll back and free the locks, rather than hand it back to the pool locked.
+struct TableLocks(Option<PoolConnection<MySql>>);
+
+impl TableLocks {
+    fn connection(&mut self) -> &mut MySqlConnection {
+        self.0.as_mut().expect("TableLocks used after release")
+    }
+
+    async fn release(mut self) -> Result<(), sqlx::Error> {
+        let mut conn = self.0.take().expect("released once");
+        let done = (&mut *conn)
+            .execute("COMMIT; UNLOCK TABLES; SET autocommit = 1")
+            .await;
+        if done.is_err() {
+            conn.close_on_drop();
+        }
+        done.map(drop)
+    }
+}
+
+impl Drop for TableLocks {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// Subscribes under table locks. A `READ` lock on the queue waits for the publishing
+/// transactions in flight (they hold a shared-write metadata lock on it until they commit)
+/// and holds new ones back until the locks go: a message is either in the queue when the
+/// backlog is copied, or fanned out by a trigger that sees the subscription — never neither.
+/// (InnoDB row locks cannot say this under `READ COMMITTED`: the trigger reads the
+/// subscriptions without locking.) `LOCK TABLES` commits any open transaction, hence
+/// autocommit off rather than `BEGIN`.
+async fn subscribe_locked(
+    conn: &mut MySqlConnection,
+    consumer: &str,
+    topic: &str,
+) -> Result<bool, StoreError> {
+    conn.execute(
+        "SET autocommit = 0; LOCK TABLES oncely_queue READ, oncely_subscriptions WRITE, \
+         oncely_deliveries WRITE",
+    )
+    .await?;
+    let inserted = sqlx::query("INSERT INTO oncely_subscriptions (consumer, topic) VALUES (?, ?)")
+        .bind(consumer)
+        .bind(topic)
+        .execute(&mut *conn)
+        .await
+        .map(|r| r.rows_affected());
+    let new = Backend::MySql.duplicate_ignored(inserted)?;
+    if new {
+        sqlx::query(&question_marks(&BACKLOG.replacen(
+            "INSERT INTO",
+            "INSERT IGNORE INTO",
+            1,
+        )))
+        .bind(consumer)
+        .bind(topic)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(new)
 }

@@ -4,7 +4,7 @@
 //! plan ([`crate::PINNED_PLAN`]).
 
 use super::PgStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow};
+use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
 use crate::{execute_pinned, fetch_all_pinned, StoreError};
 
 impl QueueBackend for PgStore {
@@ -70,5 +70,37 @@ impl QueueBackend for PgStore {
             .bind(batch),
         )
         .await?)
+    }
+
+    async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        // Publishing transactions hold ROW EXCLUSIVE on the queue until they commit. SHARE
+        // waits for those in flight and holds new ones back until this commits: a message
+        // is either in the queue when the backlog is copied, or fanned out by a trigger
+        // that sees the subscription — never neither.
+        sqlx::query("LOCK TABLE oncely_queue IN SHARE MODE")
+            .execute(&mut *tx)
+            .await?;
+        let new = sqlx::query(
+            "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
+             ON CONFLICT (consumer, topic) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(topic)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if new {
+            sqlx::query(&format!(
+                "{BACKLOG} ON CONFLICT (consumer, message_id) DO NOTHING"
+            ))
+            .bind(consumer)
+            .bind(topic)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(new)
     }
 }

@@ -3,7 +3,7 @@
 //! row.
 
 use super::SqliteStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow};
+use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
 use crate::StoreError;
 
 impl QueueBackend for SqliteStore {
@@ -55,5 +55,29 @@ impl QueueBackend for SqliteStore {
         .execute(self.writer())
         .await?
         .rows_affected())
+    }
+
+    async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
+        // The single writer: no publish runs between the two statements.
+        let mut tx = self.writer().begin_with("BEGIN IMMEDIATE").await?;
+        let new = sqlx::query(
+            "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
+             ON CONFLICT (consumer, topic) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(topic)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if new {
+            sqlx::query(&BACKLOG.replacen("INSERT INTO", "INSERT OR IGNORE INTO", 1))
+                .bind(consumer)
+                .bind(topic)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(new)
     }
 }
