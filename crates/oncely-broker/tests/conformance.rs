@@ -539,6 +539,52 @@ mod nats {
             subscribing_at_an_unreachable_broker_is_a_transient_failure,
         ]
     );
+
+    /// `NatsStart::At`: a new group declared to start at a time gets the messages stored
+    /// from then on, each once, and none stored before it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_new_group_with_a_start_time_receives_the_messages_stored_from_then_on() {
+        use oncely_broker::{NatsStart, Subscriber as _};
+        use oncely_testkit::broker_conformance::receive_n;
+        let Some(broker) = NatsBroker::new().await else {
+            return;
+        };
+        let topic = broker.topic();
+        let batch = |tag: &str| -> Vec<Message> {
+            (0..10)
+                .map(|i| message(&topic, "p-1", &format!("{tag}-{i}")))
+                .collect()
+        };
+        let (before, after) = (batch("before"), batch("after"));
+        for r in broker.publisher.publish(&before).await {
+            r.expect("published");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let start = std::time::SystemTime::now();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for r in broker.publisher.publish(&after).await {
+            r.expect("published");
+        }
+        let mut c = broker
+            .subscriber("from-then", Duration::from_secs(30))
+            .config()
+            .clone();
+        c.start = NatsStart::At(start);
+        let sub = NatsSubscriber::new(c);
+        sub.subscribe().await.expect("subscribe");
+        let got = receive_n(&sub, 20, Duration::from_secs(5)).await;
+        let ids: Vec<_> = got
+            .iter()
+            .map(|d| d.message.as_ref().expect("decodable").id)
+            .collect();
+        assert_eq!(
+            ids,
+            after.iter().map(|m| m.id).collect::<Vec<_>>(),
+            "from the start time on"
+        );
+        sub.close().await;
+        broker.cleanup().await;
+    }
 }
 
 // --- Kafka (tansu) ---------------------------------------------------------------------------
