@@ -21,10 +21,11 @@ use crate::{
 /// - **Consumer groups** (at least once): [`SqlTransport::subscribe`] registers a consumer
 ///   for a topic; every message queued afterwards is copied (by a trigger, in the publishing
 ///   transaction) into table `oncely_deliveries`, one row per subscribed consumer, so each
-///   group gets every message; a new group also gets the topic's messages still queued. [`SqlTransport::claim`] leases ready deliveries of one
-///   consumer, [`SqlTransport::ack`] deletes one, [`SqlTransport::nack`] reschedules it after
-///   a delay (only for that consumer), [`SqlTransport::dead`] parks it with its last error. A
-///   delivery whose lease runs out unacknowledged is claimed again.
+///   group gets every message; a new group also gets the topic's messages still queued.
+///   [`SqlTransport::claim`] leases ready deliveries of one consumer, [`SqlTransport::ack`]
+///   deletes one, [`SqlTransport::nack`] reschedules it after a delay (only for that
+///   consumer), [`SqlTransport::dead`] parks it with its last error. A delivery whose lease
+///   runs out unacknowledged is claimed again.
 /// - [`SqlTransport::receive`] takes (deletes) queue rows: at most once towards the
 ///   consumer process; kept for tools and tests that read the raw queue.
 #[derive(Debug, Clone)]

@@ -163,9 +163,9 @@ pub(crate) trait QueueBackend: Store {
     async fn collect_fanned_out(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
 
     /// Inserts the subscription of `consumer` to `topic` unless it exists; when it inserted
-    /// it, copies [`BACKLOG`] into the group's deliveries in the same transaction, with the
-    /// topic's publishing held back from before the insert to the commit. Returns whether
-    /// the subscription is new.
+    /// it, copies [`BACKLOG`] into the group's deliveries in the same transaction, with
+    /// publishing held back from before the insert to the commit (no publish commits in
+    /// between). Returns whether the subscription is new.
     async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError>;
 }
 
@@ -254,11 +254,12 @@ impl QueueStore {
     /// `topic` from now on is delivered to it. A group new to the topic also gets the
     /// topic's messages still in the queue (all of them if no group was subscribed to it,
     /// else those younger than the consumers' queue retention), copied in the transaction
-    /// that adds the subscription; that transaction waits for publishes of the topic in
-    /// flight and holds new ones back until it commits (PostgreSQL: `LOCK TABLE oncely_queue
-    /// IN SHARE MODE`; MySQL: `LOCK TABLES`, which needs that privilege; SQLite: the single
-    /// writer), so each message reaches the group once. Returns `true` when the group is new
-    /// to the topic.
+    /// that adds the subscription; that transaction waits for the publishes in flight (any
+    /// topic) and holds new ones back until it commits, for as long as the copy takes
+    /// (PostgreSQL: `LOCK TABLE oncely_queue IN SHARE MODE`; MySQL: `LOCK TABLES`, which
+    /// needs that privilege; SQLite: the single writer), so each message reaches the group
+    /// once. Only a group new to the topic takes that lock. Returns `true` when the group
+    /// is new to the topic.
     ///
     /// # Errors
     /// [`StoreError`] when the database fails (a lock wait past the lock timeout included);
