@@ -565,9 +565,6 @@ async fn spawn_workers(
     stop: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut workers = Vec::new();
-    if !args.no_relay {
-        workers.push(args.relay.supervisor().spawn(db, stop.clone())?);
-    }
     // The in-process consumers read what this service publishes.
     args.consumer.consumer_topic.clone_from(&args.events_topic);
     let broker = args.relay.broker.config();
@@ -585,6 +582,11 @@ async fn spawn_workers(
             let settings = args.consumer.settings(flow.name);
             workers.push(settings.spawn(&broker, db, &flow, stop.clone()).await?);
         }
+    }
+    // The relay after the consumers: each has subscribed (a RabbitMQ group's queue bound)
+    // before the first event is published, so no group misses one (issue 26).
+    if !args.no_relay {
+        workers.push(args.relay.supervisor().spawn(db, stop.clone())?);
     }
     let effects = args.providers.config();
     if !args.no_runner && !effects.is_empty() {
