@@ -52,7 +52,8 @@ pub enum OutcomeClass {
     /// mid-answer, any 5xx, a 409, an unreadable 2xx): the effect may exist. The status is checked before any
     /// new attempt; never a blind retry.
     Unknown,
-    /// The other side answered that it did not act and asks to retry (408, 425, 429).
+    /// The other side answered that it did not act and asks to retry (a 429 with
+    /// `Retry-After`).
     Retryable,
     /// A definitive answer (success, or a refusal such as 400/402/404/422): retrying
     /// cannot change it.
@@ -61,15 +62,17 @@ pub enum OutcomeClass {
 
 impl OutcomeClass {
     /// The class of an HTTP answer with `status` (RFC 9110 §15) to a request that **has
-    /// left**, for a provider that gives no better signal. The one conservative classifier
-    /// of oncely (docs/DESIGN.md "Outcome classes"): only an answer that proves nothing
-    /// happened is a refusal, everything else is unknown and goes to a status check.
+    /// left**, for a provider that gives no better signal; `retry_after` tells whether the
+    /// answer carried a `Retry-After`. The one conservative classifier of oncely
+    /// (docs/DESIGN.md "Outcome classes"): only an answer that proves nothing happened is a
+    /// refusal, everything else is unknown and goes to a status check.
     ///
     /// | status | class | why |
     /// |---|---|---|
     /// | 2xx | [`Final`](Self::Final) | an answer; the adapter reads its object (an unreadable 2xx body is unknown) |
     /// | 400, 401, 402, 403, 404, 405, 406, 410, 411, 413, 414, 415, 422, 431 | [`Final`](Self::Final) | refused before acting: bad request, credentials, a declined card, no such resource, a body the server will not take |
-    /// | 408, 425, 429 | [`Retryable`](Self::Retryable) | the server says it did not process the request (RFC 9110 §15.5.9, RFC 8470 §5.2, RFC 6585 §4) |
+    /// | 429 with `Retry-After` | [`Retryable`](Self::Retryable) | rate limited: the server did not process it and says when to come back (RFC 6585 §4, Stripe's rate limits) |
+    /// | 429 without `Retry-After`, 408, 425 | [`Unknown`](Self::Unknown) | nothing the provider documents as "not executed"; an intermediary may have timed out on a request that went through |
     /// | 409 | [`Unknown`](Self::Unknown) | Stripe's "a request with this key is in progress": the first one may commit |
     /// | any other 4xx (418, 423, 499, …) | [`Unknown`](Self::Unknown) | not documented as "not executed" |
     /// | every 5xx (500, 503 from an egress proxy, 507, 520, 524 from a CDN, …) | [`Unknown`](Self::Unknown) | a server or an intermediary failed after the request may have been acted on |
@@ -77,12 +80,18 @@ impl OutcomeClass {
     ///
     /// A failure before the request left (connection refused, no such host) is
     /// [`NotSent`](Self::NotSent), decided by the transport, not by a status.
-    pub fn of_status(status: u16) -> Self {
+    pub fn of_answer(status: u16, retry_after: bool) -> Self {
         match status {
             200..=299 | 400..=406 | 410 | 411 | 413 | 414 | 415 | 422 | 431 => Self::Final,
-            408 | 425 | 429 => Self::Retryable,
+            429 if retry_after => Self::Retryable,
             _ => Self::Unknown,
         }
+    }
+
+    /// [`OutcomeClass::of_answer`] for an answer whose headers are not at hand (no
+    /// `Retry-After` known).
+    pub fn of_status(status: u16) -> Self {
+        Self::of_answer(status, false)
     }
 }
 
@@ -434,31 +443,39 @@ mod tests {
             p.decide(&failure, None, 0.5),
             RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted)
         );
-        assert_eq!(OutcomeClass::of_status(429), OutcomeClass::Retryable);
+        assert_eq!(OutcomeClass::of_answer(429, true), OutcomeClass::Retryable);
         assert_eq!(OutcomeClass::of_status(500), OutcomeClass::Unknown);
         assert_eq!(OutcomeClass::of_status(402), OutcomeClass::Final);
     }
 
     /// After the request left, only a documented "not executed" answer is a refusal: every
-    /// status 100–599 (and the impossible ones around) is classified, and none outside the
-    /// refusal and retry lists is anything but unknown — 503, 507, 520, 524 and 409 among
-    /// them (issue 26, scenario 3).
+    /// status 0–1000, with and without `Retry-After`, is classified, and none outside the
+    /// refusal list and a 429 with `Retry-After` is anything but unknown — 503, 507, 520,
+    /// 524, 409, 408 and a bare 429 among them (issue 26, scenario 3).
     #[test]
     fn every_status_that_does_not_prove_nothing_happened_is_unknown() {
         let refusals = [
             400, 401, 402, 403, 404, 405, 406, 410, 411, 413, 414, 415, 422, 431,
         ];
         for status in 0..=1000_u16 {
-            let expected = if (200..300).contains(&status) || refusals.contains(&status) {
-                OutcomeClass::Final
-            } else if [408, 425, 429].contains(&status) {
-                OutcomeClass::Retryable
-            } else {
-                OutcomeClass::Unknown
-            };
-            assert_eq!(OutcomeClass::of_status(status), expected, "status {status}");
+            for retry_after in [false, true] {
+                let expected = if (200..300).contains(&status) || refusals.contains(&status) {
+                    OutcomeClass::Final
+                } else if status == 429 && retry_after {
+                    OutcomeClass::Retryable
+                } else {
+                    OutcomeClass::Unknown
+                };
+                assert_eq!(
+                    OutcomeClass::of_answer(status, retry_after),
+                    expected,
+                    "status {status}, Retry-After {retry_after}"
+                );
+            }
         }
-        for status in [409, 503, 507, 520, 524, 599, 418, 499, 301, 100] {
+        for status in [
+            409, 503, 507, 520, 524, 599, 418, 499, 301, 100, 408, 425, 429,
+        ] {
             assert_eq!(OutcomeClass::of_status(status), OutcomeClass::Unknown);
         }
     }

@@ -88,16 +88,17 @@ pub(crate) fn answered(answer: &Answer, object: Option<RemoteObject>) -> CallOut
     }
 }
 
-/// The outcome of a non-2xx answer by [`OutcomeClass::of_status`], the one conservative
-/// classifier: documented refusals are final, 408/425/429 retryable, everything else —
-/// every 5xx, a 409, an unlisted 4xx, a 1xx or 3xx — unknown.
+/// The outcome of a non-2xx answer by [`OutcomeClass::of_answer`], the one conservative
+/// classifier: documented refusals are final, a 429 with `Retry-After` retryable,
+/// everything else — every 5xx, a 409, a 408, a bare 429, an unlisted 4xx, a 1xx or 3xx —
+/// unknown.
 pub(crate) fn refusal(
     answer: &Answer,
     code: Option<String>,
     message: String,
     object: Option<crate::RemoteObject>,
 ) -> CallOutcome {
-    match OutcomeClass::of_status(answer.status) {
+    match OutcomeClass::of_answer(answer.status, answer.retry_after.is_some()) {
         OutcomeClass::Retryable => CallOutcome::Retryable {
             status: answer.status,
             retry_after: answer.retry_after,

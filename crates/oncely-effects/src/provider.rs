@@ -176,7 +176,7 @@ pub enum CallOutcome {
         /// The object the refusal left behind (Stripe keeps a declined PaymentIntent).
         object: Option<RemoteObject>,
     },
-    /// The provider said it did not act and may be asked again (408, 425, 429).
+    /// The provider said it did not act and may be asked again: a 429 with `Retry-After`.
     Retryable {
         /// HTTP status.
         status: u16,
