@@ -412,7 +412,7 @@ async fn cancel(State(sim): State<Arc<Inner>>, Path(id): Path<String>, req: Requ
         match s.shipments.iter_mut().find(|s| s.id == id) {
             Some(sh) => {
                 if sh.status != CANCELLED {
-                    sh.status = CANCELLED.to_owned();
+                    CANCELLED.clone_into(&mut sh.status);
                     sh.cancelled_at = Some(unix_now());
                 }
                 Json(&*sh).into_response()

@@ -22,9 +22,9 @@ pub struct ShippingConfig {
     /// How long after the latest send "no shipment for this reference" proves nothing
     /// (docs/DESIGN.md "The settle window"). The contract has no keys: a booking the
     /// provider received may commit after the caller gave up waiting (a slow commit), and
-    /// a second booking sent before it shows would be a second shipment. Until `last send
-    /// + settle_time` not-found is "not yet visible"; only after it is the booking absent
-    /// and sent again. Default 60 s: longer than the provider's own request timeout is
+    /// a second booking sent before it shows would be a second shipment. Until the last
+    /// send plus `settle_time` not-found is "not yet visible"; only after it is the booking
+    /// absent and sent again. Default 60 s: longer than the provider's own request timeout is
     /// expected to be (60 s, nginx's default `proxy_read_timeout`), past which it should
     /// have finished or dropped the request.
     pub settle_time: Duration,

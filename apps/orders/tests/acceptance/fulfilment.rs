@@ -111,6 +111,25 @@ fn providers(payments: &str, shipping: &str) -> Vec<Arc<dyn Provider>> {
     ]
 }
 
+/// The payments and shipping simulators of a [`Saga`]; the shipping one reports a live
+/// shipment as `live_status` (`booked` when `None`).
+fn simulators(live_status: Option<String>) -> (PaymentsSim, ShippingSim) {
+    let payments = PaymentsSim::new(PaymentsConfig {
+        secret_keys: vec![SK.to_owned()],
+        search_lag: Duration::from_millis(200),
+        faults: FaultConfig {
+            latency_ms: SLOW_CHARGE_MS,
+            ..FaultConfig::default()
+        },
+    });
+    let shipping = ShippingSim::new(provider_sim::ShippingConfig {
+        undeliverable_skus: [UNDELIVERABLE.to_owned()].into(),
+        live_status,
+        ..provider_sim::ShippingConfig::default()
+    });
+    (payments, shipping)
+}
+
 impl Saga {
     async fn start(db: &Database) -> Self {
         Self::start_with(db, true).await
@@ -133,19 +152,7 @@ impl Saga {
     pub(super) async fn start_opts(db: &Database, opts: SagaOptions) -> Self {
         let payments_lane = !opts.no_payments_lane;
         orders::migrate(db).await.unwrap();
-        let payments = PaymentsSim::new(PaymentsConfig {
-            secret_keys: vec![SK.to_owned()],
-            search_lag: Duration::from_millis(200),
-            faults: FaultConfig {
-                latency_ms: SLOW_CHARGE_MS,
-                ..FaultConfig::default()
-            },
-        });
-        let shipping = ShippingSim::new(provider_sim::ShippingConfig {
-            undeliverable_skus: [UNDELIVERABLE.to_owned()].into(),
-            live_status: opts.live_status,
-            ..provider_sim::ShippingConfig::default()
-        });
+        let (payments, shipping) = simulators(opts.live_status);
         let payments_srv = serve_sim(payments.router()).await;
         let shipping_srv = serve_sim(shipping.router()).await;
         let stop = CancellationToken::new();
