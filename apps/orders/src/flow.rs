@@ -17,6 +17,56 @@ pub const CHARGE: &str = "charge";
 pub const SHIPPING: &str = "shipping";
 /// Operation of an order's shipment booking; its reference is the order id.
 pub const BOOK: &str = "book";
+/// Operation of a refund of an order's charge (the saga's compensation of its charge; under
+/// the choreography, of a shipment refused for good, reference `{order}:refund`).
+pub const REFUND: &str = "refund";
+
+/// Refunds the charge of the order whose booking `effect` was refused for good: a
+/// `payments`/[`REFUND`] effect of the order's paid invoice's PaymentIntent, its key derived
+/// from the booking's, enqueued in `tx` (once: the effect store's UNIQUE on provider,
+/// operation and reference). An order without a paid invoice has nothing to refund.
+async fn refund_order(tx: &mut Tx, effect: &Effect) -> Result<(), StoreError> {
+    let paid: Option<(Option<String>,)> = tx
+        .fetch_optional(
+            query(
+                "SELECT payment_id FROM invoices WHERE order_id = $1 AND tenant = $2 \
+                 AND paid_at IS NOT NULL",
+            )
+            .bind(effect.reference.as_str())
+            .bind(effect.tenant.as_str()),
+        )
+        .await?;
+    let Some((Some(payment_intent),)) = paid else {
+        return Ok(());
+    };
+    let reference = format!("{}:refund", effect.reference);
+    let key = oncely_core::derive_key(
+        &oncely_core::Scope::new(
+            oncely_core::TenantId::parse(effect.tenant.as_str())
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            oncely_core::Operation::new("EFFECT", "shipping/book"),
+        ),
+        &oncely_core::IdempotencyKey::parse(effect.key.as_bytes())
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        REFUND,
+        0,
+    );
+    let request = serde_json::json!({ "payment_intent": payment_intent });
+    oncely_sql::EffectStore::enqueue(
+        tx,
+        &oncely_sql::NewEffect {
+            tenant: effect.tenant.as_str(),
+            provider: PAYMENTS,
+            operation: REFUND,
+            reference: &reference,
+            key: &key,
+            request: &request,
+        },
+        oncely_core::now_ms(),
+    )
+    .await?;
+    Ok(())
+}
 
 /// The order service's part of settling an effect ([`EffectHandler`]), inside the settle
 /// transaction:
@@ -29,8 +79,11 @@ pub const BOOK: &str = "book";
 ///   charge (a status check that found it again) changes nothing.
 /// - `failed` / `needs_review`: the invoice stays open (`GET` shows the payment's state);
 ///   logged at `WARN`.
-/// - `shipping`/`book`: nothing beyond the effect's own row (`GET` reads it); a refusal or
-///   a review is logged at `WARN`.
+/// - `shipping`/`book` booked: nothing beyond the effect's own row (`GET` reads it);
+///   refused for good (undeliverable): the order's charge is refunded — a `payments`/
+///   [`REFUND`] effect of the paid invoice's PaymentIntent, reference `{order}:refund`, in
+///   the same transaction — so no order keeps a live charge without a shipment; a review
+///   is logged at `WARN`.
 #[derive(Debug, Clone)]
 pub struct OrderEffects {
     topic: String,
@@ -64,9 +117,15 @@ impl EffectHandler for OrderEffects {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let charge = effect.provider == PAYMENTS && effect.operation == CHARGE;
+            let booking = effect.provider == SHIPPING && effect.operation == BOOK;
             match outcome {
                 Settled::Succeeded(object) if charge => {
                     self.invoice_paid(tx, effect, &object.id).await
+                }
+                Settled::Failed { error } if booking => {
+                    tracing::warn!(effect = %effect.id, order = %effect.reference, error,
+                        "the shipment was refused for good; the order's charge is refunded");
+                    refund_order(tx, effect).await
                 }
                 Settled::Failed { error } => {
                     tracing::warn!(effect = %effect.id, provider = %effect.provider,

@@ -28,6 +28,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::events::ORDER_CREATED;
+pub use crate::flow::REFUND;
 use crate::flow::{BOOK, CHARGE, PAYMENTS, SHIPPING};
 use crate::stock;
 
@@ -36,8 +37,6 @@ use crate::stock;
 pub const FULFILMENT_CONSUMER: &str = "fulfilment";
 /// The fulfilment saga's kind (`oncely_sagas.kind`).
 pub const ORDER_SAGA: &str = "order";
-/// Operation of a charge's compensation.
-pub const REFUND: &str = "refund";
 /// Operation of a late shipment's compensation.
 pub const CANCEL: &str = "cancel";
 /// The reason a client's cancel records (the saga's `error`).

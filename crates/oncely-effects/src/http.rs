@@ -88,17 +88,36 @@ pub(crate) fn answered(answer: &Answer, object: Option<RemoteObject>) -> CallOut
     }
 }
 
+/// Who may refuse a call: whether an answer that looks like a refusal counts as one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refuser {
+    /// The answer is in the provider's own error shape (Stripe's `error` object, the
+    /// shipping contract's problem document): a documented refusal is one.
+    Provider,
+    /// The answer is not in the provider's shape — an intermediary's (a WAF's 403, a
+    /// proxy's 404 or 429), or the provider's success body behind another status: it proves
+    /// nothing about the call, which is unknown.
+    Other,
+}
+
 /// The outcome of a non-2xx answer by [`OutcomeClass::of_answer`], the one conservative
-/// classifier: documented refusals are final, a 429 with `Retry-After` retryable,
-/// everything else — every 5xx, a 409, a 408, a bare 429, an unlisted 4xx, a 1xx or 3xx —
-/// unknown.
+/// classifier: documented refusals are final and a 429 with `Retry-After` retryable — only
+/// when the [`Refuser`] is the provider itself; everything else — every 5xx, a 409, a 408,
+/// a bare 429, an unlisted 4xx, a 1xx or 3xx, any refusal in another shape — unknown.
 pub(crate) fn refusal(
     answer: &Answer,
+    refuser: Refuser,
     code: Option<String>,
     message: String,
     object: Option<crate::RemoteObject>,
 ) -> CallOutcome {
-    match OutcomeClass::of_answer(answer.status, answer.retry_after.is_some()) {
+    let class = match OutcomeClass::of_answer(answer.status, answer.retry_after.is_some()) {
+        OutcomeClass::Final | OutcomeClass::Retryable if refuser == Refuser::Other => {
+            OutcomeClass::Unknown
+        }
+        class => class,
+    };
+    match class {
         OutcomeClass::Retryable => CallOutcome::Retryable {
             status: answer.status,
             retry_after: answer.retry_after,
@@ -107,6 +126,11 @@ pub(crate) fn refusal(
             status: Some(answer.status),
             reason: if answer.replayed {
                 format!("a replayed {} under the key: {message}", answer.status)
+            } else if refuser == Refuser::Other {
+                format!(
+                    "a {} not in the provider's error shape: {message}",
+                    answer.status
+                )
             } else {
                 message
             },
@@ -160,7 +184,7 @@ pub(crate) async fn lookup(
         .to_owned();
     Err(lookup_failure(
         provider,
-        &refusal(&answer, None, message, None),
+        &refusal(&answer, Refuser::Provider, None, message, None),
     ))
 }
 

@@ -147,7 +147,21 @@ impl ShippingClient {
             .or_else(|| answer.body["title"].as_str())
             .unwrap_or("no message")
             .to_owned();
-        http::refusal(&answer, code, message, None)
+        // The contract refuses with a problem document (RFC 9457, `type`); another body is an
+        // intermediary's, or the booking behind another status. And a provider without keys
+        // is never sent again on its own word alone: even its 429 is looked up first.
+        let refuser = if answer.body["type"].is_string() {
+            http::Refuser::Provider
+        } else {
+            http::Refuser::Other
+        };
+        match http::refusal(&answer, refuser, code, message, None) {
+            CallOutcome::Retryable { status, .. } => CallOutcome::Unknown {
+                status: Some(status),
+                reason: format!("a {status} from a provider without keys: looked up before anything is sent again"),
+            },
+            outcome => outcome,
+        }
     }
 
     async fn shipments(

@@ -394,7 +394,14 @@ fn stripe_refusal(answer: &Answer, object: Option<RemoteObject>) -> CallOutcome 
         .or_else(|| error["type"].as_str())
         .map(str::to_owned);
     let message = error["message"].as_str().unwrap_or("no message").to_owned();
-    http::refusal(answer, code, message, object)
+    // Stripe refuses in its own shape, `{"error": {"type": …}}`; another body is an
+    // intermediary's answer, or Stripe's success behind another status.
+    let refuser = if error["type"].is_string() {
+        http::Refuser::Provider
+    } else {
+        http::Refuser::Other
+    };
+    http::refusal(answer, refuser, code, message, object)
 }
 
 /// The `data` array of a list or search answer.
