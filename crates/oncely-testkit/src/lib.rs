@@ -21,11 +21,16 @@
 //! - [`matrix`] — [`matrix!`]: one list of tests run on every backend (× every broker), with
 //!   the combinations that cannot apply listed once; [`TestBroker`] and the broker types
 //!   ([`MatrixBroker`]) the runners are instantiated with.
+//! - `http_faults` — [`HttpFaultProxy`]: an HTTP proxy in front of a provider that answers
+//!   each order's requests as its seeded [`Schedule`] says (a failure before forwarding, a
+//!   replaced answer after the commit, a slow commit, a lagging or rewritten lookup);
+//!   [`SeededRng`], the replayable generator that draws schedules.
 //! - `localstripe` — [`LocalStripe`]: a `localstripe` process (PyPI's fake Stripe) per test.
 
 pub mod broker_conformance;
 mod brokers;
 mod db;
+mod http_faults;
 mod localstripe;
 pub mod matrix;
 mod proxy;
@@ -33,6 +38,10 @@ mod topic;
 
 pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
 pub use db::{mysql_url, park_effect, postgres_url, require_services, TestBackend, TestDb};
+pub use http_faults::{
+    order_of_request, Answer, BodyFault, Fault as HttpFault, HttpFaultProxy, ProxyOptions,
+    RequestView, Schedule, SeededRng,
+};
 pub use localstripe::{localstripe_payment_intents, LocalStripe};
 pub use matrix::{MatrixBroker, TestBroker};
 pub use proxy::{without_statement_cache, Fault, FaultProxy};
