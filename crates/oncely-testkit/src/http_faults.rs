@@ -16,7 +16,6 @@
 //! kept per order ([`HttpFaultProxy::log`]) for the failure report.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -788,6 +787,8 @@ impl SeededRng {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
     use super::*;
 
     /// A tiny upstream: `POST /v1/things` creates `{id, status, metadata{order_id}}`,

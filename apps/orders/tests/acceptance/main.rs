@@ -6,6 +6,9 @@
 //! - `console`: the operator console over HTTP (sign-in, pages, audited CSRF-checked actions);
 //! - `events`: every created order yields one `order.created` through the relay, on every
 //!   broker;
+//! - `fault_space`: the endpoint, the choreography and the saga under a seeded fault
+//!   schedule per order at an HTTP fault proxy in front of each provider, against providers
+//!   that honour keys, ignore them, search with lag or only list; checked at the provider;
 //! - `flow`: order → invoice → charge → `invoice.paid` → shipment against the provider
 //!   simulators and localstripe, counted at the provider;
 //! - `fulfilment`: the fulfilment saga (reserve → charge → ship → invoice) with its
@@ -18,6 +21,7 @@
 mod billing;
 mod console;
 mod events;
+mod fault_space;
 mod flow;
 mod fulfilment;
 mod list;
