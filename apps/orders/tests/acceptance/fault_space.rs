@@ -19,7 +19,9 @@
 //!
 //! Knobs: `ONCELY_FAULT_SPACE_SCHEDULES` (schedules per test, default 300),
 //! `ONCELY_FAULT_SPACE_SEED` (the run's seed; schedule `i` draws from seed + `i`, so a
-//! schedule's own seed with `ONCELY_FAULT_SPACE_SCHEDULES=1` replays it alone). Every run
+//! schedule's own seed with `ONCELY_FAULT_SPACE_SCHEDULES=1` replays it alone),
+//! `ONCELY_FAULT_SPACE_DETAILS` (violating orders shown in full, default 20),
+//! `ONCELY_FAULT_SPACE_SETTLE_SECS` (how long everything may take to settle, default 120). Every run
 //! prints its seed; a violation prints the schedule's seed, what the proxy did to each of
 //! its requests, its effects and the replay command.
 
@@ -54,9 +56,13 @@ const UNDELIVERABLE: &str = "sku-fragile";
 /// The provider timeout the service runs with.
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long after a charge's latest attempt an empty search proves nothing.
-const SETTLE: Duration = Duration::from_secs(2);
-/// The longest the proxy hides a new object (a lagging index): within [`SETTLE`].
+const SETTLE: Duration = Duration::from_secs(3);
+/// The longest the proxy hides a new object (a lagging index) after it committed.
 const HIDE_WINDOW: Duration = Duration::from_millis(1_000);
+/// The longest a commit is delayed ([`Fault::SlowCommit`]). With [`HIDE_WINDOW`] it stays
+/// within [`SETTLE`]: a commit that lands, or stays hidden, past the settle window after the
+/// call cannot be told apart from one that never happens by any client, so it is not drawn.
+const MAX_SLOW_COMMIT_MS: u64 = 1_500;
 
 oncely_testkit::matrix! {
     tests: [
@@ -72,6 +78,16 @@ oncely_testkit::matrix! {
         saga_keyless,
         saga_lagging,
         saga_listing,
+        // Regressions: each violation class met, as its one schedule.
+        payments_endpoint_a_charge_answered_200_with_an_empty_body_is_not_told_declined,
+        payments_endpoint_a_charge_answered_422_after_its_commit_is_not_told_declined,
+        a_charge_found_in_a_status_word_the_client_does_not_know_is_not_failed,
+        a_charge_answered_400_without_a_stripe_error_after_its_commit_is_not_failed,
+        a_charge_answered_2xx_with_a_garbled_body_is_not_failed,
+        a_booking_answered_429_after_it_was_made_is_not_booked_twice,
+        a_booking_answered_404_after_it_was_made_is_not_failed,
+        a_charge_answered_429_after_its_commit_by_a_keyless_provider_is_not_made_twice,
+        a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice,
     ],
 }
 
@@ -170,7 +186,7 @@ fn effect_fault(rng: &mut SeededRng) -> Fault {
     match rng.below(100) {
         0..=24 => Fault::Before(answer(rng, false)),
         25..=69 => Fault::After(answer(rng, true)),
-        70..=89 => Fault::SlowCommit(200 + rng.below(2_300)),
+        70..=89 => Fault::SlowCommit(200 + rng.below(MAX_SLOW_COMMIT_MS - 200)),
         _ => Fault::Pass,
     }
 }
@@ -689,6 +705,7 @@ async fn run_plans(t: TestDb, flow: FlowKind, kind: Kind, plans: Vec<Plan>, test
     tokio::time::sleep(Duration::from_millis(2_800)).await;
     let outcomes = outcomes(&rig, flow, &ids, saw).await;
     let elapsed = started.elapsed();
+    let details = env_u64("ONCELY_FAULT_SPACE_DETAILS").unwrap_or(20) as usize;
     let mut report = String::new();
     let mut classes: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
     for ((plan, id), o) in plans.iter().zip(&ids).zip(&outcomes) {
@@ -699,7 +716,7 @@ async fn run_plans(t: TestDb, flow: FlowKind, kind: Kind, plans: Vec<Plan>, test
         for v in &found {
             classes.entry(v).or_default().push(plan.seed);
         }
-        if classes.values().map(Vec::len).sum::<usize>() <= 40 {
+        if classes.values().map(Vec::len).sum::<usize>() <= details {
             let _ = writeln!(
                 report,
                 "\n== order {id} (schedule seed {}): {}\n   replay: ONCELY_FAULT_SPACE_SEED={} \
@@ -925,4 +942,117 @@ fn violations(flow: FlowKind, o: &Outcome, settled: bool) -> Vec<&'static str> {
         }
     }
     v
+}
+
+/// A regression: one order under `plan`, as the driver runs it.
+async fn regression(t: TestDb, flow: FlowKind, kind: Kind, name: &str, plan: Plan) {
+    let test = format!("fault_space::{}::{name}", backend_name(&t.db));
+    println!("{test}: flow {}, provider {}", flow.name(), kind.name());
+    run_plans(t, flow, kind, vec![plan], &test).await;
+}
+
+fn after(status: u16, body: BodyFault) -> Fault {
+    Fault::After(Answer::Status { status, body })
+}
+
+fn payments_faults(effects: Vec<Fault>, lookups: Vec<Fault>) -> Plan {
+    Plan {
+        seed: 1,
+        payments: Schedule {
+            effects,
+            lookups,
+            lag_ms: 0,
+        },
+        ..Plan::default()
+    }
+}
+
+fn shipping_faults(effects: Vec<Fault>, lag_ms: u64) -> Plan {
+    Plan {
+        seed: 1,
+        shipping: Schedule {
+            effects,
+            lookups: Vec::new(),
+            lag_ms,
+        },
+        ..Plan::default()
+    }
+}
+
+/// The charge committed, its answer a 200 without a body: the client must not be told
+/// `payment-declined` (found by the driver, seed 26: answered 402 with the charge live).
+async fn payments_endpoint_a_charge_answered_200_with_an_empty_body_is_not_told_declined(
+    t: TestDb,
+) {
+    let plan = payments_faults(vec![after(200, BodyFault::Empty)], vec![]);
+    let name = "payments_endpoint_a_charge_answered_200_with_an_empty_body_is_not_told_declined";
+    regression(t, FlowKind::Endpoint, Kind::Keyed, name, plan).await;
+}
+
+/// The charge committed, then a 422 without a Stripe error object (a middlebox's answer):
+/// not a decline (seed 5: answered 402 with the charge live).
+async fn payments_endpoint_a_charge_answered_422_after_its_commit_is_not_told_declined(t: TestDb) {
+    let plan = payments_faults(vec![after(422, BodyFault::Empty)], vec![]);
+    let name = "payments_endpoint_a_charge_answered_422_after_its_commit_is_not_told_declined";
+    regression(t, FlowKind::Endpoint, Kind::Keyed, name, plan).await;
+}
+
+/// The charge committed behind a 503; the status check finds it as `requires_action` (a
+/// word the client does not take as final): not `failed` (seed 7019: failed, "found pi_…
+/// requires_action", the charge live; also `in_transit`, `processing`, `on_hold`).
+async fn a_charge_found_in_a_status_word_the_client_does_not_know_is_not_failed(t: TestDb) {
+    let plan = payments_faults(
+        vec![after(503, BodyFault::Garbled)],
+        vec![Fault::StatusWord("requires_action".into())],
+    );
+    let name = "a_charge_found_in_a_status_word_the_client_does_not_know_is_not_failed";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// The charge committed, then a 400 with no body: not a refusal (seed 1006: the effect
+/// `failed`, "failed: no message", the charge live).
+async fn a_charge_answered_400_without_a_stripe_error_after_its_commit_is_not_failed(t: TestDb) {
+    let plan = payments_faults(vec![after(400, BodyFault::Empty)], vec![]);
+    let name = "a_charge_answered_400_without_a_stripe_error_after_its_commit_is_not_failed";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// The charge committed, its 2xx answer garbled: unknown, not `failed` (seed 1009: failed,
+/// "the PaymentIntent is ", the charge live).
+async fn a_charge_answered_2xx_with_a_garbled_body_is_not_failed(t: TestDb) {
+    let plan = payments_faults(vec![after(200, BodyFault::Garbled)], vec![]);
+    let name = "a_charge_answered_2xx_with_a_garbled_body_is_not_failed";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// The keyless shipping provider booked, then answered 429: the booking must be looked up
+/// before it is sent again (seed 1003: two live shipments).
+async fn a_booking_answered_429_after_it_was_made_is_not_booked_twice(t: TestDb) {
+    let plan = shipping_faults(vec![after(429, BodyFault::Empty)], 0);
+    let name = "a_booking_answered_429_after_it_was_made_is_not_booked_twice";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// The shipping provider booked, then answered 404 with the booking's body: not `failed`
+/// (seed 1013: failed, the shipment live).
+async fn a_booking_answered_404_after_it_was_made_is_not_failed(t: TestDb) {
+    let plan = shipping_faults(vec![after(404, BodyFault::Upstream)], 0);
+    let name = "a_booking_answered_404_after_it_was_made_is_not_failed";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// A provider that ignores keys made the charge, then answered 429: the charge must be
+/// looked up before it is sent again (seed 7018: two live PaymentIntents).
+async fn a_charge_answered_429_after_its_commit_by_a_keyless_provider_is_not_made_twice(t: TestDb) {
+    let plan = payments_faults(vec![after(429, BodyFault::Empty)], vec![]);
+    let name = "a_charge_answered_429_after_its_commit_by_a_keyless_provider_is_not_made_twice";
+    regression(t, FlowKind::Choreography, Kind::Keyless, name, plan).await;
+}
+
+/// The shipping provider booked and the connection was reset; its lookup lags (the new
+/// shipment hidden 900 ms, within the settle window): "not found" then is not "absent".
+async fn a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice(t: TestDb) {
+    let plan = shipping_faults(vec![Fault::After(Answer::Reset)], 900);
+    let name = "a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice";
+    regression(t, FlowKind::Choreography, Kind::Lagging, name, plan).await;
 }
