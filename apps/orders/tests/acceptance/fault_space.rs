@@ -88,6 +88,10 @@ oncely_testkit::matrix! {
         a_booking_answered_404_after_it_was_made_is_not_failed,
         a_charge_answered_429_after_its_commit_by_a_keyless_provider_is_not_made_twice,
         a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice,
+        a_booking_still_in_flight_when_looked_up_is_not_booked_twice,
+        a_booking_answered_2xx_without_a_body_before_it_was_made_does_not_complete_the_saga,
+        payments_endpoint_a_charge_found_in_a_status_word_the_client_does_not_know_is_not_told_declined,
+        choreography_a_refused_booking_leaves_its_live_charge_in_review_or_refunded,
     ],
 }
 
@@ -703,7 +707,7 @@ async fn run_plans(t: TestDb, flow: FlowKind, kind: Kind, plans: Vec<Plan>, test
     let settled = wait_settled(&rig, flow, &ids, started + settle_deadline).await;
     // Let detached slow commits land before counting.
     tokio::time::sleep(Duration::from_millis(2_800)).await;
-    let outcomes = outcomes(&rig, flow, &ids, saw).await;
+    let outcomes = outcomes(&rig, flow, &ids, plans.iter().map(|p| p.seed), saw).await;
     let elapsed = started.elapsed();
     let details = env_u64("ONCELY_FAULT_SPACE_DETAILS").unwrap_or(20) as usize;
     let mut report = String::new();
@@ -797,6 +801,7 @@ async fn outcomes(
     rig: &Rig,
     flow: FlowKind,
     ids: &[String],
+    seeds: impl Iterator<Item = u64>,
     saw: Vec<Option<ClientSaw>>,
 ) -> Vec<Outcome> {
     let intents = oncely_testkit::localstripe_payment_intents(&rig.payments_srv.base, SK).await;
@@ -814,7 +819,7 @@ async fn outcomes(
         .map(|s| (s.id, s.state.as_str().to_owned()))
         .collect();
     let mut out = Vec::new();
-    for (id, saw) in ids.iter().zip(saw) {
+    for ((id, seed), saw) in ids.iter().zip(seeds).zip(saw) {
         let mut o = Outcome {
             client: saw,
             saga: sagas.get(id).cloned(),
@@ -871,7 +876,7 @@ async fn outcomes(
         }
         if flow == FlowKind::Endpoint {
             if let Some(ClientSaw::GaveUp(_)) = &o.client {
-                let state = operation_state(rig, id).await;
+                let state = operation_state(rig, &format!("pay-{seed}")).await;
                 o.in_review = state == "unknown";
                 o.unsettled = state == "processing";
                 o.effects.push(format!("operation state {state}"));
@@ -882,16 +887,25 @@ async fn outcomes(
     out
 }
 
-/// The state word of the endpoint's payment of `order` (`order_payments.state`).
-async fn operation_state(rig: &Rig, order: &str) -> String {
-    oncely_sql::on_pool!(&rig.db, |p| sqlx::query_scalar::<_, String>(
-        &oncely_sql::sql_text(p, "SELECT state FROM order_payments WHERE order_id = $1")
-    )
-    .bind(order)
-    .fetch_optional(p)
-    .await)
-    .unwrap()
-    .unwrap_or_else(|| "none".to_owned())
+/// The state of the endpoint's operation under `key` as `GET /v1/operations/{key}` shows
+/// it (`processing`, `succeeded`, `failed`, `unknown`), or the status when it shows none.
+async fn operation_state(rig: &Rig, key: &str) -> String {
+    let res = rig
+        .client
+        .get(format!("{}/v1/operations/{key}", rig.base))
+        .bearer_auth(KEY)
+        .send()
+        .await;
+    match res {
+        Ok(r) => {
+            let code = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            v["state"]
+                .as_str()
+                .map_or_else(|| format!("status {code}"), str::to_owned)
+        }
+        Err(e) => format!("transport: {e}"),
+    }
 }
 
 /// The invariants one order's outcome breaks, by name.
@@ -1055,4 +1069,60 @@ async fn a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice(t: TestDb) {
     let plan = shipping_faults(vec![Fault::After(Answer::Reset)], 900);
     let name = "a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice";
     regression(t, FlowKind::Choreography, Kind::Lagging, name, plan).await;
+}
+
+/// The keyless shipping provider commits a booking 1.4 s after it was sent (past the
+/// caller's 1 s timeout, within the 3 s settle window): the lookup right after the timeout
+/// finds nothing yet, which is not "absent" (seed 9165: two live shipments, the saga
+/// `completed`).
+async fn a_booking_still_in_flight_when_looked_up_is_not_booked_twice(t: TestDb) {
+    let plan = shipping_faults(vec![Fault::SlowCommit(1_400)], 0);
+    let name = "a_booking_still_in_flight_when_looked_up_is_not_booked_twice";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// The booking is answered 206 with no body and never reaches the provider: nothing is
+/// booked, so the saga must not complete (seed 9141: `completed`, the booking effect
+/// `succeeded`, no shipment at the provider).
+async fn a_booking_answered_2xx_without_a_body_before_it_was_made_does_not_complete_the_saga(
+    t: TestDb,
+) {
+    let plan = shipping_faults(
+        vec![Fault::Before(Answer::Status {
+            status: 206,
+            body: BodyFault::Empty,
+        })],
+        0,
+    );
+    let name =
+        "a_booking_answered_2xx_without_a_body_before_it_was_made_does_not_complete_the_saga";
+    regression(t, FlowKind::Saga, Kind::Keyed, name, plan).await;
+}
+
+/// The charge committed, its answer late past the timeout; the endpoint's status check
+/// then finds it as `label_created`: the client must not be told `payment-declined`
+/// (seed 9029: 502, then 402 with the charge live; also `in_transit`, `pending`).
+async fn payments_endpoint_a_charge_found_in_a_status_word_the_client_does_not_know_is_not_told_declined(
+    t: TestDb,
+) {
+    let plan = payments_faults(
+        vec![Fault::After(Answer::Late(2_200))],
+        vec![Fault::StatusWord("label_created".into())],
+    );
+    let name = "payments_endpoint_a_charge_found_in_a_status_word_the_client_does_not_know_is_not_told_declined";
+    regression(t, FlowKind::Endpoint, Kind::Keyed, name, plan).await;
+}
+
+/// Under the choreography an undeliverable order's charge succeeds and its booking is
+/// refused (422): the order has a live charge and no shipment, so it must be named in
+/// review (or refunded) — today the booking is `failed` and nothing names the order
+/// (seed 9013, there a 402 from the proxy).
+async fn choreography_a_refused_booking_leaves_its_live_charge_in_review_or_refunded(t: TestDb) {
+    let plan = Plan {
+        seed: 1,
+        undeliverable: true,
+        ..Plan::default()
+    };
+    let name = "choreography_a_refused_booking_leaves_its_live_charge_in_review_or_refunded";
+    regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
 }
