@@ -135,11 +135,14 @@ pub struct RequestView<'a> {
     pub body: &'a [u8],
 }
 
+/// Finds the order a request names ([`ProxyOptions::order_of`]).
+pub type OrderOf = Arc<dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync>;
+
 /// Settings of an [`HttpFaultProxy`].
 #[derive(Clone)]
 pub struct ProxyOptions {
     /// The order a request names, if any; [`order_of_request`] by default.
-    pub order_of: Arc<dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync>,
+    pub order_of: OrderOf,
     /// Remove `Idempotency-Key` before forwarding: the provider then ignores keys.
     pub strip_idempotency_key: bool,
     /// Hiding faults ([`Schedule::lag_ms`], [`Fault::EmptyPage`]) never hide an object
@@ -328,7 +331,7 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn note(&self, order: Option<&str>, line: String) {
+    fn note(&self, order: Option<&str>, line: &str) {
         let line = format!("+{}ms {line}", self.started.elapsed().as_millis());
         let mut t = self.lock();
         match order {
@@ -558,7 +561,7 @@ async fn handle(shared: &Arc<Shared>, req: http::Request<hyper::body::Incoming>)
         Fault::Before(answer) => {
             shared.note(
                 order.as_deref(),
-                format!("{what} → {fault} (not forwarded)"),
+                &format!("{what} → {fault} (not forwarded)"),
             );
             return answer_with(shared, answer, None).await;
         }
@@ -566,7 +569,7 @@ async fn handle(shared: &Arc<Shared>, req: http::Request<hyper::body::Incoming>)
             // Noted now: the caller may give up before the forward, which lands anyway.
             shared.note(
                 order.as_deref(),
-                format!("{what} → {fault} (forward delayed)"),
+                &format!("{what} → {fault} (forward delayed)"),
             );
             send(*ms).await
         }
@@ -578,7 +581,7 @@ async fn handle(shared: &Arc<Shared>, req: http::Request<hyper::body::Incoming>)
         Err(e) => {
             shared.note(
                 order.as_deref(),
-                format!("{what} → {fault}; upstream failed: {e}"),
+                &format!("{what} → {fault}; upstream failed: {e}"),
             );
             return Err(ProxyReset);
         }
@@ -591,7 +594,7 @@ async fn handle(shared: &Arc<Shared>, req: http::Request<hyper::body::Incoming>)
     };
     shared.note(
         order.as_deref(),
-        format!(
+        &format!(
             "{what} → {fault}; upstream {status} {}{}",
             summary(&upstream_body),
             if notes.is_empty() {

@@ -39,7 +39,7 @@ mod topic;
 pub use brokers::{amqp_url, kafka_brokers, kafka_url, nats_url, service_reachable, url_authority};
 pub use db::{mysql_url, park_effect, postgres_url, require_services, TestBackend, TestDb};
 pub use http_faults::{
-    order_of_request, Answer, BodyFault, Fault as HttpFault, HttpFaultProxy, ProxyOptions,
+    order_of_request, Answer, BodyFault, Fault as HttpFault, HttpFaultProxy, OrderOf, ProxyOptions,
     RequestView, Schedule, SeededRng,
 };
 pub use localstripe::{localstripe_payment_intents, LocalStripe};

@@ -58,7 +58,7 @@ const PROVIDER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long after a charge's latest attempt an empty search proves nothing.
 const SETTLE: Duration = Duration::from_secs(3);
 /// The longest the proxy hides a new object (a lagging index) after it committed.
-const HIDE_WINDOW: Duration = Duration::from_millis(1_000);
+const HIDE_WINDOW: Duration = Duration::from_secs(1);
 /// The longest a commit is delayed ([`Fault::SlowCommit`]). With [`HIDE_WINDOW`] it stays
 /// within [`SETTLE`]: a commit that lands, or stays hidden, past the settle window after the
 /// call cannot be told apart from one that never happens by any client, so it is not drawn.
@@ -420,6 +420,11 @@ impl Rig {
                 ),
             ]
         };
+        let fulfilment = orders::FulfilmentConfig {
+            mode: orders::Fulfilment::Saga,
+            charge_timeout: Duration::from_secs(6),
+            ship_timeout: Duration::from_secs(6),
+        };
         match flow {
             FlowKind::Endpoint => {
                 config.payments = Some(orders::PaymentsSettings {
@@ -428,99 +433,16 @@ impl Rig {
                     fault: None,
                 });
                 config.lease_sweep_interval = Duration::from_millis(500);
-                tokio::spawn(orders::serve(
-                    listener,
-                    db.clone(),
-                    config,
-                    stop.clone().cancelled_owned(),
-                ));
             }
-            FlowKind::Choreography => {
-                tokio::spawn(orders::serve(
-                    listener,
-                    db.clone(),
-                    config,
-                    stop.clone().cancelled_owned(),
-                ));
-                let transport = SqlTransport::new(db.clone(), 1 << 20);
-                spawn_relay(db, &transport, &stop);
-                let sub = |group: &str| {
-                    SqlSubscriber::new(
-                        transport.clone(),
-                        group,
-                        orders::ORDERS_TOPIC,
-                        Duration::from_secs(30),
-                    )
-                };
-                let billing = orders::billing_consumer_with(
-                    db.clone(),
-                    sub(orders::BILLING_CONSUMER),
-                    consumer_config(),
-                    orders::BillingHandler::charging(),
-                );
-                let shipping_consumer = orders::shipping_consumer(
-                    db.clone(),
-                    sub(orders::SHIPPING_CONSUMER),
-                    consumer_config(),
-                );
-                billing.subscribe().await.unwrap();
-                shipping_consumer.subscribe().await.unwrap();
-                tokio::spawn(billing.run(stop.clone()));
-                tokio::spawn(shipping_consumer.run(stop.clone()));
-                let runner = Arc::new(EffectRunner::new(
-                    EffectStore::new(db.clone()),
-                    providers(),
-                    Arc::new(orders::OrderEffects::new(orders::ORDERS_TOPIC)),
-                    runner_config(),
-                ));
-                tokio::spawn(runner.run(stop.clone()));
-            }
-            FlowKind::Saga => {
-                let fulfilment = orders::FulfilmentConfig {
-                    mode: orders::Fulfilment::Saga,
-                    charge_timeout: Duration::from_secs(6),
-                    ship_timeout: Duration::from_secs(6),
-                };
-                config.fulfilment = fulfilment.clone();
-                tokio::spawn(orders::serve(
-                    listener,
-                    db.clone(),
-                    config,
-                    stop.clone().cancelled_owned(),
-                ));
-                let transport = SqlTransport::new(db.clone(), 1 << 20);
-                spawn_relay(db, &transport, &stop);
-                let orchestrator = Arc::new(orders::fulfilment_orchestrator(
-                    db.clone(),
-                    &fulfilment,
-                    OrchestratorConfig {
-                        poll: Duration::from_millis(50),
-                        ..OrchestratorConfig::default()
-                    },
-                    Arc::new(orders::OrderEffects::new(orders::ORDERS_TOPIC)),
-                ));
-                let consumer = orders::fulfilment_consumer(
-                    db.clone(),
-                    SqlSubscriber::new(
-                        transport,
-                        orders::FULFILMENT_CONSUMER,
-                        orders::ORDERS_TOPIC,
-                        Duration::from_secs(30),
-                    ),
-                    consumer_config(),
-                    orchestrator.clone(),
-                );
-                consumer.subscribe().await.unwrap();
-                tokio::spawn(consumer.run(stop.clone()));
-                let runner = Arc::new(EffectRunner::new(
-                    EffectStore::new(db.clone()),
-                    providers(),
-                    orchestrator.clone(),
-                    runner_config(),
-                ));
-                tokio::spawn(runner.run(stop.clone()));
-                tokio::spawn(orchestrator.run(stop.clone()));
-            }
+            FlowKind::Choreography => {}
+            FlowKind::Saga => config.fulfilment = fulfilment.clone(),
+        }
+        let serving = orders::serve(listener, db.clone(), config, stop.clone().cancelled_owned());
+        tokio::spawn(serving);
+        match flow {
+            FlowKind::Endpoint => {}
+            FlowKind::Choreography => spawn_choreography(db, &stop, providers()).await,
+            FlowKind::Saga => spawn_saga(db, &stop, &fulfilment, providers()).await,
         }
         let rig = Self {
             db: db.clone(),
@@ -539,19 +461,24 @@ impl Rig {
             stop,
         };
         if flow == FlowKind::Saga {
-            for sku in ["sku-1", "sku-2", UNDELIVERABLE] {
-                let res = rig
-                    .client
-                    .put(format!("{}/v1/stock/{sku}", rig.base))
-                    .bearer_auth(KEY)
-                    .json(&json!({ "available": 1_000_000 }))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(res.status(), 200);
-            }
+            rig.stock_up().await;
         }
         rig
+    }
+
+    /// Stock enough of every SKU for any run.
+    async fn stock_up(&self) {
+        for sku in ["sku-1", "sku-2", UNDELIVERABLE] {
+            let res = self
+                .client
+                .put(format!("{}/v1/stock/{sku}", self.base))
+                .bearer_auth(KEY)
+                .json(&json!({ "available": 1_000_000 }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+        }
     }
 
     /// Creates the order of `plan`; its id.
@@ -629,6 +556,89 @@ impl Rig {
     }
 }
 
+/// The choreography beside the service: relay, `billing` (charging) and `shipping`
+/// consumers, the effect runner.
+async fn spawn_choreography(
+    db: &Database,
+    stop: &CancellationToken,
+    providers: Vec<Arc<dyn Provider>>,
+) {
+    let transport = SqlTransport::new(db.clone(), 1 << 20);
+    spawn_relay(db, &transport, stop);
+    let sub = |group: &str| {
+        SqlSubscriber::new(
+            transport.clone(),
+            group,
+            orders::ORDERS_TOPIC,
+            Duration::from_secs(30),
+        )
+    };
+    let billing = orders::billing_consumer_with(
+        db.clone(),
+        sub(orders::BILLING_CONSUMER),
+        consumer_config(),
+        orders::BillingHandler::charging(),
+    );
+    let shipping = orders::shipping_consumer(
+        db.clone(),
+        sub(orders::SHIPPING_CONSUMER),
+        consumer_config(),
+    );
+    billing.subscribe().await.unwrap();
+    shipping.subscribe().await.unwrap();
+    tokio::spawn(billing.run(stop.clone()));
+    tokio::spawn(shipping.run(stop.clone()));
+    let runner = Arc::new(EffectRunner::new(
+        EffectStore::new(db.clone()),
+        providers,
+        Arc::new(orders::OrderEffects::new(orders::ORDERS_TOPIC)),
+        runner_config(),
+    ));
+    tokio::spawn(runner.run(stop.clone()));
+}
+
+/// The saga beside the service: relay, `fulfilment` consumer, the effect runner with the
+/// orchestrator as its handler, the orchestrator's timeout sweep.
+async fn spawn_saga(
+    db: &Database,
+    stop: &CancellationToken,
+    fulfilment: &orders::FulfilmentConfig,
+    providers: Vec<Arc<dyn Provider>>,
+) {
+    let transport = SqlTransport::new(db.clone(), 1 << 20);
+    spawn_relay(db, &transport, stop);
+    let orchestrator = Arc::new(orders::fulfilment_orchestrator(
+        db.clone(),
+        fulfilment,
+        OrchestratorConfig {
+            poll: Duration::from_millis(50),
+            ..OrchestratorConfig::default()
+        },
+        Arc::new(orders::OrderEffects::new(orders::ORDERS_TOPIC)),
+    ));
+    let consumer = orders::fulfilment_consumer(
+        db.clone(),
+        SqlSubscriber::new(
+            transport,
+            orders::FULFILMENT_CONSUMER,
+            orders::ORDERS_TOPIC,
+            Duration::from_secs(30),
+        ),
+        consumer_config(),
+        orchestrator.clone(),
+    );
+    consumer.subscribe().await.unwrap();
+    tokio::spawn(consumer.run(stop.clone()));
+    let runner = Arc::new(EffectRunner::new(
+        EffectStore::new(db.clone()),
+        providers,
+        orchestrator.clone(),
+        runner_config(),
+    ));
+    tokio::spawn(runner.run(stop.clone()));
+    tokio::spawn(orchestrator.run(stop.clone()));
+}
+
 fn spawn_relay(db: &Database, transport: &SqlTransport, stop: &CancellationToken) {
     let relay = oncely_outbox::Relay::new(
         db.clone(),
@@ -658,6 +668,10 @@ impl ClientSaw {
 }
 
 /// What settled for one order, at the provider and in the service.
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "each flag is one fact the invariants read"
+)]
 #[derive(Debug, Default)]
 struct Outcome {
     live_charges: Vec<String>,
