@@ -425,22 +425,56 @@ impl Shared {
         }
     }
 
-    /// Rewrites a listing answer: hides lagging objects and, for `order`'s
-    /// [`Fault::EmptyPage`], its objects; replaces the status word of a
-    /// [`Fault::StatusWord`]. The notes of what it changed.
+    /// Rewrites a listing answer: hides lagging objects and, for [`Fault::EmptyPage`], the
+    /// order's objects; replaces the status word of a [`Fault::StatusWord`]. An answer no
+    /// order was found for (a list paged by every status check) takes, for each order with
+    /// objects in it, that order's next lookup fault when it is one of these rewrites. The
+    /// notes of what it changed.
     fn rewrite_lookup(&self, order: Option<&str>, fault: &Fault, body: &[u8]) -> (Bytes, String) {
         let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
             return (Bytes::copy_from_slice(body), String::new());
         };
-        let t = self.lock();
-        let window = self.options.hide_window;
-        let mut notes = Vec::new();
-        let owner_of = |obj: &Value| -> Option<(String, Instant)> {
+        let mut t = self.lock();
+        let owner_of = |t: &Tables, obj: &Value| -> Option<(String, Instant)> {
             let id = obj["id"].as_str()?;
             t.objects.get(id).cloned()
         };
+        let mut rewrites: HashMap<String, Fault> = HashMap::new();
+        if let Some(o) = order {
+            rewrites.insert(o.to_owned(), fault.clone());
+        } else {
+            let owners: Vec<String> = v["data"]
+                .as_array()
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(|i| owner_of(&t, i))
+                        .map(|(o, _)| o)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for o in owners {
+                if rewrites.contains_key(&o) {
+                    continue;
+                }
+                let Some(state) = t.orders.get_mut(&o) else {
+                    continue;
+                };
+                let next = state
+                    .schedule
+                    .as_ref()
+                    .and_then(|s| s.lookups.get(state.lookups_seen).cloned());
+                if let Some(f @ (Fault::EmptyPage | Fault::StatusWord(_))) = next {
+                    state.lookups_seen += 1;
+                    rewrites.insert(o, f);
+                }
+            }
+        }
+        let t = &*t;
+        let window = self.options.hide_window;
+        let mut notes = Vec::new();
         let hidden = |obj: &Value, notes: &mut Vec<String>| -> bool {
-            let Some((o, seen)) = owner_of(obj) else {
+            let Some((o, seen)) = owner_of(t, obj) else {
                 return false;
             };
             let age = seen.elapsed();
@@ -452,8 +486,7 @@ impl Shared {
                 .get(&o)
                 .and_then(|s| s.schedule.as_ref())
                 .map_or(0, |s| s.lag_ms);
-            let mine = order == Some(o.as_str());
-            if mine && *fault == Fault::EmptyPage {
+            if rewrites.get(&o) == Some(&Fault::EmptyPage) {
                 notes.push(format!("emptied {}", obj["id"]));
                 return true;
             }
@@ -465,12 +498,14 @@ impl Shared {
         };
         if let Some(items) = v.get_mut("data").and_then(Value::as_array_mut) {
             items.retain(|obj| !hidden(obj, &mut notes));
-            if let Fault::StatusWord(word) = fault {
-                for obj in items.iter_mut() {
-                    if owner_of(obj).is_some_and(|(o, _)| Some(o.as_str()) == order) {
-                        notes.push(format!("status {}→{word}", obj["status"]));
-                        obj["status"] = Value::String(word.clone());
-                    }
+            for obj in items.iter_mut() {
+                let word = owner_of(t, obj).and_then(|(o, _)| match rewrites.get(&o) {
+                    Some(Fault::StatusWord(w)) => Some(w.clone()),
+                    _ => None,
+                });
+                if let Some(word) = word {
+                    notes.push(format!("status {}→{word}", obj["status"]));
+                    obj["status"] = Value::String(word);
                 }
             }
         } else if let Fault::StatusWord(word) = fault {
@@ -979,11 +1014,28 @@ mod tests {
             0,
             "empty page: {page}"
         );
+        // A list no order is named in takes each listed order's next rewrite.
+        proxy.plan(
+            "order-listed11",
+            Schedule {
+                lookups: vec![Fault::StatusWord("pending".into())],
+                ..Schedule::default()
+            },
+        );
+        create(&client, &proxy, "order-listed11").await.unwrap();
+        let page = list("limit=100").await;
+        let listed: Vec<&Value> = page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["metadata"]["order_id"] == "order-listed11")
+            .collect();
+        assert_eq!(listed[0]["status"], "pending", "{page}");
         tokio::time::sleep(Duration::from_millis(450)).await;
         let page = list("merchant_reference=order-lagging1").await;
         assert_eq!(
             page["data"].as_array().unwrap().len(),
-            2,
+            3,
             "past the lag: {page}"
         );
     }

@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -262,7 +263,10 @@ async fn drive(t: TestDb, flow: FlowKind, kind: Kind) {
         flow.name(),
         kind.name()
     );
-    println!(
+    // Straight to the process's stderr, past the test harness's capture: every run's seed
+    // shows, passing or not.
+    let _ = writeln!(
+        std::io::stderr(),
         "{test}: {n} schedules from seed {seed} (replay: ONCELY_FAULT_SPACE_SEED={seed} \
          ONCELY_FAULT_SPACE_SCHEDULES={n} cargo test -p orders --test acceptance -- {test} --exact)"
     );
