@@ -15,7 +15,8 @@
 //! fulfilled (both live; the endpoint: the charge live), compensated (neither live) or named
 //! in review (an effect or the saga in `needs_review`; the endpoint: its operation
 //! `unknown`); no client was told a final failure while a charge was live, nor success with
-//! none; no effect is `failed` while its object is live.
+//! none (the endpoint's answer; the saga `compensated`, which `GET` shows as `rejected` or
+//! `cancelled`, or `completed`); no effect is `failed` while its object is live.
 //!
 //! Knobs: `ONCELY_FAULT_SPACE_SCHEDULES` (schedules per test, default 300),
 //! `ONCELY_FAULT_SPACE_SEED` (the run's seed; schedule `i` draws from seed + `i`, so a
@@ -970,6 +971,10 @@ fn violations(flow: FlowKind, o: &Outcome, settled: bool) -> Vec<&'static str> {
             }
             if o.saga.as_deref() == Some("completed") && !fulfilled {
                 v.push("saga_completed_without_both_live");
+            }
+            // `GET /v1/orders/{id}` then says `rejected` or `cancelled`: a final failure.
+            if o.saga.as_deref() == Some("compensated") && !compensated {
+                v.push("saga_compensated_while_a_charge_or_shipment_is_live");
             }
         }
     }
