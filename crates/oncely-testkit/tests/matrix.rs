@@ -1,6 +1,8 @@
 //! `matrix!` itself: every combination not listed as unable to apply gets each test, once,
 //! with the backend and broker its module names; the listed ones get none.
 
+mod structure;
+
 use oncely_testkit::{MatrixBroker, TestBackend, TestBroker};
 
 /// The combination a case was instantiated for.
