@@ -6,38 +6,27 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::MatchedPath;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue, Method, Request, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncely_core::{
-    now_ms, Fingerprint, IdempotencyKey, Operation, RecordState, Scope, StoredResponse, TenantId,
-};
-use oncely_sql::{Database, IdempotencyStore, Record, Reservation, ReservationToken, StoreError};
+use http::{Method, Request, StatusCode};
+use oncely_core::{now_ms, Fingerprint, IdempotencyKey, RecordState, Scope};
+use oncely_sql::{Database, IdempotencyStore, Reservation, ReservationToken, StoreError};
 use tokio::sync::Mutex;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::answer::{
+    answer, answer_existing, in_flight, outcome_unknown, panicked, read_answer, remember,
+    store_problem, stored_response, NotStored,
+};
 use crate::cache::{ReplayCache, Settled};
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::metrics as metric;
 use crate::multiphase::{self, MultiPhase};
 use crate::problem::kind;
-use crate::{IdempotencyConfig, Problem, StoreFailure};
-
-/// `Idempotent-Replayed`: sent as `true` on every replayed answer.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+use crate::request::{fingerprint_of, key_of, read_body, scope_of, Keyed};
+use crate::{IdempotencyConfig, Problem};
 
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
-
-/// Response extension a handler sets on an answer that must leave nothing behind: the
-/// layer rolls the transaction back and stores no outcome, exactly as for an error found
-/// before the reservation. Use it for input validation failures (400/422), so a client that
-/// fixes its request can retry with the same key. Deliberate business rejections (e.g. a
-/// conflicting order) are *not* marked: they are stored and replayed like successes.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NotStored;
 
 /// Makes the wrapped routes idempotent (see the crate docs for every answer).
 ///
@@ -281,111 +270,6 @@ where
     reserve_and_run(inner, store, config, cache, request).await
 }
 
-/// The request's [`Scope`] (its tenant and operation) and its route template. The tenant
-/// comes from authentication, never from the request: 401 when no [`TenantId`] was put in
-/// the extensions.
-#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
-fn scope_of(parts: &http::request::Parts) -> Result<(Scope, String), Response> {
-    let Some(tenant) = parts.extensions.get::<TenantId>().cloned() else {
-        return Err(Problem::new(
-            StatusCode::UNAUTHORIZED,
-            kind::UNAUTHENTICATED,
-            "Authentication required",
-        )
-        .into_response());
-    };
-    let template = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
-    let scope = Scope::new(tenant, Operation::new(parts.method.as_str(), &template));
-    Ok((scope, template))
-}
-
-/// The request's `Idempotency-Key`, `None` when it sent none; 400 when it is malformed or
-/// sent twice (draft-ietf-httpapi-idempotency-key-header-07 §2.1: one key per request).
-#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
-fn key_of(headers: &http::HeaderMap) -> Result<Option<IdempotencyKey>, Response> {
-    let malformed = || {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            kind::IDEMPOTENCY_KEY_MALFORMED,
-            "The Idempotency-Key header is malformed",
-        )
-    };
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    match (values.next(), values.next()) {
-        (None, _) => Ok(None),
-        (Some(v), None) => IdempotencyKey::parse(v.as_bytes()).map(Some).map_err(|e| {
-            metrics::counter!(metric::REJECTED_TOTAL, "reason" => "malformed_key").increment(1);
-            malformed().detail(e.to_string()).into_response()
-        }),
-        (Some(_), Some(_)) => Err(malformed()
-            .detail("exactly one Idempotency-Key header is allowed")
-            .into_response()),
-    }
-}
-
-/// The whole request body, at most `limit` bytes (413 above it, 400 when it cannot be
-/// read): the fingerprint covers all of it.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            kind::REQUEST_TOO_LARGE,
-            "The request body is too large",
-        )
-        .detail(format!("at most {limit} bytes are accepted"))
-        .into_response()),
-        Err(_) => Err(Problem::new(
-            StatusCode::BAD_REQUEST,
-            kind::REQUEST_BODY,
-            "The request body could not be read",
-        )
-        .into_response()),
-    }
-}
-
-/// The request's [`Fingerprint`] (method, route template, path, and the body canonicalized
-/// by its content type); 400 for a JSON body that does not parse.
-#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
-fn fingerprint_of(
-    parts: &http::request::Parts,
-    template: &str,
-    bytes: &Bytes,
-) -> Result<Fingerprint, Response> {
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    Fingerprint::compute(
-        parts.method.as_str(),
-        template,
-        parts.uri.path(),
-        content_type,
-        bytes,
-    )
-    .map_err(|e| {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            kind::MALFORMED_JSON,
-            "The request body is not valid JSON",
-        )
-        .detail(e.to_string())
-        .into_response()
-    })
-}
-
-/// A request with a well-formed key, its body read and fingerprinted.
-pub(crate) struct Keyed {
-    pub(crate) parts: http::request::Parts,
-    pub(crate) bytes: Bytes,
-    pub(crate) scope: Scope,
-    pub(crate) key: IdempotencyKey,
-    pub(crate) fingerprint: Fingerprint,
-}
-
 /// Reserves the key and runs the handler under the reservation, or answers from the record
 /// that holds it. While another request holds the key: 409 at once, or — with
 /// `in_flight_wait` — polling with backoff (10 ms doubling to 200 ms) until its outcome can
@@ -449,22 +333,6 @@ where
     }
 }
 
-/// Keeps a finished record's outcome in the replay cache (until the record expires).
-pub(crate) fn remember(cache: &ReplayCache, request: &Keyed, record: &Record) {
-    if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
-        cache.insert(
-            &request.scope,
-            &request.key,
-            Settled {
-                state: record.state,
-                fingerprint: record.fingerprint,
-                response: response.clone(),
-                expires_at,
-            },
-        );
-    }
-}
-
 /// Runs the handler under a fresh reservation, bounded by `execution_timeout`.
 async fn execute<S>(
     inner: S,
@@ -512,131 +380,10 @@ where
     }
 }
 
-/// The answer for a committed record, or `None` while it is still `processing`.
-pub(crate) fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
-    answer(
-        record.state,
-        &record.fingerprint,
-        record.response.as_ref(),
-        fingerprint,
-    )
-}
-
-/// The answer for a record in `state`, first requested with `stored_fp`, to a request with
-/// `fingerprint`; `None` while it is still `processing`.
-pub(crate) fn answer(
-    state: RecordState,
-    stored_fp: &Fingerprint,
-    response: Option<&StoredResponse>,
-    fingerprint: &Fingerprint,
-) -> Option<Response> {
-    // The fingerprint is compared on every path that can return a stored outcome.
-    if let Some(res) = mismatch(stored_fp, fingerprint) {
-        return Some(res);
-    }
-    match state {
-        RecordState::Succeeded | RecordState::Failed => match response {
-            Some(stored) => {
-                metrics::counter!(metric::REPLAYS_TOTAL).increment(1);
-                Some(replay(stored))
-            }
-            None => Some(
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    kind::RECORD_CORRUPT,
-                    "The stored outcome is missing",
-                )
-                .into_response(),
-            ),
-        },
-        RecordState::Unknown => {
-            metrics::counter!(metric::UNKNOWN_TOTAL).increment(1);
-            Some(
-                Problem::new(
-                    StatusCode::CONFLICT,
-                    kind::OUTCOME_UNKNOWN,
-                    "The outcome of the first request with this key is unknown",
-                )
-                .detail("the operation awaits a status check or reconciliation; query its status resource instead of retrying")
-                .into_response(),
-            )
-        }
-        _ => None,
-    }
-}
-
-/// 422 when `fingerprint` is not the one `stored_fp` was first requested with.
-pub(crate) fn mismatch(stored_fp: &Fingerprint, fingerprint: &Fingerprint) -> Option<Response> {
-    let part = stored_fp.mismatch(fingerprint)?;
-    metrics::counter!(metric::FINGERPRINT_MISMATCHES_TOTAL).increment(1);
-    Some(
-        Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            kind::IDEMPOTENCY_KEY_REUSED,
-            "The Idempotency-Key was already used for a different request",
-        )
-        .detail(format!(
-            "the request's {} differs from the one first sent with this key; mint a new key for a new operation",
-            part.as_str()
-        ))
-        .with("differs", part.as_str())
-        .into_response(),
-    )
-}
-
-fn in_flight(retry_after_secs: u32) -> Response {
-    metrics::counter!(metric::IN_FLIGHT_TOTAL).increment(1);
-    Problem::new(
-        StatusCode::CONFLICT,
-        kind::REQUEST_IN_FLIGHT,
-        "A request with this Idempotency-Key is still being processed",
-    )
-    .detail("retry later with the same key to receive its answer")
-    .retry_after(retry_after_secs)
-    .into_response()
-}
-
-/// 503 for an execution whose commit may or may not have happened.
-pub(crate) fn outcome_unknown(why: &str, retry_after_secs: u32) -> Response {
-    metrics::counter!(metric::OUTCOME_UNKNOWN_TOTAL).increment(1);
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        kind::EXECUTION_OUTCOME_UNKNOWN,
-        "The outcome of this request is not known yet",
-    )
-    .detail(format!(
-        "{why}; it either took effect once or not at all — retry with the same key to receive the outcome"
-    ))
-    .retry_after(retry_after_secs)
-    .into_response()
-}
-
-pub(crate) fn store_problem(e: StoreError, retry_after_secs: u32) -> Response {
-    StoreFailure::from(e)
-        .retry_after(retry_after_secs)
-        .into_response()
-}
-
 /// Rolls back a transaction that did nothing (the key was found taken), within the store
 /// timeout: a frozen connection must not hold the answer.
 async fn release(db: &Database, tx: oncely_sql::Tx) {
     drop(db.within_store_timeout(tx.rollback()).await);
-}
-
-pub(crate) fn replay(stored: &StoredResponse) -> Response {
-    let mut res = Response::new(Body::from(stored.body.clone()));
-    *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    for (name, value) in &stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::try_from(name.as_str()),
-            HeaderValue::try_from(value.as_str()),
-        ) {
-            res.headers_mut().append(n, v);
-        }
-    }
-    res.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
 }
 
 /// A reservation held by the request being executed.
@@ -746,36 +493,6 @@ where
     Ok((res, tx))
 }
 
-/// The handler's answer body, at most `max_stored_response` bytes: what is stored is what
-/// is replayed, so an answer that cannot be stored whole is not given (500; the caller
-/// rolls back).
-pub(crate) async fn read_answer(body: Body, max_stored_response: usize) -> Result<Bytes, Response> {
-    let e = match Limited::new(body, max_stored_response).collect().await {
-        Ok(c) => return Ok(c.to_bytes()),
-        Err(e) => e,
-    };
-    if e.downcast_ref::<LengthLimitError>().is_some() {
-        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_too_large").increment(1);
-        Err(Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            kind::RESPONSE_TOO_LARGE,
-            "The response is too large to store for replay",
-        )
-        .detail(format!(
-            "responses over {max_stored_response} bytes are not stored; the operation was rolled back"
-        ))
-        .into_response())
-    } else {
-        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_body").increment(1);
-        Err(Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            kind::RESPONSE_BODY,
-            "The response body failed",
-        )
-        .into_response())
-    }
-}
-
 /// What the replay cache learns once the commit succeeds.
 type CacheEntry = (Arc<ReplayCache>, Scope, IdempotencyKey, Settled);
 
@@ -821,29 +538,4 @@ async fn store_outcome(
             Err(store_problem(e, 1))
         }
     }
-}
-
-/// An answer as it is stored for replay (allow-listed headers only).
-pub(crate) fn stored_response(parts: &http::response::Parts, bytes: &Bytes) -> StoredResponse {
-    StoredResponse::new(
-        parts.status.as_u16(),
-        parts
-            .headers
-            .iter()
-            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
-        bytes.to_vec(),
-    )
-}
-
-/// A panicking handler: its transaction rolled back, nothing stored.
-pub(crate) fn panicked(error: &str) -> Response {
-    metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "panic").increment(1);
-    tracing::error!(error, "handler panicked; transaction rolled back");
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        kind::HANDLER_FAILED,
-        "The handler failed",
-    )
-    .detail("nothing was stored; retry with the same key")
-    .into_response()
 }

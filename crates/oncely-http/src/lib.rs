@@ -31,6 +31,11 @@
 //!   database round trip.
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
 //!   [`TransactionLayer`] (the same transaction handling without keys).
+//! - `request` — the keyed request: its scope, `Idempotency-Key`, bounded body and
+//!   fingerprint, read the same way by the layer and the multi-phase mode.
+//! - `answer` — the answers both give: replays ([`IDEMPOTENT_REPLAYED`]), fingerprint
+//!   mismatches, in-flight and unknown outcomes, store failures, [`NotStored`], and the
+//!   stored form of a handler's answer.
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
 //! - `multiphase` — [`MultiPhase`], [`OperationContext`] (the handler's key, derived keys
 //!   and fencing token), [`Resolver`] / [`Resolution`], and the lease sweep with its gauges
@@ -41,6 +46,7 @@
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 
+mod answer;
 mod cache;
 mod config;
 mod extract;
@@ -48,13 +54,13 @@ mod layer;
 pub mod metrics;
 mod multiphase;
 mod problem;
+mod request;
 mod tenant;
 
+pub use answer::{NotStored, IDEMPOTENT_REPLAYED};
 pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
-pub use layer::{
-    Idempotency, IdempotencyLayer, NotStored, Transaction, TransactionLayer, IDEMPOTENT_REPLAYED,
-};
+pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
 pub use multiphase::{
     record_lease_gauges, run_lease_sweep, sweep_leases, ContextRejection, MultiPhase,
     OperationContext, Resolution, ResolveQuery, Resolver,

@@ -27,14 +27,15 @@ use oncely_sql::{
 };
 use tower::{Service, ServiceExt};
 
+use crate::answer::{
+    answer_existing, mismatch, outcome_unknown, panicked, read_answer, remember, replay,
+    store_problem, stored_response, NotStored,
+};
 use crate::cache::{ReplayCache, Settled};
 use crate::extract::IdempotencyContext;
-use crate::layer::{
-    answer_existing, mismatch, outcome_unknown, panicked, read_answer, remember, replay,
-    store_problem, stored_response, Keyed, NotStored,
-};
 use crate::metrics as metric;
 use crate::problem::kind;
+use crate::request::Keyed;
 use crate::{IdempotencyConfig, Problem};
 
 /// The settings of a multi-phase route ([`IdempotencyLayer::multi_phase`](crate::IdempotencyLayer::multi_phase)).

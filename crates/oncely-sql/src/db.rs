@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::backend::{with_store, with_tx, Store};
+use crate::backend::{with_store, with_tx};
+use crate::driver::Store;
 use crate::{Backend, Database, Migrations, StoreError, Tx};
 
 /// Connection settings shared by every backend.
@@ -226,24 +227,6 @@ fn migrations_table_exists<S: Store>(_: &S) -> &'static str {
 
 fn backend_of<S: Store>(_: &S) -> Backend {
     S::BACKEND
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-/// The error of one direct connection attempt with `pool`'s options (at most 1 s), or `None`
-/// when it connects (or cannot tell within the second).
-pub(crate) async fn connect_error<DB: sqlx::Database>(
-    pool: &sqlx::Pool<DB>,
-) -> Option<sqlx::Error> {
-    use sqlx::{ConnectOptions as _, Connection as _};
-    let opts = pool.connect_options();
-    match tokio::time::timeout(Duration::from_secs(1), opts.connect()).await {
-        Ok(Ok(conn)) => {
-            drop(conn.close().await);
-            None
-        }
-        Ok(Err(e)) => Some(e),
-        Err(_) => None,
-    }
 }
 
 impl Tx {

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use crate::backend::{with_store, with_tx, Store};
+use crate::backend::{with_store, with_tx};
+use crate::driver::Store;
 use crate::{query, Database, StoreError, Tx};
 
 /// The states of an outgoing effect (docs/DESIGN.md "External effects"):

@@ -1,3 +1,5 @@
+use crate::outage::mysql_error_number;
+
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -91,23 +93,6 @@ impl From<sqlx::Error> for StoreError {
             Self::Database(e)
         }
     }
-}
-
-/// The MySQL / MariaDB server error number (`ER_…`), if `e` is one.
-#[cfg(feature = "mysql")]
-pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .map(sqlx::mysql::MySqlDatabaseError::number),
-        _ => None,
-    }
-}
-
-/// Without the `mysql` feature no error is a MySQL one.
-#[cfg(not(feature = "mysql"))]
-pub(crate) fn mysql_error_number(_: &sqlx::Error) -> Option<u16> {
-    None
 }
 
 /// `true` when `e` says the database gave up waiting for a lock another transaction

@@ -3,7 +3,8 @@ use std::time::Duration;
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{with_store, with_tx, Store, Sweep};
+use crate::backend::{with_store, with_tx};
+use crate::driver::{Store, Sweep};
 use crate::{Database, StoreError, Tx};
 
 /// The idempotency store over table `oncely_idempotency`, primary key

@@ -1,6 +1,7 @@
 use oncely_core::MessageId;
 
-use crate::backend::{with_store, Store, Sweep};
+use crate::backend::with_store;
+use crate::driver::{Store, Sweep};
 use crate::{Database, StoreError, Tx};
 
 /// What [`InboxStore::record`] found.

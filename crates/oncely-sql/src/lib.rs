@@ -28,7 +28,9 @@
 //!   release and take-over, the lease sweep, [`LeaseReport`] and [`RecordSummary`].
 //! - `outbox` — [`OutboxStore`]: the transactional outbox over table `oncely_outbox`
 //!   (enqueue in the caller's transaction, claim by state with per-partition leases, settle,
-//!   dead rows, stats, retention).
+//!   dead rows, stats, retention); a folder: `types` (its values), `batch` (settling a
+//!   claimed batch) and `driver` (`OutboxBackend`, the contract the backends implement,
+//!   which names no backend).
 //! - `inbox` — [`InboxStore`]: the consumer inbox over table `oncely_inbox` (record a
 //!   message id in the effect's transaction, retention collector).
 //! - `effects` — [`EffectStore`]: outgoing effects over table `oncely_effects` (the intent
@@ -51,9 +53,14 @@
 //! - `plan` — [`PINNED_PLAN`], [`execute_pinned`], [`fetch_all_pinned`]: PostgreSQL claims
 //!   and sweeps whose plans do not change when the statistics say the table is empty.
 //!
+//! The driver contract, which names no backend:
+//! - `driver` — [`Backend`] (a backend's name and capabilities), [`Migrations`], and the
+//!   internal `Store` trait every backend implements (begin, finish, migrations, the
+//!   batched retention `Sweep`), with the shared connection probe.
+//!
 //! The one module that chooses a backend:
-//! - `backend` — the [`Database`] and [`Tx`] enums, [`Backend`] (its name and
-//!   capabilities), [`Migrations`], connecting by URL scheme, and the dispatch macros:
+//! - `backend` — the [`Database`] and [`Tx`] enums, connecting by URL scheme, and the
+//!   dispatch macros:
 //!   [`on_tx!`], [`on_pool!`], [`on_writer!`] (public, the escape hatch for SQL the
 //!   portable API does not cover) and the internal `with_store!` / `with_tx!`, which reach
 //!   each store's per-backend trait (`IdempotencyBackend`, `OutboxBackend`, `QueueBackend`) and the
@@ -78,6 +85,7 @@
 mod backend;
 mod db;
 mod dialect;
+mod driver;
 mod effects;
 mod error;
 mod idempotency;
@@ -98,9 +106,10 @@ mod reconcile;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-pub use backend::{Backend, Database, Migrations, Tx};
+pub use backend::{Database, Tx};
 pub use db::DbOptions;
 pub use dialect::{in_list, sql_text, Dialect};
+pub use driver::{Backend, Migrations};
 pub use effects::{
     Effect, EffectState, EffectStore, Enqueued, Evidence, EvidenceKind, EvidenceRow, NewEffect,
     Resolution, Settle, SettleItem,

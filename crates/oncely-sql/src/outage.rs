@@ -1,5 +1,3 @@
-use crate::error::mysql_error_number;
-
 /// `true` when `error`, or any error in its [`source`](std::error::Error::source) chain, says
 /// that the database could not be reached: an I/O or TLS failure, a connection the server
 /// closed or refused, a pool that timed out waiting for a connection or is closed, a server
@@ -45,6 +43,23 @@ pub(crate) fn sqlx_outage(e: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// The MySQL / MariaDB server error number (`ER_…`), if `e` is one.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(sqlx::mysql::MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// Without the `mysql` feature no error is a MySQL one.
+#[cfg(not(feature = "mysql"))]
+pub(crate) fn mysql_error_number(_: &sqlx::Error) -> Option<u16> {
+    None
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use oncely_core::MessageId;
 
-use crate::backend::{with_store, Store};
+use crate::backend::with_store;
+use crate::driver::Store;
 use crate::{on_pool, on_writer, query, sql_text, Database, StoreError};
 
 /// One message to put on the queue ([`QueueStore::enqueue`]).

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use crate::backend::{with_store, Store};
+use crate::backend::with_store;
+use crate::driver::Store;
 use crate::effects::EffectsBackend;
 use crate::{query, Database, Effect, EffectState, EffectStore, StoreError, Tx};
 

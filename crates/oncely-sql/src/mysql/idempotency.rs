@@ -1,7 +1,7 @@
 //! [`IdempotencyBackend`] on MySQL / MariaDB (`key` is a reserved word there).
 
 use super::MySqlStore;
-use crate::backend::Store;
+use crate::driver::Store;
 use crate::idempotency::{bind_record, ClaimRow, IdempotencyBackend, NewRecord, RecordRow};
 
 /// The counterpart of PostgreSQL's claim: a *session*-scoped named lock taken without

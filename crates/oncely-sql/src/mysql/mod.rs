@@ -15,7 +15,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::{Executor, MySql};
 
-use crate::backend::{Backend, Store, Sweep};
+use crate::driver::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
 
 /// MySQL / MariaDB: one pool. Every connection runs at `READ COMMITTED` with
@@ -242,7 +242,7 @@ impl Store for MySqlStore {
     }
 
     async fn connect_error(&self) -> Option<sqlx::Error> {
-        crate::db::connect_error(&self.pool).await
+        crate::driver::connect_error(&self.pool).await
     }
 
     async fn run(

@@ -6,7 +6,8 @@ use sqlx::mysql::MySqlPool;
 
 use super::MySqlStore;
 use crate::dialect::in_list;
-use crate::outbox::{OutboxBackend, OutboxEvent, Row};
+use crate::outbox::driver::{OutboxBackend, Row};
+use crate::outbox::types::OutboxEvent;
 use crate::StoreError;
 
 impl OutboxBackend for MySqlStore {

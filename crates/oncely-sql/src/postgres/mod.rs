@@ -15,7 +15,7 @@ use sqlx::pool::PoolOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::Postgres;
 
-use crate::backend::{Backend, Store, Sweep};
+use crate::driver::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
 
 /// PostgreSQL: one pool; `lock_timeout` and `idle_in_transaction_session_timeout` set on
@@ -140,7 +140,7 @@ impl Store for PgStore {
     }
 
     async fn connect_error(&self) -> Option<sqlx::Error> {
-        crate::db::connect_error(&self.pool).await
+        crate::driver::connect_error(&self.pool).await
     }
 
     async fn run(

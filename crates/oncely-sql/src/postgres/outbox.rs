@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use super::PgStore;
-use crate::outbox::{
-    headers_json, reschedule_sql, ClaimedBatch, Hold, OutboxBackend, OutboxEvent, OutboxRow,
-    OutboxState, PublishFailure, Rescheduled, Row, Settled, COLUMNS, STATS,
+use crate::outbox::driver::{headers_json, reschedule_sql, OutboxBackend, Row, COLUMNS, STATS};
+use crate::outbox::types::{
+    ClaimedBatch, Hold, OutboxEvent, OutboxRow, OutboxState, PublishFailure, Rescheduled, Settled,
 };
 use crate::{StoreError, PINNED_PLAN};
 

@@ -1,7 +1,7 @@
 //! [`IdempotencyBackend`] on SQLite.
 
 use super::SqliteStore;
-use crate::backend::Store;
+use crate::driver::Store;
 use crate::idempotency::{
     bind_record, ClaimRow, IdempotencyBackend, NewRecord, RecordRow, INSERT_RECORD, RECORD_COLUMNS,
 };

@@ -16,7 +16,7 @@ use sqlx::pool::PoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use sqlx::Sqlite;
 
-use crate::backend::{Backend, Store, Sweep};
+use crate::driver::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
 
 /// SQLite: one writer connection (SQLite has one writer; every transaction starts with

@@ -1,7 +1,8 @@
 //! [`OutboxBackend`] on SQLite: one writer, so each claim runs alone and leases its rows.
 
 use super::SqliteStore;
-use crate::outbox::{reschedule_sql, OutboxBackend, OutboxEvent, Row, COLUMNS, STATS};
+use crate::outbox::driver::{reschedule_sql, OutboxBackend, Row, COLUMNS, STATS};
+use crate::outbox::types::OutboxEvent;
 use crate::StoreError;
 
 /// Claim candidates: pending, available, unleased heads of partitions with nothing leased
