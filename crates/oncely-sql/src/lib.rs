@@ -35,7 +35,9 @@
 //!   message id in the effect's transaction, retention collector).
 //! - `effects` — [`EffectStore`]: outgoing effects over table `oncely_effects` (the intent
 //!   recorded in the caller's transaction, claims under a fenced lease, settle with the
-//!   evidence in `oncely_effect_attempts`).
+//!   evidence in `oncely_effect_attempts`); a folder: `types` (its values), `settle`
+//!   (settles and evidence), `resolve` (operator resolutions and their audit) and `driver`
+//!   (`EffectsBackend`, the contract the backends implement, which names no backend).
 //! - `reconcile` — [`DiscrepancyStore`], [`DiscrepancyKind`]: what reconciliation runs
 //!   found over tables `oncely_discrepancies` (one open row per provider, kind and
 //!   reference), `oncely_reconcile_runs` and `oncely_discrepancy_audit`; and the effect

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use crate::backend::with_store;
 use crate::driver::Store;
-use crate::effects::EffectsBackend;
+use crate::effects::driver::EffectsBackend;
 use crate::{query, Database, Effect, EffectState, EffectStore, StoreError, Tx};
 
 /// The kinds of discrepancy a reconciliation run reports (docs/DESIGN.md "Multi-phase

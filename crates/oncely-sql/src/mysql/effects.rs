@@ -2,7 +2,8 @@
 //! then updated and read back in the same transaction (no `UPDATE … RETURNING`).
 
 use super::MySqlStore;
-use crate::effects::{Claim, Effect, EffectsBackend};
+use crate::effects::driver::{Claim, EffectsBackend};
+use crate::effects::types::Effect;
 use crate::StoreError;
 
 /// The binary-collated text columns (compared byte for byte, as on the other backends) are

@@ -5,9 +5,10 @@
 //! once).
 
 use super::PgStore;
-use crate::effects::{
-    held_rows, Claim, Effect, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS,
+use crate::effects::driver::{
+    held_rows, Claim, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS,
 };
+use crate::effects::types::Effect;
 use crate::StoreError;
 
 impl EffectsBackend for PgStore {

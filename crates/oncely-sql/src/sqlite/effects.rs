@@ -2,9 +2,10 @@
 //! a group of settles as one `UPDATE … FROM` a `VALUES` list.
 
 use super::SqliteStore;
-use crate::effects::{
-    held_rows, Claim, Effect, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS,
+use crate::effects::driver::{
+    held_rows, Claim, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS,
 };
+use crate::effects::types::Effect;
 use crate::StoreError;
 
 impl EffectsBackend for SqliteStore {

@@ -1,0 +1,84 @@
+//! What each backend implements for [`EffectStore`](crate::EffectStore) (in `sqlite/`, `postgres/`, `mysql/`): the claim and the fenced settle update, with the columns and SQL texts they share. It names no backend.
+
+use super::types::Effect;
+use crate::driver::Store;
+use crate::StoreError;
+
+/// The columns of [`Effect`], for `SELECT`s and `RETURNING`.
+pub(crate) const EFFECT_COLUMNS: &str = "id, tenant, provider, operation, reference, \
+    idem_key, key_generation, request, state, attempts, checks, unavailable_streak, \
+    available_at, provider_id, response, last_error, lease_version, created_at, updated_at, \
+    sent_at";
+
+/// One effect's fenced settle update, as every backend binds it.
+pub(crate) struct SettleRow {
+    pub(crate) id: String,
+    /// The version the effect was claimed with: the update applies only while it holds.
+    pub(crate) lease_version: i64,
+    /// Subtracted from `attempts`.
+    pub(crate) uncount: i64,
+    /// Added to `checks`.
+    pub(crate) checks: i64,
+    pub(crate) state: &'static str,
+    pub(crate) available_at: i64,
+    pub(crate) provider_id: Option<String>,
+    pub(crate) response: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) key: String,
+    pub(crate) key_generation: i64,
+    /// The new `unavailable_streak`.
+    pub(crate) streak: i64,
+}
+
+/// A claim's parameters, handed to each backend.
+pub(crate) struct Claim<'a> {
+    pub(crate) provider: &'a str,
+    pub(crate) runner: &'a str,
+    pub(crate) limit: i64,
+    pub(crate) lease_until: i64,
+    pub(crate) now_ms: i64,
+}
+
+/// The `SET` list of a claim, shared by every backend. `attempts` comes first: MySQL
+/// evaluates assignments left to right, so a later one would see the new `state`.
+pub(crate) const CLAIM_SET: &str = "attempts = CASE WHEN state IN ('pending', 'absent') \
+    THEN attempts + 1 ELSE attempts END, \
+    sent_at = CASE WHEN state IN ('pending', 'absent') THEN $3 ELSE sent_at END, \
+    state = CASE WHEN state IN ('pending', 'absent') THEN 'in_flight' ELSE 'unknown' END, \
+    locked_by = $1, locked_until = $2, lease_version = lease_version + 1, updated_at = $3";
+
+/// The due-rows condition of a claim (`$4` provider, `$3` now).
+pub(crate) const CLAIM_DUE: &str = "provider = $4 AND state IN ('pending', 'absent', 'unknown', \
+    'in_flight') AND available_at <= $3 AND (locked_until IS NULL OR locked_until < $3)";
+
+/// The effect store's per-backend half: the claim (its locking differs per backend).
+pub(crate) trait EffectsBackend: Store {
+    /// The select list that decodes into [`Effect`] on this backend.
+    const COLUMNS: &'static str = EFFECT_COLUMNS;
+
+    /// Claims as [`EffectStore::claim`] documents, returning the claimed rows as updated.
+    async fn claim(&self, claim: &Claim<'_>) -> Result<Vec<Effect>, StoreError>;
+
+    /// Applies `rows` in `tx` in one statement, each fenced by its lease version, setting
+    /// `updated_at` to `now_ms`; per row whether it was held. `None` (the default) where
+    /// the backend has no multi-row update with `RETURNING`: the portable one-by-one
+    /// update runs instead.
+    async fn settle_rows(
+        tx: &mut Self::Tx,
+        rows: &[SettleRow],
+        now_ms: i64,
+    ) -> Result<Option<Vec<bool>>, StoreError> {
+        let _ = (tx, rows, now_ms);
+        Ok(None)
+    }
+}
+
+/// Per row of `rows`, whether `updated` (the `(id, lease_version)` pairs a multi-row
+/// settle returned) holds it.
+pub(crate) fn held_rows(rows: &[SettleRow], updated: &[(String, i64)]) -> Vec<bool> {
+    let updated: std::collections::HashSet<(&str, i64)> =
+        updated.iter().map(|(id, v)| (id.as_str(), *v)).collect();
+    rows.iter()
+        .map(|r| updated.contains(&(r.id.as_str(), r.lease_version)))
+        .collect()
+}
