@@ -23,11 +23,14 @@
 //! - `stripe` — [`StripePayments`]: PaymentIntents and Refunds on Stripe's API v1.
 //! - `runner` — [`EffectRunner`], [`RunnerConfig`], [`EffectHandler`], [`Settled`]: the
 //!   library runtime that claims due effects, calls or checks each, and settles it with the
-//!   business update in one transaction.
+//!   business update in one transaction. A folder: `pipeline` (claiming, the lanes),
+//!   `call` (the provider call), `check` (status checks), `decide` (the retry, give-up and
+//!   park decisions both share, the evidence of an attempt), `settle` (the settle stage).
 //! - `reconcile` — [`Reconciler`], [`ReconcileConfig`], [`ReconcileReport`],
 //!   [`LocalSource`] (and [`EffectsSource`]), [`resolve`] with [`ResolveAction`]: both
 //!   sides compared by stable reference over a window, discrepancies stored, unknown
-//!   effects completed from the provider's record.
+//!   effects completed from the provider's record. A folder: `source` (the local side),
+//!   `compare` (the comparison and its findings), `resolve` (the resolution actions).
 //! - `shipping` — [`ShippingClient`]: the keyless shipping contract, booked by
 //!   `merchant_reference`.
 

@@ -1,0 +1,141 @@
+//! The settle decisions the call and the status check share: retry or give up within the budget, park, and the evidence of an attempt.
+
+use std::time::Duration;
+
+use oncely_core::{Failure, GiveUpReason, OutcomeClass, RetryDecision, RetryPolicy};
+use oncely_sql::{Effect, Evidence, EvidenceKind, Settle};
+
+use crate::metrics as metric;
+
+use super::{now_ms, since, EffectRunner, Lane, Outcome, Pending, Settled};
+
+impl EffectRunner {
+    /// Whether and when to try again after a call or a status check found the provider
+    /// unavailable (`class` [`OutcomeClass::NotSent`] or [`OutcomeClass::Retryable`]):
+    /// [`RunnerConfig::outage`]'s backoff over the consecutive-unavailable streak,
+    /// `retry_after` honoured, [`RunnerConfig::retry`]'s deadline from the intent's
+    /// creation; never an attempt limit. A spent budget is no reason to give up: the wait
+    /// is the cap then (and counted in [`metric::BUDGET_EXHAUSTED_TOTAL`]).
+    pub(super) fn decide_outage(
+        &self,
+        lane: &Lane,
+        effect: &Effect,
+        class: OutcomeClass,
+        retry_after: Option<Duration>,
+    ) -> RetryDecision {
+        let policy = RetryPolicy {
+            max_attempts: u32::MAX,
+            deadline: self.config.retry.deadline,
+            ..self.config.outage
+        };
+        let streak = u32::try_from(effect.unavailable_streak.max(0)).unwrap_or(0);
+        let failure = Failure {
+            failures: streak.saturating_add(1).min(u32::MAX - 1),
+            class,
+            retry_after,
+            elapsed: since(effect.created_at),
+            timed_out: false,
+        };
+        Self::decide_within_budget(lane, effect, &policy, &failure)
+    }
+
+    /// Whether and when to send again a call that a status check proved absent:
+    /// [`RunnerConfig::retry`] over the attempts made so far (each proven to have done
+    /// nothing), with its attempt limit and deadline.
+    pub(super) fn decide_resend(&self, lane: &Lane, effect: &Effect) -> RetryDecision {
+        let failure = Failure {
+            failures: u32::try_from(effect.attempts.max(1)).unwrap_or(1),
+            class: OutcomeClass::NotSent,
+            retry_after: None,
+            elapsed: since(effect.created_at),
+            timed_out: false,
+        };
+        Self::decide_within_budget(lane, effect, &self.config.retry, &failure)
+    }
+
+    /// [`RetryPolicy::decide`] with `lane`'s budget; a spent budget turns into the longest
+    /// wait of `policy` (its cap, or a longer `Retry-After` up to the ceiling) instead of
+    /// giving up: the budget spaces retries out, it does not fail effects.
+    pub(super) fn decide_within_budget(
+        lane: &Lane,
+        effect: &Effect,
+        policy: &RetryPolicy,
+        failure: &Failure,
+    ) -> RetryDecision {
+        match policy.decide(failure, Some(&lane.budget), rand::random::<f64>()) {
+            RetryDecision::GiveUp(GiveUpReason::BudgetExhausted) => {
+                metrics::counter!(metric::BUDGET_EXHAUSTED_TOTAL, "provider" => effect.provider.clone())
+                    .increment(1);
+                RetryDecision::RetryAfter(policy.delay_honouring(
+                    u32::MAX,
+                    1.0,
+                    failure.retry_after,
+                ))
+            }
+            decision => decision,
+        }
+    }
+
+    /// Parks `effect` in `needs_review` with `error`.
+    pub(super) fn park(effect: &Effect, evidence: &Evidence, error: &str) -> Pending {
+        Self::pending(
+            effect,
+            &Settle::NeedsReview {
+                error: error.to_owned(),
+            },
+            evidence,
+            Some(Settled::NeedsReview { error }),
+        )
+    }
+
+    /// The outcome of a call or check, for the settle stage.
+    pub(super) fn pending(
+        effect: &Effect,
+        settle: &Settle,
+        evidence: &Evidence,
+        settled: Option<Settled<'_>>,
+    ) -> Pending {
+        Pending {
+            effect: effect.clone(),
+            settle: settle.clone(),
+            evidence: evidence.clone(),
+            outcome: settled.map(|o| match o {
+                Settled::Succeeded(object) => Outcome::Succeeded(object.clone()),
+                Settled::Failed { error } => Outcome::Failed(error.to_owned()),
+                Settled::NeedsReview { error } => Outcome::NeedsReview(error.to_owned()),
+            }),
+        }
+    }
+}
+
+/// The reason of a give-up decision, for the effect's error.
+pub(super) fn give_up_word(decision: RetryDecision) -> &'static str {
+    match decision {
+        RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted) => "attempt limit",
+        RetryDecision::GiveUp(GiveUpReason::DeadlinePassed) => "deadline",
+        RetryDecision::GiveUp(GiveUpReason::BudgetExhausted) => "retry budget",
+        RetryDecision::GiveUp(GiveUpReason::Final) => "final answer",
+        _ => "policy",
+    }
+}
+
+pub(super) fn evidence(
+    kind: EvidenceKind,
+    key: &str,
+    started_at: i64,
+    outcome: &str,
+    http_status: Option<u16>,
+    provider_ids: &[String],
+    detail: &str,
+) -> Evidence {
+    Evidence {
+        kind,
+        key: key.to_owned(),
+        started_at,
+        finished_at: now_ms(),
+        outcome: outcome.to_owned(),
+        http_status,
+        provider_ids: provider_ids.to_vec(),
+        detail: detail.to_owned(),
+    }
+}
