@@ -6,6 +6,9 @@
 //! - `relay` — [`Relay`], [`RelayConfig`], [`RoundReport`], [`RelayError`], [`to_message`]: claim → publish →
 //!   mark; LISTEN/NOTIFY wake-up on PostgreSQL with a polling fallback; backoff with full
 //!   jitter; the gauges and the retention of published rows.
+//!   A folder: `drain` (concurrent batches, each claim skipping the id ranges the others
+//!   hold), `settle` (publish a batch, settle each row), `background` (the service loop
+//!   with its stats and retention loops).
 //! - [`metrics`] — the metric names it records and histogram buckets for them.
 
 pub mod metrics;
