@@ -1,17 +1,16 @@
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{middleware, Router};
 use http::StatusCode;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use oncely_http::{IdempotencyLayer, Problem, TransactionLayer};
 use oncely_sql::{Database, IdempotencyStore, Migrations, StoreError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::probes::{healthz, metrics, metrics_handle};
 use crate::{auth, limits, orders, spawn_collector, AppConfig};
 
 /// Applies oncely's migrations and the order service's own (tables `orders`, `invoices`,
@@ -28,39 +27,6 @@ pub async fn migrate(db: &Database) -> Result<(), StoreError> {
             .mysql(sqlx::migrate!("./migrations/mysql")),
     )
     .await
-}
-
-/// The process-wide Prometheus recorder, installed on first use.
-pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            // Outbox publish latencies and inbox handler run times as histograms, not
-            // summaries, with the bounds their crates define.
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Prefix(
-                        "oncely_outbox_publish".to_owned(),
-                    ),
-                    oncely_outbox::metrics::LATENCY_BUCKETS,
-                )
-                .expect("a non-empty bucket list is accepted")
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(
-                        oncely_inbox::metrics::HANDLER_SECONDS.to_owned(),
-                    ),
-                    oncely_inbox::metrics::HANDLER_BUCKETS,
-                )
-                .expect("a non-empty bucket list is accepted");
-            let recorder = builder.build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may already be installed (e.g. by an embedding program);
-            // then this handle renders nothing but the service still runs.
-            drop(metrics::set_global_recorder(recorder));
-            crate::metrics::describe_all();
-            handle
-        })
-        .clone()
 }
 
 /// The service's routes: `POST /v1/orders` (idempotent, key required),
@@ -179,55 +145,6 @@ where
         .into_response()
     })
     .layer(middleware::from_fn(crate::metrics::track))
-}
-
-/// `{"status":"ok","checks":{"database":"ok"}}`, or a 503 problem with
-/// `"checks":{"database":"unavailable"}`. Unauthenticated, so it names each dependency's
-/// state with a stable word and never the driver's error text (which can carry host names,
-/// users, paths); the error goes to the log instead.
-#[utoipa::path(
-    get,
-    path = "/healthz",
-    tag = "operations",
-    security(()),
-    responses(
-        (status = 200, description = "The process is up and reaches its database",
-         content_type = "application/json", body = Object),
-        (status = 503, description = "store-unavailable: the database cannot be reached",
-         body = crate::openapi::Problem, content_type = "application/problem+json"),
-    )
-)]
-pub(crate) async fn healthz(State(db): State<Database>) -> Response {
-    match db.ping().await {
-        Ok(()) => {
-            Json(serde_json::json!({"status": "ok", "checks": {"database": "ok"}})).into_response()
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "health check: the database cannot be reached");
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                oncely_http::kind::STORE_UNAVAILABLE,
-                "The database cannot be reached",
-            )
-            .with("checks", serde_json::json!({"database": "unavailable"}))
-            .into_response()
-        }
-    }
-}
-
-/// `GET /metrics`: every metric in the Prometheus text format.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "operations",
-    security(()),
-    responses(
-        (status = 200, description = "The Prometheus text exposition format",
-         content_type = "text/plain", body = String),
-    )
-)]
-pub(crate) async fn metrics() -> String {
-    metrics_handle().render()
 }
 
 /// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight

@@ -21,15 +21,15 @@ use oncely_http::{Problem, StoreFailure};
 use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
 use oncely_saga::{
     Action, Cancelled, NewSaga, Orchestrator, OrchestratorConfig, SagaDefinition, SagaError,
-    SagaOperator, SagaState, Step, StepContext, StepError,
+    SagaState, Step, StepContext, StepError,
 };
-use oncely_sql::{query, Database, StoreError, Tx};
-use serde::Serialize;
+use oncely_sql::{query, Database, Tx};
 use serde_json::{json, Value};
 
 use crate::events::ORDER_CREATED;
 pub use crate::flow::REFUND;
 use crate::flow::{BOOK, CHARGE, PAYMENTS, SHIPPING};
+use crate::saga_view::CANCELLED;
 use crate::stock;
 
 /// Name of the fulfilment consumer (its consumer group and inbox): it starts one saga per
@@ -39,8 +39,6 @@ pub const FULFILMENT_CONSUMER: &str = "fulfilment";
 pub const ORDER_SAGA: &str = "order";
 /// Operation of a late shipment's compensation.
 pub const CANCEL: &str = "cancel";
-/// The reason a client's cancel records (the saga's `error`).
-const CANCELLED: &str = "cancelled by the client";
 
 /// How the service fulfils an order after `order.created`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -298,82 +296,6 @@ pub fn fulfilment_consumer<S: Subscriber>(
     )
 }
 
-/// An order's saga as `GET /v1/orders/{id}` shows it (`fulfilment`).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(crate) struct SagaView {
-    saga_id: String,
-    /// `running`, `compensating`, `completed`, `compensated`, `needs_review`.
-    state: &'static str,
-    /// Why it compensated or waits for review.
-    error: Option<String>,
-    steps: Vec<StepView>,
-}
-
-/// One row of the saga's step log.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct StepView {
-    name: String,
-    /// `forward` or `compensate`.
-    phase: &'static str,
-    state: &'static str,
-    attempts: i64,
-    effect_id: Option<String>,
-    started_at: i64,
-    finished_at: Option<i64>,
-    evidence: Option<String>,
-}
-
-impl SagaView {
-    /// The order's status the saga gives it: `processing`, `compensating`, `fulfilled`,
-    /// `rejected`, `cancelled` or `needs_review`.
-    pub(crate) fn order_status(&self) -> &'static str {
-        match self.state {
-            "completed" => "fulfilled",
-            "compensating" => "compensating",
-            "compensated" if self.error.as_deref() == Some(CANCELLED) => "cancelled",
-            "compensated" => "rejected",
-            "needs_review" => "needs_review",
-            _ => "processing",
-        }
-    }
-}
-
-/// The saga of `tenant`'s order `id`, if one was started.
-///
-/// # Errors
-/// [`StoreError`] when the database fails.
-pub(crate) async fn view(
-    db: &Database,
-    tenant: &str,
-    id: &str,
-) -> Result<Option<SagaView>, StoreError> {
-    let sagas = SagaOperator::new(db.clone());
-    let Some(saga) = sagas.get(id).await?.filter(|s| s.tenant == tenant) else {
-        return Ok(None);
-    };
-    let steps = sagas
-        .steps(id)
-        .await?
-        .into_iter()
-        .map(|s| StepView {
-            name: s.name,
-            phase: s.phase.as_str(),
-            state: s.state.as_str(),
-            attempts: s.attempts,
-            effect_id: s.effect_id,
-            started_at: s.started_at,
-            finished_at: s.finished_at,
-            evidence: s.evidence,
-        })
-        .collect();
-    Ok(Some(SagaView {
-        saga_id: saga.id,
-        state: saga.state.as_str(),
-        error: saga.error,
-        steps,
-    }))
-}
-
 /// What the cancel handler needs: the mode and an orchestrator (no runner: a cancel only
 /// records the compensation's intents).
 #[derive(Clone, Debug)]
@@ -413,16 +335,16 @@ fn not_cancellable(detail: String, state: Option<SagaState>) -> Response {
     responses(
         (status = 200, description = "The order, compensating or cancelled",
             body = crate::orders::OrderView),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 404, description = "not-found: no such order in the caller's tenant",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
+            body = crate::schema::Problem, content_type = "application/problem+json"),
         (status = 409, description = "order-not-cancellable: past the pivot, or not a saga",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+            body = crate::schema::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error or internal", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable or server-busy",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
+            body = crate::schema::Problem, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]

@@ -24,11 +24,17 @@
 //!   of `invoice.paid` (one `shipping`/`book` effect per order).
 //! - `openapi` — [`openapi_document`]: the OpenAPI 3.1 document generated from the
 //!   handlers and types, served at `GET /openapi.json`.
+//! - `schema` — the schema types the handlers' attributes name (the problem object, the
+//!   `Idempotency-Key` header): a leaf, so handlers and `openapi` never import each other.
+//! - `routes` — [`PAYMENT_ROUTE`], [`OPERATIONS_ROUTE`]: route templates more than one
+//!   module names.
+//! - `probes` — `GET /healthz`, `GET /metrics` and [`metrics_handle`], the process-wide
+//!   Prometheus recorder.
 //! - `fulfilment` — [`Fulfilment`], [`FulfilmentConfig`], [`FulfilmentHandler`],
 //!   [`fulfilment_consumer`], [`fulfilment_orchestrator`]: the order-fulfilment saga
 //!   (`--fulfilment saga`) — reserve stock → charge → ship (pivot) → invoice, started by
 //!   `order.created` in the `fulfilment` consumer; `POST /v1/orders/{id}/cancel`; the
-//!   saga's part of `GET /v1/orders/{id}`.
+//!   saga's part of `GET /v1/orders/{id}` comes from `saga_view`, a leaf both use.
 //! - `stock` — `PUT`/`GET /v1/stock/{sku}` (tables `stock`, `stock_reservations`) and
 //!   the saga's reserve / release / consume writes.
 //! - `limits` — the request-body guard: body bound, total read deadline, budget of
@@ -42,7 +48,8 @@
 //!   discrepancies with their audited actions.
 //! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
 //! - `payments` — `POST /v1/orders/{id}/payments` in multi-phase mode ([`PaymentsSettings`]):
-//!   the order's charge, synchronously at the provider, with its status check.
+//!   the order's charge, synchronously at the provider, with its status check. A folder:
+//!   `charge` (the call and its answer), `status` (the resolver's status check), `answers`.
 //! - `payment_store` — tables `order_payments` (one payment per order, endpoint or flow)
 //!   and `order_payment_evidence` (every call and status check).
 //! - `operations` — `GET /v1/operations/{key}`: a payment operation's state, attempts,
@@ -68,12 +75,16 @@ mod orders;
 mod payment_store;
 mod payments;
 mod payments_source;
+mod probes;
 pub mod problem;
 mod ready;
+mod routes;
+mod saga_view;
+mod schema;
 mod shipping;
 mod stock;
 
-pub use app::{metrics_handle, migrate, router, router_without_idempotency, serve};
+pub use app::{migrate, router, router_without_idempotency, serve};
 pub use billing::{
     billing_consumer, billing_consumer_with, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER,
 };
@@ -89,7 +100,9 @@ pub use fulfilment::{
 pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use openapi::document as openapi_document;
 pub use orders::{NewOrder, OrderItem};
-pub use payments::{PaymentFault, PaymentsSettings, OPERATIONS_ROUTE, PAYMENT_ROUTE};
+pub use payments::{PaymentFault, PaymentsSettings};
 pub use payments_source::PaymentsSource;
+pub use probes::metrics_handle;
 pub use ready::{Dependency, CHECK_TIMEOUT};
+pub use routes::{OPERATIONS_ROUTE, PAYMENT_ROUTE};
 pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};

@@ -112,14 +112,14 @@ fn bad_query(detail: &str) -> Response {
     responses(
         (status = 200, description = "A page of orders", body = Page),
         (status = 400, description = "invalid-query: a limit outside 1–100, a cursor the \
-            service did not issue or an unknown parameter", body = crate::openapi::Problem,
+            service did not issue or an unknown parameter", body = crate::schema::Problem,
             content_type = "application/problem+json"),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
-        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+        (status = 500, description = "store-error or internal", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable or server-busy",
-            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            body = crate::schema::Problem, content_type = "application/problem+json", headers(
             ("Retry-After" = u32, description = "Seconds to wait before the retry"),
         )),
     ),

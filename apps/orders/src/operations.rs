@@ -11,8 +11,8 @@ use oncely_sql::{Database, IdempotencyStore, Record, StoreError};
 use serde::Serialize;
 
 use crate::payment_store::{self as store, EvidenceRow, PaymentRow};
-use crate::payments::PAYMENT_ROUTE;
 use crate::problem;
+use crate::routes::PAYMENT_ROUTE;
 
 /// What a client does with each state, as the resource says it (`advice`).
 fn advice(record: &Record, now: i64) -> &'static str {
@@ -71,15 +71,15 @@ pub(crate) struct OperationStatus {
     params(("key" = String, Path, description = "The operation's Idempotency-Key")),
     responses(
         (status = 200, description = "The operation", body = OperationStatus),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 404, description = "not-found: no payment operation with this key in the \
-            caller's tenant", body = crate::openapi::Problem,
+            caller's tenant", body = crate::schema::Problem,
             content_type = "application/problem+json"),
-        (status = 500, description = "store-error", body = crate::openapi::Problem,
+        (status = 500, description = "store-error", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable or server-busy",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
+            body = crate::schema::Problem, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]

@@ -96,7 +96,7 @@ pub(crate) struct OrderView {
     /// The order's `shipping`/`book` effect (after `invoice.paid`).
     shipment: Option<EffectView>,
     /// The order's fulfilment saga and its step log (`null` under the choreography).
-    fulfilment: Option<crate::fulfilment::SagaView>,
+    fulfilment: Option<crate::saga_view::SagaView>,
 }
 
 /// The order's invoice as `GET /v1/orders/{id}` shows it.
@@ -295,7 +295,7 @@ fn internal(e: &dyn std::fmt::Display) -> Response {
                    external_ref)` is a second guard that outlives the key's retention. \
                    Validation failures (400, 415, 422 invalid-order) are not stored, so the \
                    same key may be retried with a fixed body.",
-    params(crate::openapi::IdempotencyKey),
+    params(crate::schema::IdempotencyKey),
     request_body(content = NewOrder, content_type = "application/json"),
     responses(
         (status = 201, description = "Created", body = Order, headers(
@@ -308,34 +308,34 @@ fn internal(e: &dyn std::fmt::Display) -> Response {
             ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same key, replayed"),
         )),
         (status = 400, description = "idempotency-key-missing, idempotency-key-malformed, \
-            malformed-json or request-body", body = crate::openapi::Problem,
+            malformed-json or request-body", body = crate::schema::Problem,
             content_type = "application/problem+json"),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 408, description = "request-timeout: the body did not arrive in time",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
+            body = crate::schema::Problem, content_type = "application/problem+json"),
         (status = 409, description = "order-conflict (the business key is taken by an order \
             with other content; its `order` member points at it), request-in-flight (the \
             first request with this key is still running; `Retry-After`) or outcome-unknown",
-            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            body = crate::schema::Problem, content_type = "application/problem+json", headers(
             ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer of an earlier request with the same key, replayed"),
             ("Retry-After" = u32, description = "Seconds to wait (request-in-flight)"),
         )),
-        (status = 413, description = "request-too-large", body = crate::openapi::Problem,
+        (status = 413, description = "request-too-large", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 415, description = "unsupported-media-type: the body is not \
-            application/json", body = crate::openapi::Problem,
+            application/json", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 422, description = "invalid-order (not stored: fix the body and retry with \
             the same key) or idempotency-key-reused (the key was used with another request; \
-            `differs` names `body` or `route`)", body = crate::openapi::Problem,
+            `differs` names `body` or `route`)", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 500, description = "store-error, internal, handler-failed, \
             response-too-large, response-body, record-corrupt or no-transaction; nothing was \
-            stored", body = crate::openapi::Problem, content_type = "application/problem+json"),
+            stored", body = crate::schema::Problem, content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable, execution-outcome-unknown or \
             server-busy; retry after `Retry-After` with the same key",
-            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            body = crate::schema::Problem, content_type = "application/problem+json", headers(
             ("Retry-After" = u32, description = "Seconds to wait before the retry"),
         )),
     ),
@@ -540,14 +540,14 @@ async fn answer_existing(tx: &mut Tx, tenant: &TenantId, order: &NewOrder) -> Re
         (status = 200, description = "The order", body = OrderView, headers(
             ("Location" = String, description = "`/v1/orders/{id}` of the order"),
         )),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 404, description = "not-found: no such order in the caller's tenant",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "store-error or internal", body = crate::openapi::Problem,
+            body = crate::schema::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error or internal", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable or server-busy",
-            body = crate::openapi::Problem, content_type = "application/problem+json", headers(
+            body = crate::schema::Problem, content_type = "application/problem+json", headers(
             ("Retry-After" = u32, description = "Seconds to wait before the retry"),
         )),
     ),
@@ -618,7 +618,7 @@ async fn order_view(
         None => None,
     };
     let shipment = effect_view(db, tenant, (crate::SHIPPING, crate::BOOK), &order.id).await?;
-    let fulfilment = crate::fulfilment::view(db, tenant.as_str(), &order.id).await?;
+    let fulfilment = crate::saga_view::view(db, tenant.as_str(), &order.id).await?;
     let mut order = order;
     if let Some(saga) = &fulfilment {
         order.status = saga.order_status();

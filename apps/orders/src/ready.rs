@@ -133,7 +133,7 @@ fn word(up: bool) -> &'static str {
             the broker and each provider with `ok`", content_type = "application/json",
             body = Object),
         (status = 503, description = "not-ready: a dependency is unavailable; `checks` says \
-            which (`ok` or `unavailable` each)", body = crate::openapi::Problem,
+            which (`ok` or `unavailable` each)", body = crate::schema::Problem,
             content_type = "application/problem+json"),
     )
 )]

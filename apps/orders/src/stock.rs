@@ -74,14 +74,14 @@ async fn read(db: &Database, tenant: &str, sku: &str) -> Result<Option<StockView
     request_body(content = SetStock, content_type = "application/json"),
     responses(
         (status = 200, description = "The stock", body = StockView),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 422, description = "invalid-stock: a bad SKU, body or quantity",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "store-error", body = crate::openapi::Problem,
+            body = crate::schema::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable or server-busy",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
+            body = crate::schema::Problem, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]
@@ -148,14 +148,14 @@ async fn upsert(db: &Database, tenant: &str, sku: &str, available: i64) -> Resul
     params(("sku" = String, Path, description = "The SKU")),
     responses(
         (status = 200, description = "The stock", body = StockView),
-        (status = 401, description = "unauthenticated", body = crate::openapi::Problem,
+        (status = 401, description = "unauthenticated", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 404, description = "not-found: no stock of this SKU in the caller's tenant",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "store-error", body = crate::openapi::Problem,
+            body = crate::schema::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "store-error", body = crate::schema::Problem,
             content_type = "application/problem+json"),
         (status = 503, description = "store-unavailable or server-busy",
-            body = crate::openapi::Problem, content_type = "application/problem+json"),
+            body = crate::schema::Problem, content_type = "application/problem+json"),
     ),
     security(("api_key" = []))
 )]
