@@ -1,6 +1,7 @@
 //! `matrix!` itself: every combination not listed as unable to apply gets each test, once,
 //! with the backend and broker its module names; the listed ones get none.
 
+#[path = "matrix/structure.rs"]
 mod structure;
 
 use oncely_testkit::{MatrixBroker, TestBackend, TestBroker};
