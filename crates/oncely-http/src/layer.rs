@@ -31,8 +31,8 @@ pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infalli
 /// Makes the wrapped routes idempotent (see the crate docs for every answer).
 ///
 /// Apply it to routes whose handlers take [`IdempotentTx`](crate::IdempotentTx), *after*
-/// authentication: it reads the [`TenantId`] from the request extensions (401 when
-/// absent) and the route template from axum's [`MatchedPath`] (so use
+/// authentication: it reads the [`TenantId`](oncely_core::TenantId) from the request extensions (401 when
+/// absent) and the route template from axum's [`MatchedPath`](axum::extract::MatchedPath) (so use
 /// `Router::route_layer`). Only `POST` and `PATCH` are guarded; other methods pass through.
 ///
 /// Atomic mode by default; [`IdempotencyLayer::multi_phase`] makes a layer for routes whose

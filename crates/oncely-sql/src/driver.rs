@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::{StoreError, Tx};
 
-/// Which database a [`Database`] talks to. `Display` gives a human name ("SQLite",
+/// Which database a [`Database`](crate::Database) talks to. `Display` gives a human name ("SQLite",
 /// "PostgreSQL", "MySQL / MariaDB"); [`Backend::as_str`] the short one used in URLs, logs
 /// and metrics labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +109,7 @@ impl fmt::Display for Backend {
 }
 
 /// An application's own migration sets, one per backend it supports, for
-/// [`Database::run_migrator`]: give only the sets of the backends the application runs on.
+/// [`Database::run_migrator`](crate::Database::run_migrator): give only the sets of the backends the application runs on.
 ///
 /// ```text
 /// db.run_migrator(Migrations::new().postgres(sqlx::migrate!("./migrations/postgres"))).await?;
@@ -158,7 +158,7 @@ impl Migrations {
     }
 }
 
-/// What every backend's store provides to the portable [`Database`] and [`Tx`] methods.
+/// What every backend's store provides to the portable [`Database`](crate::Database) and [`Tx`] methods.
 pub(crate) trait Store {
     /// The backend's transaction type, as held by [`Tx`].
     type Tx;
@@ -168,7 +168,7 @@ pub(crate) trait Store {
     fn migrations() -> sqlx::migrate::Migrator;
     /// One row, one `i64` column: 1 when sqlx's `_sqlx_migrations` table exists.
     const MIGRATIONS_TABLE_EXISTS: &'static str;
-    /// The bound of [`Database::within_store_timeout`]; `None` for unbounded (SQLite).
+    /// The bound of [`Database::within_store_timeout`](crate::Database::within_store_timeout); `None` for unbounded (SQLite).
     fn store_timeout(&self) -> Option<Duration>;
     /// Begins a transaction, unbounded by the store timeout.
     async fn begin(&self) -> Result<Tx, StoreError>;

@@ -63,7 +63,7 @@ pub enum Completion {
 
 /// A source of local intents to reconcile. [`EffectsSource`] reads the effect store; a
 /// later source (the multi-phase idempotency records of oncely-http) implements the same
-/// three questions, and [`Reconciler::with_source`] adds it: sources are asked in order and
+/// three questions, and [`Reconciler::with_source`](crate::Reconciler::with_source) adds it: sources are asked in order and
 /// the first that knows a reference speaks for it.
 pub trait LocalSource: Send + Sync + std::fmt::Debug {
     /// The source's name, for the report (`effects`).

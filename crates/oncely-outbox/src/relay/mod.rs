@@ -41,7 +41,7 @@ pub struct RelayConfig {
     /// Backoff, attempt limit and deadline (from the row's `created_at`) for publishes that
     /// failed through the message's own fault (refused, unroutable, too large), decided by
     /// [`RetryPolicy::decide`]: a row it gives up on goes `dead`. A broker that is
-    /// unavailable or does not confirm in time ([`PublishError::is_transient`]) does not
+    /// unavailable or does not confirm in time ([`PublishError::is_transient`](oncely_broker::PublishError::is_transient)) does not
     /// count: see [`RelayConfig::outage`].
     pub retry: RetryPolicy,
     /// Backoff of the relay as a whole while the broker or the database is unavailable: the
@@ -55,7 +55,7 @@ pub struct RelayConfig {
     /// The retry budget of the relay's outage rounds ([`RetryBudget`], the AWS SDKs' token
     /// bucket): each round after a failed one withdraws [`RetryBudget::RETRY_COST`], each
     /// round that finds the dependencies up deposits; once it is spent the relay waits
-    /// `outage.cap` between rounds (counted in [`m::RETRY_BUDGET_EXHAUSTED_TOTAL`]). Relays
+    /// `outage.cap` between rounds (counted in [`m::RETRY_BUDGET_EXHAUSTED_TOTAL`](crate::metrics::RETRY_BUDGET_EXHAUSTED_TOTAL)). Relays
     /// that share a broker share one budget by cloning this `Arc` (a cloned config shares
     /// it), so many of them failing at once do not become a retry storm. Default: a bucket
     /// of [`RetryBudget::DEFAULT_CAPACITY`] (500) tokens of its own.
@@ -153,7 +153,7 @@ impl RoundReport {
 /// the broker in order.
 ///
 /// Only a fault of the message itself counts as an attempt. While the broker is unavailable
-/// or does not confirm in time ([`PublishError::is_transient`]), or the database fails, the
+/// or does not confirm in time ([`PublishError::is_transient`](oncely_broker::PublishError::is_transient)), or the database fails, the
 /// rows stay pending with their attempts as they were, and the relay backs off as a whole
 /// ([`RelayConfig::outage`]); each dependency's state change is logged once (down with its
 /// root cause, up with the outage's length) and shown in the gauge

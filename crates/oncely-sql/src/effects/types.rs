@@ -78,7 +78,7 @@ impl std::fmt::Display for EffectState {
     }
 }
 
-/// The intent of one outgoing call, recorded with [`EffectStore::enqueue`] in the caller's
+/// The intent of one outgoing call, recorded with [`EffectStore::enqueue`](crate::EffectStore::enqueue) in the caller's
 /// business transaction.
 #[derive(Debug, Clone, Copy)]
 pub struct NewEffect<'a> {
@@ -169,7 +169,7 @@ impl Effect {
     }
 }
 
-/// What an operator found out about an effect ([`EffectStore::resolve`]).
+/// What an operator found out about an effect ([`EffectStore::resolve`](crate::EffectStore::resolve)).
 #[derive(Debug, Clone, Copy)]
 pub struct Resolution<'a> {
     /// [`EffectState::Succeeded`] or [`EffectState::Failed`].
@@ -182,7 +182,7 @@ pub struct Resolution<'a> {
     pub reason: &'a str,
 }
 
-/// What [`EffectStore::enqueue`] did.
+/// What [`EffectStore::enqueue`](crate::EffectStore::enqueue) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Enqueued {
@@ -323,7 +323,7 @@ pub struct EvidenceRow {
     pub detail: String,
 }
 
-/// One effect's settle in [`EffectStore::settle_batch`]: the effect as claimed (its lease
+/// One effect's settle in [`EffectStore::settle_batch`](crate::EffectStore::settle_batch): the effect as claimed (its lease
 /// version fences the update), the state it settles into and the evidence of the call or
 /// status check.
 #[derive(Debug, Clone, Copy)]

@@ -16,10 +16,10 @@ impl ClaimedBatch {
 
     /// Records the outcome of the batch: `published` rows become `published` at
     /// `published_at_ms` (Unix ms) — kept as such, or not kept at all when the store does
-    /// not keep published rows ([`OutboxStore::keep_published`]; SQLite and MySQL mark them
+    /// not keep published rows ([`OutboxStore::keep_published`](crate::OutboxStore::keep_published); SQLite and MySQL mark them
     /// either way) — each failure is rescheduled or goes `dead` at `max_attempts` (at once when
     /// [`PublishFailure::permanent`]; as
-    /// [`OutboxStore::reschedule`]); rows in neither list are released without counting an
+    /// [`OutboxStore::reschedule`](crate::OutboxStore::reschedule)); rows in neither list are released without counting an
     /// attempt. On PostgreSQL all of it commits as one transaction (the claim's, which
     /// deleted the rows: failed and released rows are re-inserted with their ids).
     ///
