@@ -259,7 +259,7 @@ fn resolve(modules: &BTreeSet<ModPath>, module: &ModPath, path: &[String]) -> Op
     for segment in rest {
         base.push(segment.clone());
         if modules.contains(&base) {
-            found = base.clone();
+            found.clone_from(&base);
         } else {
             break;
         }
