@@ -30,6 +30,49 @@ mod s6;
 
 pub(crate) const SK: &str = "sk_test_oncely_effects";
 
+/// Enqueues an effect of tenant `acme` (key `key-<reference>`); its id.
+pub(crate) async fn enqueue_effect(
+    db: &oncely_sql::Database,
+    (provider, operation): (&str, &str),
+    reference: &str,
+    request: &serde_json::Value,
+) -> String {
+    let mut tx = db.begin().await.unwrap();
+    let new = oncely_sql::NewEffect {
+        tenant: "acme",
+        provider,
+        operation,
+        reference,
+        key: &format!("key-{reference}"),
+        request,
+    };
+    let created = oncely_sql::EffectStore::enqueue(&mut tx, &new, oncely_core::now_ms())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    match created {
+        oncely_sql::Enqueued::Created(id) => id,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Runs rounds until the effect is settled (at most 20 s).
+pub(crate) async fn settle(
+    runner: &std::sync::Arc<oncely_effects::EffectRunner>,
+    store: &oncely_sql::EffectStore,
+    id: &str,
+) -> oncely_sql::Effect {
+    for _ in 0..400 {
+        runner.run_once().await.unwrap();
+        let effect = store.get(id).await.unwrap().unwrap();
+        if effect.state().unwrap().is_settled() {
+            return effect;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} did not settle: {:?}", store.get(id).await.unwrap());
+}
+
 pub(crate) async fn listen(router: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

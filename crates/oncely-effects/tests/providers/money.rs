@@ -16,12 +16,12 @@ use oncely_effects::{
     EffectRunner, NoHandler, Provider, RunnerConfig, ShippingClient, ShippingConfig, StripeConfig,
     StripePayments,
 };
-use oncely_sql::{Effect, EffectState, EffectStore, NewEffect};
+use oncely_sql::{EffectState, EffectStore};
 use oncely_testkit::TestDb;
 use provider_sim::{FaultConfig, ShippingSim};
 use serde_json::{json, Value};
 
-use super::{listen, next_fault, payments_sim, SK};
+use super::{enqueue_effect as enqueue, listen, next_fault, payments_sim, settle, SK};
 
 fn runner(
     db: &oncely_sql::Database,
@@ -40,44 +40,6 @@ fn runner(
             ..RunnerConfig::default()
         },
     ))
-}
-
-async fn enqueue(
-    db: &oncely_sql::Database,
-    (provider, operation): (&str, &str),
-    reference: &str,
-    request: &Value,
-) -> String {
-    let mut tx = db.begin().await.unwrap();
-    let new = NewEffect {
-        tenant: "acme",
-        provider,
-        operation,
-        reference,
-        key: &format!("key-{reference}"),
-        request,
-    };
-    let created = EffectStore::enqueue(&mut tx, &new, oncely_core::now_ms())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    match created {
-        oncely_sql::Enqueued::Created(id) => id,
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Runs rounds until the effect is settled (at most 20 s).
-async fn settle(runner: &Arc<EffectRunner>, store: &EffectStore, id: &str) -> Effect {
-    for _ in 0..400 {
-        runner.run_once().await.unwrap();
-        let effect = store.get(id).await.unwrap().unwrap();
-        if effect.state().unwrap().is_settled() {
-            return effect;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{id} did not settle: {:?}", store.get(id).await.unwrap());
 }
 
 fn stripe(base: &str) -> Arc<dyn Provider> {

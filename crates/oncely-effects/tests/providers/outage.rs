@@ -12,12 +12,12 @@ use oncely_core::{RetryBudget, RetryPolicy};
 use oncely_effects::{
     EffectRunner, NoHandler, Provider, RunnerConfig, StripeConfig, StripePayments,
 };
-use oncely_sql::{Effect, EffectState, EffectStore, NewEffect};
+use oncely_sql::{Effect, EffectState, EffectStore};
 use oncely_testkit::TestDb;
 use serde_json::json;
 
 use super::s6::{recorder, sample};
-use super::{next_fault, payments_sim, SK};
+use super::{next_fault, payments_sim, set_faults, settle, SK};
 
 fn stripe(base: &str) -> Arc<dyn Provider> {
     Arc::new(
@@ -36,34 +36,7 @@ fn stripe(base: &str) -> Arc<dyn Provider> {
 
 async fn enqueue(db: &oncely_sql::Database, invoice: &str) -> String {
     let request = json!({"amount": 900, "currency": "eur", "metadata": {"order_id": "ord"}});
-    let mut tx = db.begin().await.unwrap();
-    let new = NewEffect {
-        tenant: "acme",
-        provider: "payments",
-        operation: "charge",
-        reference: invoice,
-        key: &format!("key-{invoice}"),
-        request: &request,
-    };
-    let created = EffectStore::enqueue(&mut tx, &new, oncely_core::now_ms())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    match created {
-        oncely_sql::Enqueued::Created(id) => id,
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Sets the payments simulator's fault settings (`POST /_sim/faults`).
-async fn faults(base: &str, settings: serde_json::Value) {
-    let res = reqwest::Client::new()
-        .post(format!("{base}/_sim/faults"))
-        .json(&settings)
-        .send()
-        .await
-        .unwrap();
-    assert!(res.status().is_success(), "{settings}: {}", res.status());
+    super::enqueue_effect(db, ("payments", "charge"), invoice, &request).await
 }
 
 /// Waits until `effect` is due, then runs one round; returns the effect as it is after.
@@ -79,19 +52,6 @@ async fn round(runner: &Arc<EffectRunner>, store: &EffectStore, effect: &Effect)
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     store.get(&effect.id).await.unwrap().unwrap()
-}
-
-/// Runs rounds until the effect is settled (at most 15 s).
-async fn settle(runner: &Arc<EffectRunner>, store: &EffectStore, id: &str) -> Effect {
-    for _ in 0..300 {
-        runner.run_once().await.unwrap();
-        let effect = store.get(id).await.unwrap().unwrap();
-        if effect.state().unwrap().is_settled() {
-            return effect;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{id} did not settle: {:?}", store.get(id).await.unwrap());
 }
 
 fn trail(store_evidence: &[oncely_sql::EvidenceRow]) -> Vec<String> {
@@ -118,7 +78,7 @@ pub(crate) async fn a_provider_that_is_down_is_waited_out_with_a_growing_backoff
     t.db.migrate().await.unwrap();
     let store = EffectStore::new(t.db.clone());
     let (sim, base) = payments_sim(Duration::ZERO).await;
-    faults(&base, json!({"rate_limit": 1.0, "retry_after_secs": 0})).await;
+    set_faults(&base, json!({"rate_limit": 1.0, "retry_after_secs": 0})).await;
     let config = RunnerConfig {
         poll: Duration::from_millis(10),
         outage: RetryPolicy {
@@ -182,7 +142,7 @@ pub(crate) async fn a_provider_that_is_down_is_waited_out_with_a_growing_backoff
     assert_eq!(sim.stats().payment_intents, 0);
 
     // Back up.
-    faults(&base, json!({"rate_limit": 0.0})).await;
+    set_faults(&base, json!({"rate_limit": 0.0})).await;
     effect = round(&runner, &store, &effect).await;
     assert_eq!(
         (
@@ -206,7 +166,7 @@ pub(crate) async fn a_provider_that_is_down_is_waited_out_with_a_growing_backoff
     );
 
     // Down again: the refunded budget pays for a retry at the first step, not the cap.
-    faults(&base, json!({"rate_limit": 1.0})).await;
+    set_faults(&base, json!({"rate_limit": 1.0})).await;
     let id = enqueue(&t.db, "inv-down-again").await;
     let effect = round(&runner, &store, &store.get(&id).await.unwrap().unwrap()).await;
     assert_eq!((effect.attempts, effect.unavailable_streak), (0, 1));
@@ -307,7 +267,7 @@ pub(crate) async fn the_attempt_limit_fails_proven_absent_calls_and_the_deadline
         Arc::new(NoHandler),
         config.clone(),
     ));
-    faults(&base, json!({"error_before": 1.0})).await;
+    set_faults(&base, json!({"error_before": 1.0})).await;
     let id = enqueue(&t.db, "inv-limit").await;
     let effect = settle(&runner, &store, &id).await;
     let evidence = trail(&store.evidence(&id).await.unwrap());
@@ -339,7 +299,7 @@ pub(crate) async fn the_attempt_limit_fails_proven_absent_calls_and_the_deadline
     assert_eq!(sim.stats().payment_intents, 0);
 
     // An unknown outcome, then the provider is down for its status checks.
-    faults(&base, json!({"error_before": 0.0})).await;
+    set_faults(&base, json!({"error_before": 0.0})).await;
     let id = enqueue(&t.db, "inv-unknown").await;
     next_fault(&base, "drop_after").await;
     let mut effect = round(&runner, &store, &store.get(&id).await.unwrap().unwrap()).await;

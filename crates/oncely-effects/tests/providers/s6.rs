@@ -12,11 +12,11 @@ use futures_util::future::BoxFuture;
 use oncely_effects::{
     EffectHandler, EffectRunner, Provider, RunnerConfig, Settled, StripeConfig, StripePayments,
 };
-use oncely_sql::{Effect, EffectState, EffectStore, NewEffect, StoreError, Tx};
+use oncely_sql::{Effect, EffectState, EffectStore, StoreError, Tx};
 use oncely_testkit::{LocalStripe, TestDb};
 use serde_json::json;
 
-use super::{next_fault, payments_sim, SK};
+use super::{next_fault, payments_sim, settle, SK};
 
 /// Fails its first `failures` settles — the runner "dies" after the provider committed and
 /// before the outcome was recorded — then counts the successes it sees.
@@ -59,39 +59,7 @@ fn config() -> RunnerConfig {
 
 async fn enqueue(db: &oncely_sql::Database, invoice: &str) -> String {
     let request = json!({"amount": 4200, "currency": "eur", "metadata": {"order_id": "ord"}});
-    let mut tx = db.begin().await.unwrap();
-    let new = NewEffect {
-        tenant: "acme",
-        provider: "payments",
-        operation: "charge",
-        reference: invoice,
-        key: &format!("key-{invoice}"),
-        request: &request,
-    };
-    let created = EffectStore::enqueue(&mut tx, &new, oncely_core::now_ms())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    match created {
-        oncely_sql::Enqueued::Created(id) => id,
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Runs rounds until the effect is settled (at most 15 s).
-async fn settle(runner: &Arc<EffectRunner>, store: &EffectStore, id: &str) -> Effect {
-    for _ in 0..300 {
-        runner.run_once().await.unwrap();
-        let effect = store.get(id).await.unwrap().unwrap();
-        if effect.state().unwrap().is_settled() {
-            return effect;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "effect {id} did not settle: {:?}",
-        store.get(id).await.unwrap()
-    );
+    super::enqueue_effect(db, ("payments", "charge"), invoice, &request).await
 }
 
 fn calls(evidence: &[oncely_sql::EvidenceRow]) -> usize {
