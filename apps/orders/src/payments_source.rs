@@ -106,11 +106,7 @@ impl LocalSource for PaymentsSource {
             // Live: charged; ended in Stripe's words: declined. Pending or a word nobody
             // listed proves neither: the payment stays unknown (docs/DESIGN.md "Status
             // vocabularies").
-            let object = found
-                .iter()
-                .find(|o| o.is_live())
-                .or_else(|| found.iter().find(|o| o.state != ObjectState::Ended))
-                .or(found.first());
+            let object = RemoteObject::deciding(found);
             if let Some(o) = object {
                 let state = match o.state {
                     ObjectState::Live => "succeeded",

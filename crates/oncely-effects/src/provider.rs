@@ -54,6 +54,18 @@ impl RemoteObject {
     pub fn is_live(&self) -> bool {
         self.state == ObjectState::Live
     }
+
+    /// The object a status check that found `objects` rests on, read three-valued
+    /// (docs/DESIGN.md "Status vocabularies"): a live one; else one still pending; else one
+    /// in a word nobody listed; else (every one ended) the first. `None` for no objects.
+    /// The runner, reconciliation and the payments endpoint's resolver all decide from it.
+    pub fn deciding(objects: &[RemoteObject]) -> Option<&RemoteObject> {
+        let first_in = |state| objects.iter().find(|o| o.state == state);
+        first_in(ObjectState::Live)
+            .or_else(|| first_in(ObjectState::Pending))
+            .or_else(|| first_in(ObjectState::Unrecognised))
+            .or(objects.first())
+    }
 }
 
 /// What a provider object's status word means for the effect that made it — three values

@@ -55,11 +55,7 @@ impl PaymentStatus {
         found: &[RemoteObject],
         now: i64,
     ) -> Result<(Resolution, String), StoreError> {
-        let first_in = |state| found.iter().find(|o| o.state == state);
-        let object = first_in(ObjectState::Live)
-            .or_else(|| first_in(ObjectState::Pending))
-            .or_else(|| first_in(ObjectState::Unrecognised))
-            .unwrap_or(&found[0]);
+        let object = RemoteObject::deciding(found).unwrap_or(&found[0]);
         let key = q.context.key.as_str();
         let owner = store::by_order(&self.db, q.context.scope.tenant.as_str(), order_id).await?;
         if let Some(row) = owner.as_ref().filter(|r| r.idempotency_key != key) {

@@ -165,11 +165,7 @@ impl EffectsSource {
         run_id: &str,
     ) -> Result<(), StoreError> {
         let now = oncely_core::now_ms();
-        let first_in = |state| found.iter().find(|o| o.state == state);
-        let object = first_in(ObjectState::Live)
-            .or_else(|| first_in(ObjectState::Pending))
-            .or_else(|| first_in(ObjectState::Unrecognised))
-            .unwrap_or(&found[0]);
+        let object = RemoteObject::deciding(found).unwrap_or(&found[0]);
         let evidence = Evidence {
             kind: EvidenceKind::Status,
             key: effect.key.clone(),

@@ -93,11 +93,7 @@ impl EffectRunner {
         objects: &[RemoteObject],
     ) -> Pending {
         let ids: Vec<String> = objects.iter().map(|o| o.id.clone()).collect();
-        let first_in = |state| objects.iter().find(|o| o.state == state);
-        let object = first_in(ObjectState::Live)
-            .or_else(|| first_in(ObjectState::Pending))
-            .or_else(|| first_in(ObjectState::Unrecognised))
-            .unwrap_or(&objects[0]);
+        let object = RemoteObject::deciding(objects).unwrap_or(&objects[0]);
         let detail = if objects.len() > 1 {
             format!(
                 "{} objects at the provider for one reference",
