@@ -348,7 +348,8 @@ pub(crate) async fn evidence(
     .await
 }
 
-/// When the latest call under `provider_key` went out (Unix ms), if one did.
+/// When the latest call under `provider_key` last may have reached the provider (Unix ms): its
+/// end (timeout, reset, answer), or its start when it never ended; `None` when none went out.
 pub(crate) async fn last_call(
     db: &Database,
     order_id: &str,
@@ -357,7 +358,7 @@ pub(crate) async fn last_call(
     let row: Option<(Option<i64>,)> = db
         .fetch_optional(
             query(
-                "SELECT MAX(started_at) FROM order_payment_evidence \
+                "SELECT MAX(COALESCE(finished_at, started_at)) FROM order_payment_evidence \
                  WHERE order_id = $1 AND provider_key = $2 AND kind = 'call'",
             )
             .bind(order_id)

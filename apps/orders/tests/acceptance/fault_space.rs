@@ -92,6 +92,7 @@ oncely_testkit::matrix! {
         a_charge_answered_429_after_its_commit_by_a_keyless_provider_is_not_made_twice,
         a_booking_hidden_by_a_lagging_lookup_is_not_booked_twice,
         a_booking_still_in_flight_when_looked_up_is_not_booked_twice,
+        a_slow_booking_hidden_from_its_first_lookup_is_not_booked_twice,
         a_booking_answered_2xx_without_a_body_before_it_was_made_does_not_complete_the_saga,
         payments_endpoint_a_charge_found_in_a_status_word_the_client_does_not_know_is_not_told_declined,
         choreography_a_refused_booking_leaves_its_live_charge_in_review_or_refunded,
@@ -1110,6 +1111,21 @@ async fn a_booking_still_in_flight_when_looked_up_is_not_booked_twice(t: TestDb)
     let plan = shipping_faults(vec![Fault::SlowCommit(1_400)], 0);
     let name = "a_booking_still_in_flight_when_looked_up_is_not_booked_twice";
     regression(t, FlowKind::Choreography, Kind::Keyed, name, plan).await;
+}
+
+/// The keyless shipping provider commits a booking 1.3 s after it was sent and its first
+/// lookup shows an empty page; the settle window runs from when the call ended, not from
+/// the claim — under load the runner's pipeline sent it well after claiming it, and a window
+/// from the claim ended while the booking was still hidden (found by the large run, seed
+/// 27157 of `postgres::choreography_listing`: two live shipments).
+async fn a_slow_booking_hidden_from_its_first_lookup_is_not_booked_twice(t: TestDb) {
+    let mut plan = shipping_faults(
+        vec![Fault::SlowCommit(1_300), Fault::After(Answer::Reset)],
+        0,
+    );
+    plan.shipping.lookups = vec![Fault::EmptyPage];
+    let name = "a_slow_booking_hidden_from_its_first_lookup_is_not_booked_twice";
+    regression(t, FlowKind::Choreography, Kind::Listing, name, plan).await;
 }
 
 /// The booking is answered 206 with no body and never reaches the provider: nothing is

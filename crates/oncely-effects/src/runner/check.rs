@@ -15,6 +15,25 @@ use super::{ms, now_ms, since, EffectRunner, Lane, Pending, Settled};
 impl EffectRunner {
     /// Asks the provider for the status of an effect whose outcome is unknown, and settles
     /// it by what the provider says — never a call.
+    /// When the latest attempt may last have reached the provider (Unix ms): the end of
+    /// the latest call in the evidence (its timeout or reset — a request may arrive as late
+    /// as the moment we gave up on it), else the claim. The settle window runs from here:
+    /// the claim alone can precede the send by a whole pipeline's wait, which would end the
+    /// window early and let "not found" mean absent while the request is still committing.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the evidence cannot be read.
+    async fn last_sent(&self, effect: &Effect) -> Result<i64, StoreError> {
+        let claimed = effect.sent_at.unwrap_or(effect.updated_at);
+        let evidence = self.store.evidence(&effect.id).await?;
+        let last_call = evidence
+            .iter()
+            .filter(|row| row.kind == "call")
+            .map(|row| row.finished_at.max(row.started_at))
+            .max();
+        Ok(last_call.map_or(claimed, |t| t.max(claimed)))
+    }
+
     pub(super) async fn check(&self, lane: &Lane, effect: &Effect) -> Result<Pending, StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
@@ -22,7 +41,7 @@ impl EffectRunner {
             |ms: i64| UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
         let query = StatusQuery {
             request: &request,
-            last_sent: Some(to_time(effect.sent_at.unwrap_or(effect.updated_at))),
+            last_sent: Some(to_time(self.last_sent(effect).await?)),
             // Five minutes of clock skew between us and the provider.
             since: to_time(effect.created_at - 300_000),
         };
