@@ -3,7 +3,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use oncely_core::{OutcomeClass, RetryDecision};
-use oncely_sql::{Effect, EvidenceKind, Settle, StoreError};
+use oncely_sql::{Effect, EvidenceKind, EvidenceRow, Settle, StoreError};
 
 use crate::metrics as metric;
 use crate::next_key;
@@ -13,35 +13,34 @@ use super::decide::{evidence, give_up_word};
 use super::{ms, now_ms, since, EffectRunner, Lane, Pending, Settled};
 
 impl EffectRunner {
-    /// Asks the provider for the status of an effect whose outcome is unknown, and settles
-    /// it by what the provider says — never a call.
-    /// When the latest attempt may last have reached the provider (Unix ms): the end of
-    /// the latest call in the evidence (its timeout or reset — a request may arrive as late
-    /// as the moment we gave up on it), else the claim. The settle window runs from here:
-    /// the claim alone can precede the send by a whole pipeline's wait, which would end the
-    /// window early and let "not found" mean absent while the request is still committing.
-    ///
-    /// # Errors
-    /// [`StoreError`] when the evidence cannot be read.
-    async fn last_sent(&self, effect: &Effect) -> Result<i64, StoreError> {
+    /// When the latest attempt may last have reached the provider (Unix ms), from the
+    /// effect's `evidence`: the end of the latest call (its timeout or reset — a request may
+    /// arrive as late as the moment we gave up on it), else the claim. The settle window
+    /// runs from here: the claim alone can precede the send by a whole pipeline's wait,
+    /// which would end the window early and let "not found" mean absent while the request
+    /// is still committing.
+    fn last_sent(effect: &Effect, trail: &[EvidenceRow]) -> i64 {
         let claimed = effect.sent_at.unwrap_or(effect.updated_at);
-        let evidence = self.store.evidence(&effect.id).await?;
-        let last_call = evidence
+        let last_call = trail
             .iter()
             .filter(|row| row.kind == "call")
             .map(|row| row.finished_at.max(row.started_at))
             .max();
-        Ok(last_call.map_or(claimed, |t| t.max(claimed)))
+        last_call.map_or(claimed, |t| t.max(claimed))
     }
 
+    /// Asks the provider for the status of an effect whose outcome is unknown, and settles
+    /// it by what the provider says — never a call.
     pub(super) async fn check(&self, lane: &Lane, effect: &Effect) -> Result<Pending, StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
+        // Read once: the settle window and, when absent, the stored-failure test use it.
+        let trail = self.store.evidence(&effect.id).await?;
         let to_time =
             |ms: i64| UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
         let query = StatusQuery {
             request: &request,
-            last_sent: Some(to_time(self.last_sent(effect).await?)),
+            last_sent: Some(to_time(Self::last_sent(effect, &trail))),
             // Five minutes of clock skew between us and the provider.
             since: to_time(effect.created_at - 300_000),
         };
@@ -58,7 +57,7 @@ impl EffectRunner {
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
             Ok(StatusOutcome::Found(objects)) => Ok(self.found(effect, started, checks, &objects)),
-            Ok(StatusOutcome::Absent) => self.absent(lane, effect, started).await,
+            Ok(StatusOutcome::Absent) => Ok(self.absent(lane, effect, &trail, started)),
             Ok(StatusOutcome::NotYetVisible { settles_at }) => {
                 let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
                 Ok(self.still_unknown(
@@ -177,36 +176,24 @@ impl EffectRunner {
     /// Whether the provider keeps a stored failure under the effect's current key, so that a
     /// resend under it would only replay that failure: the provider honours keys and a call
     /// under this key was answered with a 5xx (Stripe v1 stores a 500 with the key and
-    /// replays it). Read from the evidence, not from `last_error`, which the status checks
-    /// since then have overwritten.
-    ///
-    /// # Errors
-    /// [`StoreError`] when the evidence cannot be read.
-    pub(super) async fn key_holds_a_stored_failure(
-        &self,
-        lane: &Lane,
-        effect: &Effect,
-    ) -> Result<bool, StoreError> {
+    /// replays it). Read from the evidence `trail`, not from `last_error`, which the status
+    /// checks since then have overwritten.
+    fn key_holds_a_stored_failure(lane: &Lane, effect: &Effect, trail: &[EvidenceRow]) -> bool {
         if !lane.provider.honours_keys() {
-            return Ok(false);
+            return false;
         }
-        let answered_5xx = self.store.evidence(&effect.id).await?.iter().any(|row| {
+        let answered_5xx = trail.iter().any(|row| {
             row.kind == "call" && row.key == effect.key && row.http_status.is_some_and(|s| s >= 500)
         });
-        Ok(answered_5xx
+        answered_5xx
             || effect
                 .last_error
                 .as_deref()
-                .is_some_and(|e| e.contains("replayed")))
+                .is_some_and(|e| e.contains("replayed"))
     }
 
-    pub(super) async fn absent(
-        &self,
-        lane: &Lane,
-        effect: &Effect,
-        started: i64,
-    ) -> Result<Pending, StoreError> {
-        let (key, key_generation) = if self.key_holds_a_stored_failure(lane, effect).await? {
+    fn absent(&self, lane: &Lane, effect: &Effect, trail: &[EvidenceRow], started: i64) -> Pending {
+        let (key, key_generation) = if Self::key_holds_a_stored_failure(lane, effect, trail) {
             (
                 next_key(&effect.key, effect.key_generation + 1),
                 effect.key_generation + 1,
@@ -230,7 +217,7 @@ impl EffectRunner {
                     key,
                     key_generation,
                 };
-                Ok(Self::pending(effect, &settle, &evidence, None))
+                Self::pending(effect, &settle, &evidence, None)
             }
             decision => {
                 let error = format!(
@@ -242,12 +229,12 @@ impl EffectRunner {
                     error: error.clone(),
                     response: None,
                 };
-                Ok(Self::pending(
+                Self::pending(
                     effect,
                     &settle,
                     &evidence,
                     Some(Settled::Failed { error: &error }),
-                ))
+                )
             }
         }
     }
