@@ -20,7 +20,7 @@
 //!   window, and the audited resolution of a discrepancy (logic in `oncely-effects`).
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
-//! - `oncely sim payments|shipping` — a provider simulator (logic in `provider-sim`).
+//! - `oncely sim payments|shipping` — a provider simulator (logic in `oncely-sim`).
 //!
 //! The benchmarks are their own binary: `cargo run --release -p oncely-bench -- intake|relay|inbox …`.
 

@@ -1,5 +1,5 @@
 //! `oncely sim payments|shipping`: a provider simulator on its own listener (logic in
-//! `provider-sim`). For tests and local runs only: the control endpoints (`/_sim/…`) take
+//! `oncely-sim`). For tests and local runs only: the control endpoints (`/_sim/…`) take
 //! no credentials.
 
 use std::future::Future;
@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use provider_sim::{FaultConfig, PaymentsConfig, PaymentsSim, ShippingConfig, ShippingSim};
+use oncely_sim::{FaultConfig, PaymentsConfig, PaymentsSim, ShippingConfig, ShippingSim};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(crate) enum SimApi {
@@ -94,6 +94,6 @@ pub(crate) async fn run(
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     println!("{name} simulator listening on {}", listener.local_addr()?);
-    provider_sim::serve(listener, router, shutdown).await?;
+    oncely_sim::serve(listener, router, shutdown).await?;
     Ok(())
 }

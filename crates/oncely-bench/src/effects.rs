@@ -1,6 +1,6 @@
 //! `oncely-bench effects`: charges driven to `succeeded` by the effect runner beside the same
 //! charges sent as raw HTTP calls, at the same concurrency, against one payments simulator
-//! (`provider-sim`'s `PaymentsSim` on `127.0.0.1:0`, no faults), in one run.
+//! (`oncely-sim`'s `PaymentsSim` on `127.0.0.1:0`, no faults), in one run.
 //!
 //! The raw side is what the adapter sends and nothing else: N form-encoded
 //! `POST /v1/payment_intents` (as `StripePayments` builds them), each with its own
@@ -19,9 +19,9 @@ use futures_util::StreamExt as _;
 use oncely_effects::{
     EffectHandler, EffectRunner, Provider, RunnerConfig, Settled, StripeConfig, StripePayments,
 };
+use oncely_sim::{serve, FaultConfig, FaultRates, PaymentsConfig, PaymentsSim};
 use oncely_sql::{DbOptions, Effect, EffectStore, NewEffect, StoreError, Tx};
 use oncely_testkit::TestDb;
-use provider_sim::{serve, FaultConfig, FaultRates, PaymentsConfig, PaymentsSim};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]

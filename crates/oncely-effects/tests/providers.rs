@@ -1,4 +1,4 @@
-//! The provider adapters against real HTTP servers: our simulators (`provider-sim`, on
+//! The provider adapters against real HTTP servers: our simulators (`oncely-sim`, on
 //! `127.0.0.1:0`, with each fault of docs/DESIGN.md "Provider contracts" fired once) and
 //! `localstripe` (PyPI), a fake Stripe written by others that ignores `Idempotency-Key`.
 //!
@@ -13,8 +13,8 @@ use oncely_effects::{
     CallOutcome, EffectRequest, Provider, ShippingClient, ShippingConfig, StatusOutcome,
     StatusQuery, StripeConfig, StripePayments,
 };
+use oncely_sim::{serve, FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use oncely_testkit::LocalStripe;
-use provider_sim::{serve, FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::json;
 
 #[path = "providers/group.rs"]
@@ -414,14 +414,14 @@ async fn a_refund_is_made_once_under_its_key_and_found_by_its_payment_intent() {
 }
 
 async fn shipping() -> (ShippingSim, ShippingClient, String) {
-    let sim = ShippingSim::new(provider_sim::ShippingConfig {
+    let sim = ShippingSim::new(oncely_sim::ShippingConfig {
         undeliverable_skus: ["sku-nowhere".to_owned()].into(),
         faults: FaultConfig {
             late_ms: 1_500,
             seed: Some(3),
             ..FaultConfig::default()
         },
-        ..provider_sim::ShippingConfig::default()
+        ..oncely_sim::ShippingConfig::default()
     });
     let base = listen(sim.router()).await;
     let client = ShippingClient::new(ShippingConfig {

@@ -338,14 +338,14 @@ mod effects {
 
     #[tokio::test]
     async fn a_runner_from_configuration_settles_a_charge_at_the_simulator_and_stops_at_shutdown() {
-        let sim = provider_sim::PaymentsSim::new(provider_sim::PaymentsConfig {
+        let sim = oncely_sim::PaymentsSim::new(oncely_sim::PaymentsConfig {
             secret_keys: vec!["sk_test_rt".to_owned()],
-            ..provider_sim::PaymentsConfig::default()
+            ..oncely_sim::PaymentsConfig::default()
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let stop_sim = CancellationToken::new();
-        tokio::spawn(provider_sim::serve(
+        tokio::spawn(oncely_sim::serve(
             listener,
             sim.router(),
             stop_sim.clone().cancelled_owned(),

@@ -1,5 +1,5 @@
 //! The saga orchestrator end to end, on SQLite, PostgreSQL and MariaDB / MySQL: the real
-//! effect runner calling the payments and shipping simulators (`provider-sim`) over real
+//! effect runner calling the payments and shipping simulators (`oncely-sim`) over real
 //! HTTP on `127.0.0.1:0`, the orchestrator as its handler.
 //!
 //! - `harness`: the world (database, simulators, runner, orchestrator) and the order

@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 
+use oncely_sim::{serve, PaymentsConfig, PaymentsSim};
 use oncely_testkit::TestDb;
-use provider_sim::{serve, PaymentsConfig, PaymentsSim};
 use serde_json::Value;
 
 const SK: &str = "sk_test_oncely_cli_reconcile";

@@ -11,8 +11,8 @@ use oncely_effects::{EffectRunner, Provider, RunnerConfig, ShippingClient, Shipp
 use oncely_saga::{
     NewSaga, Orchestrator, OrchestratorConfig, SagaDefinition, SagaOperator, SagaState, Step,
 };
+use oncely_sim::{ShippingConfig as SimShipping, ShippingSim};
 use oncely_testkit::TestDb;
-use provider_sim::{ShippingConfig as SimShipping, ShippingSim};
 use serde_json::{json, Value};
 
 const UNDELIVERABLE: &str = "sku-fragile";
@@ -117,7 +117,7 @@ pub(crate) async fn saga_commands_list_show_and_retry_a_parked_saga_with_its_aud
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sim_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(provider_sim::serve(
+    tokio::spawn(oncely_sim::serve(
         listener,
         sim.router(),
         std::future::pending(),

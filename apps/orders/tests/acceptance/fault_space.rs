@@ -41,12 +41,12 @@ use oncely_effects::{
 };
 use oncely_inbox::ConsumerConfig;
 use oncely_saga::{OrchestratorConfig, SagaOperator};
+use oncely_sim::{PaymentsConfig, PaymentsSim, ShippingSim};
 use oncely_sql::{Database, EffectStore};
 use oncely_testkit::{
     Answer, BodyFault, HttpFault as Fault, HttpFaultProxy, ProxyOptions, Schedule, SeededRng,
     TestDb,
 };
-use provider_sim::{PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -399,9 +399,9 @@ impl Rig {
             search_lag: Duration::ZERO,
             ..PaymentsConfig::default()
         });
-        let shipping = ShippingSim::new(provider_sim::ShippingConfig {
+        let shipping = ShippingSim::new(oncely_sim::ShippingConfig {
             undeliverable_skus: [UNDELIVERABLE.to_owned()].into(),
-            ..provider_sim::ShippingConfig::default()
+            ..oncely_sim::ShippingConfig::default()
         });
         let payments_srv = serve_sim(payments.router()).await;
         let shipping_srv = serve_sim(shipping.router()).await;

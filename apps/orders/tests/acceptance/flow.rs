@@ -14,9 +14,9 @@ use oncely_effects::{
     StripePayments,
 };
 use oncely_inbox::ConsumerConfig;
+use oncely_sim::{PaymentsConfig, PaymentsSim, ShippingSim};
 use oncely_sql::{on_pool, Database, EffectStore};
 use oncely_testkit::{LocalStripe, TestDb};
-use provider_sim::{PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::{json, Value};
 
 use super::{serve_sim, Sim};
@@ -234,7 +234,7 @@ async fn start_sims() -> (PaymentsSim, Sim, ShippingSim, Sim) {
         search_lag: Duration::from_millis(200),
         ..PaymentsConfig::default()
     });
-    let shipping = ShippingSim::new(provider_sim::ShippingConfig::default());
+    let shipping = ShippingSim::new(oncely_sim::ShippingConfig::default());
     let payments_srv = serve_sim(payments.router()).await;
     let shipping_srv = serve_sim(shipping.router()).await;
     (payments, payments_srv, shipping, shipping_srv)

@@ -15,9 +15,9 @@ use oncely_effects::{
 };
 use oncely_inbox::ConsumerConfig;
 use oncely_saga::OrchestratorConfig;
+use oncely_sim::{FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use oncely_sql::{Database, EffectStore};
 use oncely_testkit::TestDb;
-use provider_sim::{FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use serde_json::{json, Value};
 
 use super::{serve_sim, Sim};
@@ -122,10 +122,10 @@ fn simulators(live_status: Option<String>) -> (PaymentsSim, ShippingSim) {
             ..FaultConfig::default()
         },
     });
-    let shipping = ShippingSim::new(provider_sim::ShippingConfig {
+    let shipping = ShippingSim::new(oncely_sim::ShippingConfig {
         undeliverable_skus: [UNDELIVERABLE.to_owned()].into(),
         live_status,
-        ..provider_sim::ShippingConfig::default()
+        ..oncely_sim::ShippingConfig::default()
     });
     (payments, shipping)
 }

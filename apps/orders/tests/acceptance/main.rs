@@ -62,7 +62,7 @@ pub(crate) async fn serve_sim(router: axum::Router) -> Sim {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(provider_sim::serve(
+    tokio::spawn(oncely_sim::serve(
         listener,
         router,
         stop.clone().cancelled_owned(),

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_effects::{StripeConfig, StripePayments};
+use oncely_sim::{PaymentsConfig, PaymentsSim};
 use oncely_testkit::TestDb;
-use provider_sim::{PaymentsConfig, PaymentsSim};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use oncely_effects::{ReconcileConfig, Reconciler, StripeConfig, StripePayments};
+use oncely_sim::{PaymentsConfig, PaymentsSim};
 use oncely_sql::EffectStore;
 use oncely_testkit::TestDb;
-use provider_sim::{PaymentsConfig, PaymentsSim};
 use reqwest::StatusCode;
 use serde_json::Value;
 

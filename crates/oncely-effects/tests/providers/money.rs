@@ -16,9 +16,9 @@ use oncely_effects::{
     EffectRunner, NoHandler, Provider, RunnerConfig, ShippingClient, ShippingConfig, StripeConfig,
     StripePayments,
 };
+use oncely_sim::{FaultConfig, ShippingSim};
 use oncely_sql::{EffectState, EffectStore};
 use oncely_testkit::TestDb;
-use provider_sim::{FaultConfig, ShippingSim};
 use serde_json::{json, Value};
 
 use super::{enqueue_effect as enqueue, listen, next_fault, payments_sim, settle, SK};
@@ -57,10 +57,10 @@ fn stripe(base: &str) -> Arc<dyn Provider> {
 }
 
 async fn shipping_sim(live_status: Option<&str>, faults: FaultConfig) -> (ShippingSim, String) {
-    let sim = ShippingSim::new(provider_sim::ShippingConfig {
+    let sim = ShippingSim::new(oncely_sim::ShippingConfig {
         live_status: live_status.map(str::to_owned),
         faults,
-        ..provider_sim::ShippingConfig::default()
+        ..oncely_sim::ShippingConfig::default()
     });
     let base = listen(sim.router()).await;
     (sim, base)

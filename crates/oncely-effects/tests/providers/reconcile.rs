@@ -14,9 +14,9 @@ use oncely_effects::{
     Reconciler, ResolveAction, RunnerConfig, ShippingClient, ShippingConfig, StripeConfig,
     StripePayments,
 };
+use oncely_sim::{serve, ShippingSim};
 use oncely_sql::{DiscrepancyStore, EffectState, EffectStore, Enqueued, NewEffect, StoreError};
 use oncely_testkit::{LocalStripe, TestDb};
-use provider_sim::{serve, ShippingSim};
 use serde_json::{json, Value};
 
 use super::{payments_sim, SK};
@@ -448,7 +448,7 @@ async fn book(base: &str, reference: &str) -> Value {
 pub(crate) async fn every_shipping_discrepancy_kind_is_found(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = EffectStore::new(t.db.clone());
-    let sim = ShippingSim::new(provider_sim::ShippingConfig::default());
+    let sim = ShippingSim::new(oncely_sim::ShippingConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(serve(listener, sim.router(), std::future::pending()));
@@ -545,7 +545,7 @@ async fn assert_unfit_actions_refused(
 async fn assert_refund_sent_once(
     store: &EffectStore,
     stripe: Arc<dyn Provider>,
-    sim: &provider_sim::PaymentsSim,
+    sim: &oncely_sim::PaymentsSim,
     extra: &str,
 ) {
     let refund = store

@@ -1,5 +1,5 @@
 //! Multi-phase mode over real HTTP on `127.0.0.1:0`, on SQLite, PostgreSQL and MariaDB: a
-//! payment route whose handler charges the payments simulator (`provider_sim::PaymentsSim`,
+//! payment route whose handler charges the payments simulator (`oncely_sim::PaymentsSim`,
 //! real HTTP through `oncely_effects::StripePayments`) with the operation's derived key.
 //!
 //! A holder that "dies" runs in a server of its own on its own Tokio runtime, which the test
@@ -26,9 +26,9 @@ use oncely_http::{
     IdempotencyConfig, IdempotencyLayer, MultiPhase, OperationContext, Resolution, ResolveQuery,
     Resolver,
 };
+use oncely_sim::{PaymentsConfig, PaymentsSim};
 use oncely_sql::{on_pool, Database, DbOptions, IdempotencyStore};
 use oncely_testkit::TestDb;
-use provider_sim::{PaymentsConfig, PaymentsSim};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
@@ -43,7 +43,7 @@ async fn payments_sim() -> (PaymentsSim, String) {
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(provider_sim::serve(listener, sim.router(), pending()));
+    tokio::spawn(oncely_sim::serve(listener, sim.router(), pending()));
     (sim, base)
 }
 

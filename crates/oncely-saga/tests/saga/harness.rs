@@ -14,11 +14,11 @@ use oncely_saga::{
     Action, NewSaga, Orchestrator, OrchestratorConfig, Saga, SagaDefinition, SagaState, Started,
     Step, StepContext, StepError, StepRecord,
 };
-use oncely_sql::{query, Database, Tx};
-use oncely_testkit::TestDb;
-use provider_sim::{
+use oncely_sim::{
     serve, FaultConfig, PaymentsConfig, PaymentsSim, ShippingConfig as SimShipping, ShippingSim,
 };
+use oncely_sql::{query, Database, Tx};
+use oncely_testkit::TestDb;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 

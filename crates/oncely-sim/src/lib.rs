@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
-//! use provider_sim::{serve, PaymentsConfig, PaymentsSim};
+//! use oncely_sim::{serve, PaymentsConfig, PaymentsSim};
 //! let sim = PaymentsSim::new(PaymentsConfig::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! serve(listener, sim.router(), std::future::pending()).await

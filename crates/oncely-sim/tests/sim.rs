@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use provider_sim::{
+use oncely_sim::{
     serve, FaultConfig, FaultKind, FaultRates, PaymentsConfig, PaymentsSim, ShippingConfig,
     ShippingSim,
 };
@@ -1203,7 +1203,7 @@ async fn payments_simulator_answers_the_adapters_requests_in_the_shapes_localstr
     let theirs = stripe_sequence(ls.base_url(), "sk_test_anything").await;
     let ours = stripe_sequence(&base, SK).await;
     for (a, b) in theirs.iter().zip(&ours) {
-        assert_eq!(a, b, "localstripe vs provider-sim");
+        assert_eq!(a, b, "localstripe vs oncely-sim");
     }
     assert_eq!(theirs.len(), ours.len());
 }
