@@ -1,6 +1,8 @@
 //! `matrix!` itself: every combination not listed as unable to apply gets each test, once,
 //! with the backend and broker its module names; the listed ones get none.
 
+#[path = "matrix/dependencies.rs"]
+mod dependencies;
 #[path = "matrix/structure.rs"]
 mod structure;
 
