@@ -1,7 +1,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
+use oncely_sql::Record;
 
 /// A finished, committed outcome: immutable until its record expires.
 #[derive(Debug)]
@@ -11,6 +13,25 @@ pub(crate) struct Settled {
     pub(crate) response: StoredResponse,
     /// Unix ms; never served at or after this instant.
     pub(crate) expires_at: i64,
+}
+
+impl Settled {
+    /// The outcome `response`, stored at `now_ms` (Unix ms) for a request with
+    /// `fingerprint`, kept as long as its record (`retention`).
+    pub(crate) fn new(
+        fingerprint: Fingerprint,
+        response: StoredResponse,
+        now_ms: i64,
+        retention: Duration,
+    ) -> Self {
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        Self {
+            state: RecordState::for_status(response.status),
+            fingerprint,
+            response,
+            expires_at: now_ms.saturating_add(retention_ms),
+        }
+    }
 }
 
 type CacheKey = (String, String, String);
@@ -102,6 +123,22 @@ impl ReplayCache {
         inner.bytes += w;
         inner.order.push_back(k.clone());
         inner.map.insert(k, Arc::new(settled));
+    }
+
+    /// Keeps a finished record's outcome (until the record expires).
+    pub(crate) fn remember(&self, scope: &Scope, key: &IdempotencyKey, record: &Record) {
+        if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
+            self.insert(
+                scope,
+                key,
+                Settled {
+                    state: record.state,
+                    fingerprint: record.fingerprint,
+                    response: response.clone(),
+                    expires_at,
+                },
+            );
+        }
     }
 }
 
