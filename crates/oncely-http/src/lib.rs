@@ -35,7 +35,7 @@
 //!   ([`IDEMPOTENT_REPLAYED`]), fingerprint mismatches, in-flight and unknown outcomes,
 //!   store failures, panics, [`NotStored`], and the stored form of a handler's answer.
 //! - `cache` — the per-process cache of finished outcomes that serves replays without a
-//!   database round trip.
+//!   database round trip (moka, weighed in bytes, each entry expiring with its record).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
 //! - `atomic` — atomic mode: reservation, handler and stored answer in one transaction,
 //!   and the in-flight wait.
