@@ -22,6 +22,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, StatusCode};
 use oncely_core::{now_ms, IdempotencyKey, RecordState, Scope};
 use oncely_sql::{IdempotencyStore, Lease, LeaseReservation, Record, StoreError};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use tower::{Service, ServiceExt};
 
 use crate::answer::{
@@ -102,7 +103,8 @@ impl MultiPhase {
 
     fn status_url(&self, key: &IdempotencyKey) -> Option<String> {
         let template = self.status_link.as_ref()?;
-        Some(template.replace("{key}", &percent_encode(key.as_str())))
+        let key = utf8_percent_encode(key.as_str(), NOT_UNRESERVED).to_string();
+        Some(template.replace("{key}", &key))
     }
 
     /// `problem` with the status link, as a response.
@@ -143,21 +145,13 @@ impl MultiPhase {
     }
 }
 
-/// `s` with every character but RFC 3986's unreserved ones percent-encoded.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xF)]));
-        }
-    }
-    out
-}
+/// What is percent-encoded in a key put in the status link: every character but RFC
+/// 3986's unreserved ones (§2.3).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// What a multi-phase handler gets (request extension and axum extractor): the operation's
 /// scope and key, the key of each outgoing call, and the fencing token of this holding.
@@ -533,5 +527,20 @@ async fn abandon(cx: &Ctx<'_>, lease: &Lease, reason: &'static str) {
     metrics::counter!(metric::ABANDONED_TOTAL, "reason" => reason).increment(1);
     if let Err(e) = cx.store.abandon_leased(lease, now_ms()).await {
         tracing::warn!(error = %e, "abandoning a multi-phase record failed; it turns unknown when its lease ends");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_link_percent_encodes_all_but_unreserved_characters() {
+        let mode = MultiPhase::new(Duration::from_secs(1)).status_link("/v1/operations/{key}");
+        let key = IdempotencyKey::parse(b"a/b%c?~_.-Z9").unwrap();
+        assert_eq!(
+            mode.status_url(&key).as_deref(),
+            Some("/v1/operations/a%2Fb%25c%3F~_.-Z9")
+        );
     }
 }
