@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use oncely_core::now_ms;
+use oncely_core::{now_ms, Failure, OutcomeClass, RetryDecision, RetryPolicy};
 use oncely_sql::{Database, IdempotencyStore, Reservation, ReservationToken, StoreError};
 use tokio::sync::Mutex;
 use tower::{Service, ServiceExt};
@@ -30,10 +30,22 @@ use crate::problem::kind;
 use crate::request::{Keyed, Subject};
 use crate::{IdempotencyConfig, Problem};
 
+/// The wait between two looks at a key in flight (`in_flight_wait`): 10 ms doubling to
+/// 200 ms, no jitter, while the next look starts within `within` of the first.
+fn in_flight_polling(within: Duration) -> RetryPolicy {
+    RetryPolicy {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(200),
+        max_attempts: u32::MAX,
+        deadline: Some(within),
+        ..RetryPolicy::default()
+    }
+}
+
 /// Reserves the key and runs the handler under the reservation, or answers from the record
 /// that holds it. While another request holds the key: 409 at once, or — with
-/// `in_flight_wait` — polling with backoff (10 ms doubling to 200 ms) until
-/// its its outcome can be replayed or the wait is over.
+/// `in_flight_wait` — polling with backoff (10 ms doubling to 200 ms, a [`RetryPolicy`])
+/// until its outcome can be replayed or the wait is over.
 pub(crate) async fn reserve_and_run<S>(
     inner: S,
     store: IdempotencyStore,
@@ -45,10 +57,10 @@ where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let deadline = config.in_flight_wait.map(|d| Instant::now() + d);
-    let mut pause = Duration::from_millis(10);
+    let polling = config.in_flight_wait.map(in_flight_polling);
+    let started = Instant::now();
     let db = store.database().clone();
-    loop {
+    for looks in 1.. {
         // Pool acquire, BEGIN and the claim share one deadline (the store timeout): a
         // frozen or paused database answers 503 within it, never hangs the request.
         let claim = db.within_store_timeout(async {
@@ -83,14 +95,21 @@ where
             Reservation::InFlight => release(&db, tx).await,
             _ => return store_problem(StoreError::NotHeld, config.retry_after_secs),
         }
-        match deadline {
-            Some(d) if Instant::now() + pause < d => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(200));
-            }
-            _ => return in_flight(config.retry_after_secs),
+        let look = Failure {
+            failures: looks,
+            class: OutcomeClass::NotSent,
+            retry_after: None,
+            elapsed: started.elapsed(),
+            timed_out: false,
+        };
+        // Unit 1.0: the whole ceiling, no jitter. Gives up once the next look would start
+        // at or after the end of the wait.
+        match polling.map(|p| p.decide(&look, None, 1.0)) {
+            Some(RetryDecision::RetryAfter(pause)) => tokio::time::sleep(pause).await,
+            _ => break,
         }
     }
+    in_flight(config.retry_after_secs)
 }
 
 /// Runs the handler under a fresh reservation, bounded by `execution_timeout`.

@@ -38,7 +38,7 @@
 //!   database round trip (moka, weighed in bytes, each entry expiring with its record).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
 //! - `atomic` — atomic mode: reservation, handler and stored answer in one transaction,
-//!   and the in-flight wait.
+//!   the in-flight wait (a [`RetryPolicy`](oncely_core::RetryPolicy)).
 //! - `multiphase` — multi-phase mode: [`MultiPhase`], [`OperationContext`] (the handler's
 //!   key, derived keys and fencing token), [`Resolver`] / [`Resolution`].
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service: parse, cached outcome,
