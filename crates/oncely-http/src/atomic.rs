@@ -6,7 +6,6 @@
 //! commit. [`run_in_tx`] is also the whole of [`TransactionLayer`](crate::TransactionLayer)
 //! and of a request without a key where keys are optional.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use http::{Request, StatusCode};
 use oncely_core::{now_ms, Failure, OutcomeClass, RetryDecision, RetryPolicy};
 use oncely_sql::{Database, IdempotencyStore, Reservation, ReservationToken, StoreError};
 use tokio::sync::Mutex;
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 
 use crate::answer::{
     answer_existing, in_flight, outcome_unknown, panic_message, panicked, read_answer,
@@ -27,7 +26,7 @@ use crate::cache::{ReplayCache, Settled};
 use crate::extract::TxSlot;
 use crate::metrics as metric;
 use crate::problem::kind;
-use crate::request::{Keyed, Subject};
+use crate::request::{Keyed, Route, Subject};
 use crate::{IdempotencyConfig, Problem};
 
 /// The wait between two looks at a key in flight (`in_flight_wait`): 10 ms doubling to
@@ -46,17 +45,13 @@ fn in_flight_polling(within: Duration) -> RetryPolicy {
 /// that holds it. While another request holds the key: 409 at once, or — with
 /// `in_flight_wait` — polling with backoff (10 ms doubling to 200 ms, a [`RetryPolicy`])
 /// until its outcome can be replayed or the wait is over.
-pub(crate) async fn reserve_and_run<S>(
+pub(crate) async fn reserve_and_run<S: Route>(
     inner: S,
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
     cache: Arc<ReplayCache>,
     request: Keyed,
-) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Response {
     let polling = config.in_flight_wait.map(in_flight_polling);
     let started = Instant::now();
     let db = store.database().clone();
@@ -113,7 +108,7 @@ where
 }
 
 /// Runs the handler under a fresh reservation, bounded by `execution_timeout`.
-async fn execute<S>(
+async fn execute<S: Route>(
     inner: S,
     store: IdempotencyStore,
     config: &IdempotencyConfig,
@@ -121,11 +116,7 @@ async fn execute<S>(
     request: Keyed,
     tx: oncely_sql::Tx,
     token: ReservationToken,
-) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Response {
     let (req, subject) = request.start();
     let claim = Claim {
         store,
@@ -163,17 +154,13 @@ pub(crate) struct Claim {
 /// `claim` is given) and commits: run → keep or roll back → read the answer → store →
 /// commit. Callers run it in a spawned task, so a client that hangs up mid-request cannot
 /// cancel an operation half way: it runs to commit or rollback.
-pub(crate) async fn run_in_tx<S>(
+pub(crate) async fn run_in_tx<S: Route>(
     inner: S,
     req: Request<Body>,
     tx: oncely_sql::Tx,
     claim: Option<Claim>,
     max_stored_response: usize,
-) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Response {
     let (res, tx) = match run_handler(inner, req, tx).await {
         Ok(ran) => ran,
         Err(res) => return res,
@@ -219,15 +206,11 @@ where
 /// A panic rolls back before answering 500: a transaction merely dropped is rolled back
 /// when its connection is next used, and a retry arriving first would find the key still
 /// reserved (MySQL: 409 in flight) although the answer said "retry".
-async fn run_handler<S>(
+async fn run_handler<S: Route>(
     inner: S,
     mut req: Request<Body>,
     tx: oncely_sql::Tx,
-) -> Result<(Response, oncely_sql::Tx), Response>
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Result<(Response, oncely_sql::Tx), Response> {
     let slot = TxSlot(Arc::new(Mutex::new(Some(tx))));
     req.extensions_mut().insert(slot.clone());
     let run = std::panic::AssertUnwindSafe(inner.oneshot(req));

@@ -21,7 +21,7 @@ use crate::cache::ReplayCache;
 use crate::extract::IdempotencyContext;
 use crate::metrics as metric;
 use crate::multiphase::{self, MultiPhase};
-use crate::request::{fingerprint_of, key_of, read_body, scope_of, Keyed};
+use crate::request::{fingerprint_of, key_of, read_body, scope_of, Keyed, Route};
 use crate::IdempotencyConfig;
 
 /// The future of the layers' services: the spawned handling of one request.
@@ -156,11 +156,7 @@ macro_rules! spawning_service {
     ($service:ident, $field:ident, $handle:expr) => {
         impl<S> Service<Request<Body>> for $service<S>
         where
-            S: Service<Request<Body>, Response = Response, Error = Infallible>
-                + Clone
-                + Send
-                + 'static,
-            S::Future: Send + 'static,
+            S: Route + Clone,
         {
             type Response = Response;
             type Error = Infallible;
@@ -184,11 +180,7 @@ spawning_service!(Transaction, db, in_transaction);
 spawning_service!(Idempotency, guard, handle);
 
 /// [`TransactionLayer`]'s handling of one request.
-async fn in_transaction<S>(inner: S, db: Database, req: Request<Body>) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+async fn in_transaction<S: Route>(inner: S, db: Database, req: Request<Body>) -> Response {
     match db.begin().await {
         Ok(tx) => run_in_tx(inner, req, tx, None, usize::MAX).await,
         Err(e) => store_problem(e, 1),
@@ -206,11 +198,7 @@ fn spawned(handling: impl Future<Output = Response> + Send + 'static) -> Handlin
 /// The layer's path for one request, in its named steps: tenant and route → key → body →
 /// fingerprint → cached outcome → the mode (reserve → run → store). Each step either hands
 /// its result on or answers.
-async fn handle<S>(inner: S, guard: Arc<Guard>, req: Request<Body>) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+async fn handle<S: Route>(inner: S, guard: Arc<Guard>, req: Request<Body>) -> Response {
     if !(req.method() == Method::POST || req.method() == Method::PATCH) {
         return inner.oneshot(req).await.unwrap_or_else(|e| match e {});
     }

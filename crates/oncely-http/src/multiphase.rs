@@ -8,7 +8,6 @@
 //! provider and replayed; absent → taken over and run again with the same key; can't tell
 //! → 409 with the status link) or, without one, answers 409. Never a second blind run.
 
-use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,11 +18,11 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt as _;
 use http::request::Parts;
-use http::{HeaderValue, Request, StatusCode};
+use http::{HeaderValue, StatusCode};
 use oncely_core::{now_ms, IdempotencyKey, RecordState, Scope};
 use oncely_sql::{IdempotencyStore, Lease, LeaseReservation, Record, StoreError};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 
 use crate::answer::{
     answer_existing, mismatch, outcome_unknown, panic_message, panicked, read_answer, replay,
@@ -32,7 +31,7 @@ use crate::answer::{
 use crate::cache::{ReplayCache, Settled};
 use crate::metrics as metric;
 use crate::problem::kind;
-use crate::request::{Keyed, Subject};
+use crate::request::{Keyed, Route, Subject};
 use crate::{IdempotencyConfig, Problem};
 
 /// The settings of a multi-phase route ([`IdempotencyLayer::multi_phase`](crate::IdempotencyLayer::multi_phase)).
@@ -277,18 +276,14 @@ struct Ctx<'a> {
 /// Reserves under a lease and runs, or answers from the record that holds the key. A
 /// round that loses a race (another request completed, took over or expired the record
 /// between the read and the write) reads again; three rounds at most, then 409.
-pub(crate) async fn reserve_and_run<S>(
+pub(crate) async fn reserve_and_run<S: Route>(
     inner: S,
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
     cache: Arc<ReplayCache>,
     mode: Arc<MultiPhase>,
     request: Keyed,
-) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Response {
     let cx = Ctx {
         store: &store,
         config: &config,
@@ -434,11 +429,7 @@ async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step
 /// Runs the handler as the holder of `lease`, bounded by `execution_timeout`, then stores
 /// its answer (fenced), releases the record ([`NotStored`]) or turns it `unknown` (5xx,
 /// panic, timeout).
-async fn execute<S>(cx: &Ctx<'_>, inner: S, request: Keyed, lease: Lease) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+async fn execute<S: Route>(cx: &Ctx<'_>, inner: S, request: Keyed, lease: Lease) -> Response {
     let (mut req, subject) = request.start();
     req.extensions_mut().insert(OperationContext {
         scope: subject.scope.clone(),

@@ -1,6 +1,8 @@
 //! The keyed request: its scope, its `Idempotency-Key`, its body read within bounds and
 //! fingerprinted.
 
+use std::convert::Infallible;
+
 use axum::body::Body;
 use axum::extract::MatchedPath;
 use axum::response::{IntoResponse, Response};
@@ -8,11 +10,28 @@ use bytes::Bytes;
 use http::{header, HeaderName, Request, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use oncely_core::{Fingerprint, IdempotencyKey, Operation, Scope, TenantId};
+use tower::Service;
 
 use crate::extract::IdempotencyContext;
 use crate::metrics as metric;
 use crate::problem::kind;
 use crate::Problem;
+
+/// The wrapped service (the route), as both modes call it: it answers every request, never
+/// fails, and it and its future move to a spawned task.
+pub(crate) trait Route:
+    Service<Request<Body>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Send
+    + 'static
+{
+}
+
+impl<S> Route for S
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+}
 
 pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
