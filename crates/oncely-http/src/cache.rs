@@ -48,11 +48,25 @@ type CacheKey = (String, String, String);
 /// hit can never cross tenants. A moka cache: each entry weighs its bytes (key, stored body
 /// and a fixed overhead) against `replay_cache_bytes`, and expires at its record's
 /// `expires_at`.
-#[derive(Debug)]
 pub(crate) struct ReplayCache {
     capacity_bytes: usize,
     /// `None` when the capacity is 0 (disabled).
     entries: Option<Cache<CacheKey, Arc<Settled>>>,
+}
+
+/// The bound and the size, not the entries: a layer's `Debug` never prints stored answers.
+impl std::fmt::Debug for ReplayCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (entries, bytes) = self
+            .entries
+            .as_ref()
+            .map_or((0, 0), |c| (c.entry_count(), c.weighted_size()));
+        f.debug_struct("ReplayCache")
+            .field("capacity_bytes", &self.capacity_bytes)
+            .field("entries", &entries)
+            .field("bytes", &bytes)
+            .finish()
+    }
 }
 
 fn cache_key(scope: &Scope, key: &IdempotencyKey) -> CacheKey {
