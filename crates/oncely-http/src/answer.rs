@@ -1,5 +1,5 @@
-//! The answers the layer and the multi-phase mode both give: replays, mismatches, in-flight
-//! and unknown outcomes, store failures, and the stored form of a handler's answer.
+//! The answers both modes give: a missing key, replays, mismatches, in-flight and unknown
+//! outcomes, store failures, panics, and the stored form of a handler's answer.
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -9,10 +9,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use oncely_core::{Fingerprint, RecordState, StoredResponse};
 use oncely_sql::{Record, StoreError};
 
-use crate::cache::{ReplayCache, Settled};
 use crate::metrics as metric;
 use crate::problem::kind;
-use crate::request::Keyed;
 use crate::{Problem, StoreFailure};
 
 /// `Idempotent-Replayed`: sent as `true` on every replayed answer.
@@ -25,22 +23,6 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// conflicting order) are *not* marked: they are stored and replayed like successes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NotStored;
-
-/// Keeps a finished record's outcome in the replay cache (until the record expires).
-pub(crate) fn remember(cache: &ReplayCache, request: &Keyed, record: &Record) {
-    if let (Some(response), Some(expires_at)) = (&record.response, record.expires_at) {
-        cache.insert(
-            &request.scope,
-            &request.key,
-            Settled {
-                state: record.state,
-                fingerprint: record.fingerprint,
-                response: response.clone(),
-                expires_at,
-            },
-        );
-    }
-}
 
 /// The answer for a committed record, or `None` while it is still `processing`.
 pub(crate) fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
@@ -203,6 +185,27 @@ pub(crate) fn stored_response(parts: &http::response::Parts, bytes: &Bytes) -> S
             .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
         bytes.to_vec(),
     )
+}
+
+/// 400: the route requires an `Idempotency-Key` and the request has none.
+pub(crate) fn key_missing() -> Response {
+    metrics::counter!(metric::REJECTED_TOTAL, "reason" => "missing_key").increment(1);
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        kind::IDEMPOTENCY_KEY_MISSING,
+        "This operation requires an Idempotency-Key header",
+    )
+    .detail("mint one key (e.g. a UUIDv7) per operation and send it on every retry")
+    .into_response()
+}
+
+/// The message of a caught panic's payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// A panicking handler: its transaction rolled back, nothing stored.

@@ -23,8 +23,11 @@ pub struct IdempotencyConfig {
     pub retry_after_secs: u32,
     /// Bytes of finished outcomes kept in this process to answer replays without a
     /// database round trip (0 disables). Only committed, final records are cached, a hit
-    /// still compares the fingerprint, and nothing is served past its `expires_at`. Default
-    /// 16 MiB.
+    /// still compares the fingerprint, and nothing is served past its `expires_at`. Each
+    /// entry weighs its key and stored body plus 128 bytes, and one over a quarter of the
+    /// budget is not cached. When the budget is full the least recently used entries leave
+    /// first (a moka cache since issue 27; before it, first in first out); each entry
+    /// leaves at its record's `expires_at`. Default 16 MiB.
     pub replay_cache_bytes: usize,
     /// Bound on one execution — handler, stored response and commit — once its key is
     /// reserved. Past it the execution is dropped (rolled back unless its commit already

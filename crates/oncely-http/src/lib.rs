@@ -26,20 +26,25 @@
 //! | response body over the stored-response bound | 500 problem; rolled back, nothing stored |
 //!
 //! # Layout
+//! Request parsing and the answers at the bottom, one module per mode above them, and the
+//! layer on top, which reads the keyed request and matches on the mode.
 //! - `config` — [`IdempotencyConfig`]: key requirement, size bounds, in-flight policy.
-//! - `cache` — the per-process cache of finished outcomes that serves replays without a
-//!   database round trip.
-//! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service) and
-//!   [`TransactionLayer`] (the same transaction handling without keys).
 //! - `request` — the keyed request: its scope, `Idempotency-Key`, bounded body and
-//!   fingerprint, read the same way by the layer and the multi-phase mode.
-//! - `answer` — the answers both give: replays ([`IDEMPOTENT_REPLAYED`]), fingerprint
-//!   mismatches, in-flight and unknown outcomes, store failures, [`NotStored`], and the
-//!   stored form of a handler's answer.
+//!   fingerprint, read once by the layer for either mode.
+//! - `answer` — the answers both modes give: a missing key, replays
+//!   ([`IDEMPOTENT_REPLAYED`]), fingerprint mismatches, in-flight and unknown outcomes,
+//!   store failures, panics, [`NotStored`], and the stored form of a handler's answer.
+//! - `cache` — the per-process cache of finished outcomes that serves replays without a
+//!   database round trip (moka, weighed in bytes, each entry expiring with its record).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
-//! - `multiphase` — [`MultiPhase`], [`OperationContext`] (the handler's key, derived keys
-//!   and fencing token), [`Resolver`] / [`Resolution`], and the lease sweep with its gauges
-//!   ([`sweep_leases`], [`run_lease_sweep`]).
+//! - `atomic` — atomic mode: reservation, handler and stored answer in one transaction,
+//!   the in-flight wait (a [`RetryPolicy`](oncely_core::RetryPolicy)).
+//! - `multiphase` — multi-phase mode: [`MultiPhase`], [`OperationContext`] (the handler's
+//!   key, derived keys and fencing token), [`Resolver`] / [`Resolution`].
+//! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service: parse, cached outcome,
+//!   then the mode) and [`TransactionLayer`] (the same transaction handling without keys).
+//! - `lease` — the lease sweep of multi-phase records with its gauges ([`sweep_leases`],
+//!   [`run_lease_sweep`], [`record_lease_gauges`]).
 //! - `metrics` — the names of the metrics the layer records.
 //! - `tenant` — [`TenantLayer`]: the service's own tenant extraction, which puts the
 //!   [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
@@ -47,10 +52,12 @@
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 
 mod answer;
+mod atomic;
 mod cache;
 mod config;
 mod extract;
 mod layer;
+mod lease;
 pub mod metrics;
 mod multiphase;
 mod problem;
@@ -61,9 +68,9 @@ pub use answer::{NotStored, IDEMPOTENT_REPLAYED};
 pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
+pub use lease::{record_lease_gauges, run_lease_sweep, sweep_leases};
 pub use multiphase::{
-    record_lease_gauges, run_lease_sweep, sweep_leases, ContextRejection, MultiPhase,
-    OperationContext, Resolution, ResolveQuery, Resolver,
+    ContextRejection, MultiPhase, OperationContext, Resolution, ResolveQuery, Resolver,
 };
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
 pub use tenant::{Tenant, TenantLayer};

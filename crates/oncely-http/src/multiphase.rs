@@ -8,9 +8,7 @@
 //! provider and replayed; absent → taken over and run again with the same key; can't tell
 //! → 409 with the status link) or, without one, answers 409. Never a second blind run.
 
-use std::convert::Infallible;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,22 +18,20 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt as _;
 use http::request::Parts;
-use http::{HeaderValue, Request, StatusCode};
-use oncely_core::{now_ms, Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
-use oncely_sql::{
-    IdempotencyStore, Lease, LeaseReport, LeaseReservation, Record, StoreError, UNKNOWN_AGE_BUCKETS,
-};
-use tower::{Service, ServiceExt};
+use http::{HeaderValue, StatusCode};
+use oncely_core::{now_ms, IdempotencyKey, RecordState, Scope};
+use oncely_sql::{IdempotencyStore, Lease, LeaseReservation, Record, StoreError};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use tower::ServiceExt;
 
 use crate::answer::{
-    answer_existing, mismatch, outcome_unknown, panicked, read_answer, remember, replay,
+    answer_existing, mismatch, outcome_unknown, panic_message, panicked, read_answer, replay,
     store_problem, stored_response, NotStored,
 };
 use crate::cache::{ReplayCache, Settled};
-use crate::extract::IdempotencyContext;
 use crate::metrics as metric;
 use crate::problem::kind;
-use crate::request::Keyed;
+use crate::request::{Keyed, Route, Subject};
 use crate::{IdempotencyConfig, Problem};
 
 /// The settings of a multi-phase route ([`IdempotencyLayer::multi_phase`](crate::IdempotencyLayer::multi_phase)).
@@ -106,7 +102,8 @@ impl MultiPhase {
 
     fn status_url(&self, key: &IdempotencyKey) -> Option<String> {
         let template = self.status_link.as_ref()?;
-        Some(template.replace("{key}", &percent_encode(key.as_str())))
+        let key = utf8_percent_encode(key.as_str(), NOT_UNRESERVED).to_string();
+        Some(template.replace("{key}", &key))
     }
 
     /// `problem` with the status link, as a response.
@@ -147,21 +144,13 @@ impl MultiPhase {
     }
 }
 
-/// `s` with every character but RFC 3986's unreserved ones percent-encoded.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xF)]));
-        }
-    }
-    out
-}
+/// What is percent-encoded in a key put in the status link: every character but RFC
+/// 3986's unreserved ones (§2.3).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// What a multi-phase handler gets (request extension and axum extractor): the operation's
 /// scope and key, the key of each outgoing call, and the fencing token of this holding.
@@ -269,22 +258,6 @@ pub(crate) fn register_metrics() {
     }
 }
 
-/// The record a request is about, and the request's fingerprint.
-#[derive(Clone, Copy)]
-struct Who<'a> {
-    scope: &'a Scope,
-    key: &'a IdempotencyKey,
-    fingerprint: &'a Fingerprint,
-}
-
-fn who(request: &Keyed) -> Who<'_> {
-    Who {
-        scope: &request.scope,
-        key: &request.key,
-        fingerprint: &request.fingerprint,
-    }
-}
-
 /// What one look at an existing record leads to.
 enum Step {
     Answer(Response),
@@ -303,18 +276,14 @@ struct Ctx<'a> {
 /// Reserves under a lease and runs, or answers from the record that holds the key. A
 /// round that loses a race (another request completed, took over or expired the record
 /// between the read and the write) reads again; three rounds at most, then 409.
-pub(crate) async fn reserve_and_run<S>(
+pub(crate) async fn reserve_and_run<S: Route>(
     inner: S,
     store: IdempotencyStore,
     config: Arc<IdempotencyConfig>,
     cache: Arc<ReplayCache>,
     mode: Arc<MultiPhase>,
     request: Keyed,
-) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Response {
     let cx = Ctx {
         store: &store,
         config: &config,
@@ -372,7 +341,7 @@ async fn existing(cx: &Ctx<'_>, request: &Keyed, mut record: Record) -> Step {
         }
         RecordState::Unknown => resolve(cx, request, &record).await,
         _ => {
-            remember(cx.cache, request, &record);
+            cx.cache.remember(&request.scope, &request.key, &record);
             Step::Answer(
                 answer_existing(&record, &request.fingerprint)
                     .unwrap_or_else(|| cx.mode.in_flight(&request.key, 1)),
@@ -440,13 +409,15 @@ async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step
     };
     let stored = stored_response(&parts, &bytes);
     let now = now_ms();
+    let retention = cx.store.retention();
     match cx
         .store
         .complete_unknown(&request.scope, &request.key, fence, &stored, now)
         .await
     {
         Ok(()) => {
-            settle_in_cache(cx, who(request), stored.clone(), now);
+            let settled = Settled::new(request.fingerprint, stored.clone(), now, retention);
+            cx.cache.insert(&request.scope, &request.key, settled);
             metrics::counter!(metric::REPLAYS_TOTAL).increment(1);
             Step::Answer(replay(&stored))
         }
@@ -455,48 +426,17 @@ async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step
     }
 }
 
-fn settle_in_cache(cx: &Ctx<'_>, request: Who<'_>, response: StoredResponse, now: i64) {
-    let retention_ms = i64::try_from(cx.store.retention().as_millis()).unwrap_or(i64::MAX);
-    cx.cache.insert(
-        request.scope,
-        request.key,
-        Settled {
-            state: RecordState::for_status(response.status),
-            fingerprint: *request.fingerprint,
-            response,
-            expires_at: now.saturating_add(retention_ms),
-        },
-    );
-}
-
 /// Runs the handler as the holder of `lease`, bounded by `execution_timeout`, then stores
 /// its answer (fenced), releases the record ([`NotStored`]) or turns it `unknown` (5xx,
 /// panic, timeout).
-async fn execute<S>(cx: &Ctx<'_>, inner: S, request: Keyed, lease: Lease) -> Response
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
-    metrics::counter!(metric::EXECUTIONS_TOTAL).increment(1);
-    let Keyed {
-        mut parts,
-        bytes,
-        scope,
-        key,
-        fingerprint,
-    } = request;
-    let context = OperationContext {
-        scope: scope.clone(),
-        key: key.clone(),
+async fn execute<S: Route>(cx: &Ctx<'_>, inner: S, request: Keyed, lease: Lease) -> Response {
+    let (mut req, subject) = request.start();
+    req.extensions_mut().insert(OperationContext {
+        scope: subject.scope.clone(),
+        key: subject.key.clone(),
         fence: lease.fence(),
         lease_until: lease.lease_until(),
-    };
-    parts.extensions.insert(IdempotencyContext {
-        scope: scope.clone(),
-        key: Some(key.clone()),
     });
-    parts.extensions.insert(context);
-    let req = Request::from_parts(parts, Body::from(bytes));
     let run = std::panic::AssertUnwindSafe(inner.oneshot(req)).catch_unwind();
     let res = match tokio::time::timeout(cx.config.execution_timeout, run).await {
         Ok(Ok(res)) => res.unwrap_or_else(|e| match e {}),
@@ -509,24 +449,11 @@ where
             return outcome_unknown("the operation did not finish in time", 1);
         }
     };
-    let request = Who {
-        scope: &scope,
-        key: &key,
-        fingerprint: &fingerprint,
-    };
-    settle(cx, request, lease, res).await
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
+    settle(cx, &subject, lease, res).await
 }
 
 /// Stores the holder's answer `res`; on a lost fence, answers with the record as it is.
-async fn settle(cx: &Ctx<'_>, request: Who<'_>, lease: Lease, res: Response) -> Response {
+async fn settle(cx: &Ctx<'_>, request: &Subject, lease: Lease, res: Response) -> Response {
     // The handler vouches that nothing was sent (a 503 "nothing was charged" among them):
     // the key is free for the same retry at once, whatever the status.
     if res.extensions().get::<NotStored>().is_some() {
@@ -551,7 +478,9 @@ async fn settle(cx: &Ctx<'_>, request: Who<'_>, lease: Lease, res: Response) -> 
     let now = now_ms();
     match cx.store.complete_leased(&lease, &stored, now).await {
         Ok(()) => {
-            settle_in_cache(cx, request, stored, now);
+            let retention = cx.store.retention();
+            let settled = Settled::new(request.fingerprint, stored, now, retention);
+            cx.cache.insert(&request.scope, &request.key, settled);
             Response::from_parts(parts, Body::from(bytes))
         }
         Err(e @ (StoreError::Fenced { .. } | StoreError::NotHeld)) => {
@@ -572,14 +501,14 @@ async fn settle(cx: &Ctx<'_>, request: Who<'_>, lease: Lease, res: Response) -> 
 }
 
 /// The record's outcome as it stands now (after this holder lost its fence).
-async fn current_outcome(cx: &Ctx<'_>, request: Who<'_>) -> Response {
-    match cx.store.lookup(request.scope, request.key).await {
-        Ok(Some(record)) if record.state == RecordState::Unknown => {
-            cx.mode.unknown(request.key, "the operation was taken over")
-        }
-        Ok(Some(record)) => answer_existing(&record, request.fingerprint)
-            .unwrap_or_else(|| cx.mode.in_flight(request.key, cx.config.retry_after_secs)),
-        Ok(None) => cx.mode.in_flight(request.key, cx.config.retry_after_secs),
+async fn current_outcome(cx: &Ctx<'_>, request: &Subject) -> Response {
+    match cx.store.lookup(&request.scope, &request.key).await {
+        Ok(Some(record)) if record.state == RecordState::Unknown => cx
+            .mode
+            .unknown(&request.key, "the operation was taken over"),
+        Ok(Some(record)) => answer_existing(&record, &request.fingerprint)
+            .unwrap_or_else(|| cx.mode.in_flight(&request.key, cx.config.retry_after_secs)),
+        Ok(None) => cx.mode.in_flight(&request.key, cx.config.retry_after_secs),
         Err(e) => store_problem(e, cx.config.retry_after_secs),
     }
 }
@@ -592,61 +521,17 @@ async fn abandon(cx: &Ctx<'_>, lease: &Lease, reason: &'static str) {
     }
 }
 
-/// Sets the multi-phase gauges from `report` (see [`crate::metrics`]).
-#[allow(clippy::cast_precision_loss)] // counts and ages far below 2^52
-pub fn record_lease_gauges(report: &LeaseReport) {
-    metrics::gauge!(metric::PROCESSING).set(report.processing as f64);
-    metrics::gauge!(metric::PROCESSING_PAST_LEASE).set(report.processing_past_lease as f64);
-    for (bucket, n) in UNKNOWN_AGE_BUCKETS.iter().zip(report.unknown_by_age) {
-        metrics::gauge!(metric::UNKNOWN_RECORDS, "age" => *bucket).set(n as f64);
-    }
-    let oldest = report.oldest_unknown_ms.unwrap_or(0) as f64 / 1000.0;
-    metrics::gauge!(metric::OLDEST_UNKNOWN_SECONDS).set(oldest);
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// One round of the lease sweep at `now_ms`: reads the [`LeaseReport`] and sets the gauges
-/// from it (so records stuck in `processing` past their lease show before they are
-/// turned), then turns up to `batch` such records `unknown`
-/// ([`IdempotencyStore::expire_leases`]). Returns the report and how many were turned.
-///
-/// # Errors
-/// [`StoreError`] when the database fails.
-pub async fn sweep_leases(
-    store: &IdempotencyStore,
-    now_ms: i64,
-    batch: u32,
-) -> Result<(LeaseReport, u64), StoreError> {
-    let report = store.lease_report(now_ms).await?;
-    record_lease_gauges(&report);
-    let turned = store.expire_leases(now_ms, batch).await?;
-    Ok((report, turned))
-}
-
-/// Runs [`sweep_leases`] every `every` (batches of 500, repeated while full) until
-/// `shutdown` completes. A failed round is logged and retried at the next tick: a database
-/// that is down is not the records' fault.
-pub async fn run_lease_sweep(
-    store: IdempotencyStore,
-    every: Duration,
-    shutdown: impl Future<Output = ()> + Send,
-) {
-    const BATCH: u32 = 500;
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = tick.tick() => {}
-        }
-        loop {
-            match sweep_leases(&store, now_ms(), BATCH).await {
-                Ok((_, turned)) if turned == u64::from(BATCH) => {}
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "lease sweep failed; retrying at the next tick");
-                    break;
-                }
-            }
-        }
+    #[test]
+    fn the_status_link_percent_encodes_all_but_unreserved_characters() {
+        let mode = MultiPhase::new(Duration::from_secs(1)).status_link("/v1/operations/{key}");
+        let key = IdempotencyKey::parse(b"a/b%c?~_.-Z9").unwrap();
+        assert_eq!(
+            mode.status_url(&key).as_deref(),
+            Some("/v1/operations/a%2Fb%25c%3F~_.-Z9")
+        );
     }
 }

@@ -1,17 +1,37 @@
 //! The keyed request: its scope, its `Idempotency-Key`, its body read within bounds and
 //! fingerprinted.
 
+use std::convert::Infallible;
+
 use axum::body::Body;
 use axum::extract::MatchedPath;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{header, HeaderName, StatusCode};
+use http::{header, HeaderName, Request, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use oncely_core::{Fingerprint, IdempotencyKey, Operation, Scope, TenantId};
+use tower::Service;
 
+use crate::extract::IdempotencyContext;
 use crate::metrics as metric;
 use crate::problem::kind;
 use crate::Problem;
+
+/// The wrapped service (the route), as both modes call it: it answers every request, never
+/// fails, and it and its future move to a spawned task.
+pub(crate) trait Route:
+    Service<Request<Body>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Send
+    + 'static
+{
+}
+
+impl<S> Route for S
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+}
 
 pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -118,4 +138,37 @@ pub(crate) struct Keyed {
     pub(crate) scope: Scope,
     pub(crate) key: IdempotencyKey,
     pub(crate) fingerprint: Fingerprint,
+}
+
+/// The record a request is about (tenant, operation and key), and the request's
+/// fingerprint.
+pub(crate) struct Subject {
+    pub(crate) scope: Scope,
+    pub(crate) key: IdempotencyKey,
+    pub(crate) fingerprint: Fingerprint,
+}
+
+impl Keyed {
+    /// The request as its handler gets it, its [`IdempotencyContext`] in the extensions,
+    /// counted as an execution; and what it is about.
+    pub(crate) fn start(self) -> (Request<Body>, Subject) {
+        metrics::counter!(metric::EXECUTIONS_TOTAL).increment(1);
+        let Keyed {
+            mut parts,
+            bytes,
+            scope,
+            key,
+            fingerprint,
+        } = self;
+        parts.extensions.insert(IdempotencyContext {
+            scope: scope.clone(),
+            key: Some(key.clone()),
+        });
+        let subject = Subject {
+            scope,
+            key,
+            fingerprint,
+        };
+        (Request::from_parts(parts, Body::from(bytes)), subject)
+    }
 }
