@@ -396,10 +396,15 @@ async fn a_holder_killed_after_the_charge_is_completed_from_the_provider(t: Test
     };
     reached(&doomed.server.pay).await;
     doomed.kill();
-    assert!(
-        request.await.unwrap().is_err(),
-        "the killed server never answered"
-    );
+    // A killed process answers nothing. The runtime shut down under the test may still let
+    // the connection task write the 500 of its cancelled handler task: never the charge.
+    if let Ok(answer) = request.await.unwrap() {
+        assert!(
+            answer.status().is_server_error(),
+            "the killed server answered {}",
+            answer.status()
+        );
+    }
     assert_eq!(sim.stats().payment_intents, 1, "the provider charged");
 
     let plain = serve(t.db.clone(), &sim_base, lease, false).await;
