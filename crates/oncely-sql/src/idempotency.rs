@@ -216,8 +216,7 @@ impl ClaimRow {
 
 impl RecordRow {
     pub(crate) fn into_record(self) -> Result<Record, StoreError> {
-        let state = RecordState::parse(&self.state)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown state {:?}", self.state)))?;
+        let state = RecordState::parse(&self.state)?;
         let digest = |v: Vec<u8>| -> Result<[u8; 32], StoreError> {
             v.try_into()
                 .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))
