@@ -139,6 +139,18 @@ pub(crate) struct DeliveryRow {
     attempts: i32,
 }
 
+/// A claim of [`QueueBackend::claim`]: up to `max` ready deliveries of `consumer` (pending,
+/// `available_at <= now`, not leased or lease over), leased under `token` until `until`
+/// (Unix ms).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeliveryClaim<'a> {
+    pub(crate) consumer: &'a str,
+    pub(crate) max: i64,
+    pub(crate) token: &'a str,
+    pub(crate) until: i64,
+    pub(crate) now: i64,
+}
+
 /// The queue statements a backend spells its own way (in `sqlite/`, `postgres/`, `mysql/`
 /// `queue.rs`): SQLite's `RETURNING` on the single writer; PostgreSQL's `SKIP LOCKED` CTEs
 /// under pinned plans; MySQL's lock, write, read back. Statements whose text is the same
@@ -148,17 +160,9 @@ pub(crate) trait QueueBackend: Store {
     /// never get the same row.
     async fn take(&self, topic: &str, max: i64) -> Result<Vec<QueueRow>, StoreError>;
 
-    /// Leases up to `max` ready deliveries of `consumer` (pending, `available_at <= now`,
-    /// not leased or lease over) under `token` until `until` (Unix ms), oldest first;
-    /// concurrent claimers never hold the same delivery at once.
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError>;
+    /// Leases up to `claim.max` ready deliveries of its consumer (see [`DeliveryClaim`]),
+    /// oldest first; concurrent claimers never hold the same delivery at once.
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError>;
 
     /// Deletes up to `batch` queue rows enqueued before `before_ms` on subscribed topics.
     async fn collect_fanned_out(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
@@ -296,13 +300,16 @@ impl QueueStore {
         max: u32,
         lease: Duration,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
-        let max = i64::from(max.max(1));
         let now = oncely_core::now_ms();
-        let until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let mut rows = with_store!(&self.db, |s| s
-            .claim(consumer, max, &token, until, now)
-            .await)?;
+        let claim = DeliveryClaim {
+            consumer,
+            max: i64::from(max.max(1)),
+            token: &token,
+            until: oncely_core::ms_after(now, lease),
+            now,
+        };
+        let mut rows = with_store!(&self.db, |s| s.claim(claim).await)?;
         rows.sort_by_key(|r| r.row.id);
         rows.into_iter()
             .map(|r| {
@@ -345,8 +352,7 @@ impl QueueStore {
         delay: Duration,
         error: &str,
     ) -> Result<bool, StoreError> {
-        let at = oncely_core::now_ms()
-            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let at = oncely_core::ms_after(oncely_core::now_ms(), delay);
         self.settle(
             "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $1, \
              available_at = $2, lease_token = NULL, locked_until = NULL \

@@ -4,7 +4,7 @@
 //! plan ([`crate::PINNED_PLAN`]).
 
 use super::PgStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
+use crate::queue::{DeliveryClaim, DeliveryRow, QueueBackend, QueueRow, BACKLOG};
 use crate::{execute_pinned, fetch_all_pinned, StoreError};
 
 impl QueueBackend for PgStore {
@@ -25,14 +25,7 @@ impl QueueBackend for PgStore {
         .await?)
     }
 
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError> {
         Ok(fetch_all_pinned(
             self.pool(),
             sqlx::query_as(
@@ -45,11 +38,11 @@ impl QueueBackend for PgStore {
                  RETURNING d.id, d.topic, d.message_id, d.partition_key, d.event_type, \
                  d.headers, d.payload, d.enqueued_at, d.attempts",
             )
-            .bind(consumer)
-            .bind(max)
-            .bind(token)
-            .bind(until)
-            .bind(now),
+            .bind(claim.consumer)
+            .bind(claim.max)
+            .bind(claim.token)
+            .bind(claim.until)
+            .bind(claim.now),
         )
         .await?)
     }

@@ -3,7 +3,7 @@
 //! row.
 
 use super::SqliteStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
+use crate::queue::{DeliveryClaim, DeliveryRow, QueueBackend, QueueRow, BACKLOG};
 use crate::StoreError;
 
 impl QueueBackend for SqliteStore {
@@ -19,14 +19,7 @@ impl QueueBackend for SqliteStore {
         .await?)
     }
 
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError> {
         Ok(sqlx::query_as(
             "UPDATE oncely_deliveries SET lease_token = $3, locked_until = $4 \
              WHERE id IN (SELECT id FROM oncely_deliveries WHERE consumer = $1 \
@@ -35,11 +28,11 @@ impl QueueBackend for SqliteStore {
              RETURNING id, topic, message_id, partition_key, event_type, headers, \
              payload, enqueued_at, attempts",
         )
-        .bind(consumer)
-        .bind(max)
-        .bind(token)
-        .bind(until)
-        .bind(now)
+        .bind(claim.consumer)
+        .bind(claim.max)
+        .bind(claim.token)
+        .bind(claim.until)
+        .bind(claim.now)
         .fetch_all(self.writer())
         .await?)
     }
