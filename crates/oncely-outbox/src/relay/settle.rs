@@ -160,7 +160,7 @@ impl Relay {
             RetryDecision::RetryAfter(delay) => (delay, false),
             _ => (Duration::ZERO, true),
         };
-        let retry_at = now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let retry_at = oncely_core::ms_after(now, delay);
         metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => self.publisher.name())
             .increment(1);
         out.attempts.insert(
