@@ -11,7 +11,7 @@ use oncely_core::MessageId;
 
 use crate::backend::with_store;
 use crate::driver::Store;
-use crate::{on_pool, on_writer, query, sql_text, Database, StoreError};
+use crate::{on_pool, on_writer, query, sql_text, Database, StoreError, Tx};
 
 /// One message to put on the queue ([`QueueStore::enqueue`]).
 #[derive(Debug, Clone, Copy)]
@@ -181,6 +181,31 @@ pub(crate) const BACKLOG: &str = "INSERT INTO oncely_deliveries (consumer, messa
      partition_key, event_type, headers, payload, enqueued_at, available_at) \
      SELECT $1, message_id, topic, partition_key, event_type, headers, payload, enqueued_at, \
      enqueued_at FROM oncely_queue WHERE topic = $2 ORDER BY id";
+
+/// Subscribes `consumer` to `topic` in `tx`, which holds publishing back from its start to
+/// its commit (see [`QueueBackend::subscribe`]; SQLite: the writer's `BEGIN IMMEDIATE`,
+/// PostgreSQL: `LOCK TABLE oncely_queue IN SHARE MODE`): the subscription unless it
+/// exists, and when it is new the group's [`BACKLOG`]; then commits. Whether the
+/// subscription is new.
+pub(crate) async fn subscribe_in(
+    mut tx: Tx,
+    consumer: &str,
+    topic: &str,
+) -> Result<bool, StoreError> {
+    let subscription = query("INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2)")
+        .bind(consumer)
+        .bind(topic);
+    let new = tx
+        .insert_ignoring_duplicate(subscription, "(consumer, topic)")
+        .await?;
+    if new {
+        let backlog = query(BACKLOG).bind(consumer).bind(topic);
+        tx.insert_ignoring_duplicate(backlog, "(consumer, message_id)")
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(new)
+}
 
 /// The SQL transport's queue over [`Database`]: enqueue with fan-out to the subscribed
 /// consumer groups, take, subscribe, claim with a lease, settle (ack, retry, dead), dead

@@ -3,7 +3,8 @@
 //! row.
 
 use super::SqliteStore;
-use crate::queue::{DeliveryClaim, DeliveryRow, QueueBackend, QueueRow, BACKLOG};
+use crate::driver::Store;
+use crate::queue::{subscribe_in, DeliveryClaim, DeliveryRow, QueueBackend, QueueRow};
 use crate::StoreError;
 
 impl QueueBackend for SqliteStore {
@@ -51,26 +52,7 @@ impl QueueBackend for SqliteStore {
     }
 
     async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
-        // The single writer: no publish runs between the two statements.
-        let mut tx = self.writer().begin_with("BEGIN IMMEDIATE").await?;
-        let new = sqlx::query(
-            "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
-             ON CONFLICT (consumer, topic) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(topic)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if new {
-            sqlx::query(&BACKLOG.replacen("INSERT INTO", "INSERT OR IGNORE INTO", 1))
-                .bind(consumer)
-                .bind(topic)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(new)
+        // The single writer (`BEGIN IMMEDIATE`): no publish runs until this commits.
+        subscribe_in(self.begin().await?, consumer, topic).await
     }
 }
