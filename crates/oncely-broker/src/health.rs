@@ -74,7 +74,7 @@ impl DependencyHealth {
                 dependency = self.dependency,
                 backend = self.backend,
                 component = %self.component,
-                down_ms = since.elapsed().as_millis() as u64,
+                down_ms = oncely_core::millis(since.elapsed()),
                 "{} {} is available again", self.dependency, self.backend
             ),
             State::Unknown => {}

@@ -492,7 +492,7 @@ impl<S: Subscriber> Consumer<S> {
                 let error = error.to_string();
                 let failures = delivery.attempts.saturating_add(1);
                 if let RetryDecision::RetryAfter(delay) = self.decide(delivery, message, rejected) {
-                    tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
+                    tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = oncely_core::millis(delay), %error, "handler failed; retrying");
                     if let Err(e) = self.subscriber.retry(delivery, delay, &error).await {
                         tracing::warn!(consumer, message_id = %id, error = %e, "retry failed");
                         return Ok(Processed::StoreFailed);

@@ -217,7 +217,7 @@ impl Relay {
                 Rescheduled::Retry => {
                     report.retried += 1;
                     tracing::warn!(id, %message_id, attempts,
-                        retry_in_ms = delay.as_millis() as u64, error,
+                        retry_in_ms = oncely_core::millis(*delay), error,
                         "publish failed; rescheduled");
                 }
                 _ => {}
