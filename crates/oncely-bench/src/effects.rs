@@ -20,8 +20,7 @@ use oncely_effects::{
     EffectHandler, EffectRunner, Provider, RunnerConfig, Settled, StripeConfig, StripePayments,
 };
 use oncely_sim::{serve, FaultConfig, FaultRates, PaymentsConfig, PaymentsSim};
-use oncely_sql::{DbOptions, Effect, EffectStore, NewEffect, StoreError, Tx};
-use oncely_testkit::TestDb;
+use oncely_sql::{Effect, EffectStore, NewEffect, StoreError, Tx};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -232,13 +231,7 @@ async fn runner(
     run: &str,
     config: &RunnerConfig,
 ) -> anyhow::Result<f64> {
-    let options = DbOptions {
-        max_connections: u32::try_from(args.concurrency).unwrap_or(64) + 4,
-        ..DbOptions::default()
-    };
-    let t = TestDb::fresh(&args.database_url, &options)
-        .await
-        .ok_or_else(|| anyhow::anyhow!("database unreachable"))?;
+    let t = crate::db::fresh(&args.database_url, args.concurrency).await?;
     t.db.migrate().await?;
     enqueue(&t.db, run, args.charges).await?;
     let provider = StripePayments::new(StripeConfig {

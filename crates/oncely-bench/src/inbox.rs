@@ -8,8 +8,7 @@ use clap::Args;
 use oncely_broker::{Message, Publisher, SqlSubscriber, SqlTransport};
 use oncely_core::MessageId;
 use oncely_inbox::{ConsumerConfig, Handler};
-use oncely_sql::{Database, DbOptions};
-use oncely_testkit::TestDb;
+use oncely_sql::Database;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -40,13 +39,7 @@ pub(crate) struct InboxBenchArgs {
 const TOPIC: &str = "bench.orders";
 
 pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
-    let options = DbOptions {
-        max_connections: u32::try_from(args.concurrency).unwrap_or(64) + 4,
-        ..DbOptions::default()
-    };
-    let t = TestDb::fresh(&args.database_url, &options)
-        .await
-        .ok_or_else(|| anyhow::anyhow!("database unreachable"))?;
+    let t = crate::db::fresh(&args.database_url, args.concurrency).await?;
     orders::migrate(&t.db).await?;
     let transport = SqlTransport::new(t.db.clone(), 1 << 20);
     let config = ConsumerConfig {

@@ -17,7 +17,9 @@
 //!   memory.
 //! - `effects` — `oncely-bench effects`: charges/s driven to `succeeded` by the effect
 //!   runner vs raw HTTP calls to the payments simulator at the same concurrency.
+//! - `db` — the fresh database the `inbox` and `effects` benchmarks run on.
 
+mod db;
 mod effects;
 mod inbox;
 mod intake;

@@ -383,14 +383,14 @@ impl Target {
                         report
                             .await?
                             .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
-                        Ok(started.elapsed().as_millis() as i64)
+                        Ok(oncely_core::millis(started.elapsed()))
                     })
                 }
                 (Some((_, ch)), _) => {
                     let confirm = amqp_publish(ch, &m).await?;
                     tokio::spawn(async move {
                         confirm.await?;
-                        Ok(started.elapsed().as_millis() as i64)
+                        Ok(oncely_core::millis(started.elapsed()))
                     })
                 }
                 (None, Some((p, _))) => {
@@ -401,7 +401,7 @@ impl Target {
                         .await?;
                     tokio::spawn(async move {
                         ack.await?;
-                        Ok(started.elapsed().as_millis() as i64)
+                        Ok(oncely_core::millis(started.elapsed()))
                     })
                 }
                 _ => anyhow::bail!("no client"),

@@ -36,9 +36,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use oncely_core::MessageId;
-use oncely_sql::StoreError;
 
-use crate::{BoxFuture, PermanentError, SubscribeError, TransientError};
+use crate::{BoxFuture, SubscribeError};
 
 /// Bytes of a payload a [`DeadLetter`] previews.
 pub const PREVIEW_BYTES: usize = 256;
@@ -162,49 +161,12 @@ impl Requeue {
     }
 }
 
-/// Dead letters could not be listed or requeued.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DeadLetterError {
-    /// The broker cannot be reached or did not answer in time; try again later. A requeue
-    /// that fails so may have requeued some letters (those are gone from the list).
-    #[error(transparent)]
-    Transient(#[from] TransientError),
-    /// The broker refused (missing queue or stream, declaration mismatch, …).
-    #[error(transparent)]
-    Permanent(#[from] PermanentError),
-    /// The SQL transport's database failed.
-    #[error("store failed")]
-    Store(#[source] StoreError),
-}
-
-impl DeadLetterError {
-    /// [`TransientError::Unavailable`].
-    pub fn unavailable(cause: impl Into<crate::Cause>) -> Self {
-        Self::Transient(TransientError::Unavailable(cause.into()))
-    }
-
-    /// [`PermanentError::Rejected`].
-    pub fn rejected(cause: impl Into<crate::Cause>) -> Self {
-        Self::Permanent(PermanentError::Rejected(cause.into()))
-    }
-}
-
-impl From<StoreError> for DeadLetterError {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
-}
-
-impl From<SubscribeError> for DeadLetterError {
-    fn from(e: SubscribeError) -> Self {
-        match e {
-            SubscribeError::Transient(t) => Self::Transient(t),
-            SubscribeError::Permanent(p) => Self::Permanent(p),
-            SubscribeError::Store(s) => Self::Store(s),
-        }
-    }
-}
+/// Dead letters could not be listed or requeued: the failures of a subscriber
+/// ([`SubscribeError`]) — the broker is unreachable or did not answer in time (a requeue
+/// that fails so may have requeued some letters; those are gone from the list), it refused
+/// (missing queue or stream, declaration mismatch, …), or the SQL transport's database
+/// failed.
+pub type DeadLetterError = SubscribeError;
 
 /// A broker's inbox dead letters: list a consumer group's, requeue them to that group.
 /// Object-safe (boxed futures), so an operator console holds an `Arc<dyn DeadLetters>`
@@ -244,6 +206,44 @@ pub trait DeadLetters: Send + Sync + fmt::Debug {
         Box::pin(async {})
     }
 }
+
+/// A page of [`DeadLetters::list`].
+pub(crate) type Page = Result<Vec<DeadLetter>, DeadLetterError>;
+
+/// Implements [`DeadLetters`] for a broker's reader `$ty`, named `$broker`, by its
+/// inherent `async fn page(&self, group, limit, after)` and
+/// `async fn requeue_selected(&self, group, which)`; further trait items (`close`) follow in
+/// the braces.
+macro_rules! dead_letters_impl {
+    ($ty:ty, $broker:literal { $($items:tt)* }) => {
+        impl $crate::DeadLetters for $ty {
+            fn broker(&self) -> &'static str {
+                $broker
+            }
+
+            fn list<'a>(
+                &'a self,
+                group: &'a str,
+                limit: u32,
+                after: Option<&'a $crate::DeadLetterPosition>,
+            ) -> $crate::BoxFuture<'a, Result<Vec<$crate::DeadLetter>, $crate::DeadLetterError>>
+            {
+                Box::pin(self.page(group, limit, after))
+            }
+
+            fn requeue<'a>(
+                &'a self,
+                group: &'a str,
+                which: $crate::Requeue,
+            ) -> $crate::BoxFuture<'a, Result<u64, $crate::DeadLetterError>> {
+                Box::pin(self.requeue_selected(group, which))
+            }
+
+            $($items)*
+        }
+    };
+}
+pub(crate) use dead_letters_impl;
 
 /// [`PREVIEW_BYTES`] of `payload` as lossy UTF-8.
 pub(crate) fn preview(payload: &[u8]) -> String {

@@ -1,6 +1,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use oncely_core::error_chain;
 use oncely_sql::Database;
 
 /// Gauge: 1 while a dependency answers, 0 while it is unavailable, per dependency
@@ -73,7 +74,7 @@ impl DependencyHealth {
                 dependency = self.dependency,
                 backend = self.backend,
                 component = %self.component,
-                down_ms = since.elapsed().as_millis() as u64,
+                down_ms = oncely_core::millis(since.elapsed()),
                 "{} {} is available again", self.dependency, self.backend
             ),
             State::Unknown => {}
@@ -121,24 +122,6 @@ impl DependencyHealth {
     }
 }
 
-/// `error` and its sources as one line, `outer: inner: root`, leaving out a source whose
-/// text the line already holds (errors that embed their cause in their own message, as
-/// `thiserror`'s `{0}` does, would otherwise say it twice), so the root cause ("connection
-/// refused") is there once.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = s.source();
-    }
-    line
-}
-
 /// Registers the `# HELP` text of [`DEPENDENCY_UP`] with the installed
 /// recorder; call it once after installing one (the order service does, in
 /// `orders::metrics_handle`).
@@ -147,24 +130,4 @@ pub fn describe_metrics() {
         DEPENDENCY_UP,
         "1 while a dependency answers, 0 while it is unavailable, per dependency (dependency = broker | database), its backend (rabbitmq, nats, kafka, sql; sqlite, postgres, mysql) and the component that depends on it (relay, consumer:<group>). Absent until the component first used the dependency."
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer: {0}")]
-    struct Outer(#[source] std::io::Error);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("wrapped")]
-    struct Wrapped(#[source] std::io::Error);
-
-    #[test]
-    fn error_chain_keeps_the_root_cause_once() {
-        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert_eq!(error_chain(&Outer(refused())), "outer: refused");
-        assert_eq!(error_chain(&Wrapped(refused())), "wrapped: refused");
-    }
 }

@@ -7,13 +7,11 @@ use rdkafka::message::{Header, Message as _, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::dead_letter::preview;
+use crate::dead_letter::{dead_letters_impl, preview, Page};
 use crate::kafka_subscriber::header_map;
 use crate::message::headers;
 use crate::subscriber::retry_headers;
-use crate::{
-    ensure_topic, BoxFuture, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters, Requeue,
-};
+use crate::{ensure_topic, DeadLetter, DeadLetterError, DeadLetterPosition, Requeue};
 
 /// Settings of [`KafkaDeadLetters`].
 #[derive(Debug, Clone)]
@@ -206,12 +204,7 @@ impl KafkaDeadLetters {
         Ok(out)
     }
 
-    async fn page(
-        &self,
-        group: &str,
-        limit: u32,
-        after: Option<&DeadLetterPosition>,
-    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    async fn page(&self, group: &str, limit: u32, after: Option<&DeadLetterPosition>) -> Page {
         if let Some(p) = after {
             if !matches!(p, DeadLetterPosition::Kafka { .. }) {
                 return Err(DeadLetterError::rejected(format!(
@@ -363,25 +356,4 @@ fn requeue_headers(m: &OwnedMessage) -> OwnedHeaders {
     owned
 }
 
-impl DeadLetters for KafkaDeadLetters {
-    fn broker(&self) -> &'static str {
-        "kafka"
-    }
-
-    fn list<'a>(
-        &'a self,
-        group: &'a str,
-        limit: u32,
-        after: Option<&'a DeadLetterPosition>,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, DeadLetterError>> {
-        Box::pin(self.page(group, limit, after))
-    }
-
-    fn requeue<'a>(
-        &'a self,
-        group: &'a str,
-        which: Requeue,
-    ) -> BoxFuture<'a, Result<u64, DeadLetterError>> {
-        Box::pin(self.requeue_selected(group, which))
-    }
-}
+dead_letters_impl!(KafkaDeadLetters, "kafka" {});

@@ -82,7 +82,7 @@ pub use dead_letter::{
 };
 pub use delivery::{DeliveryPosition, ReceivedMessage};
 pub use failure::{Cause, PermanentError, TransientError};
-pub use health::{describe_metrics, error_chain, DependencyHealth, DEPENDENCY_UP};
+pub use health::{describe_metrics, DependencyHealth, DEPENDENCY_UP};
 #[cfg(feature = "kafka")]
 pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
 #[cfg(feature = "kafka")]
@@ -96,6 +96,8 @@ pub use nats::{NatsConfig, NatsPublisher};
 pub use nats_dead_letter::{NatsDeadLetters, NatsDeadLettersConfig};
 #[cfg(feature = "nats")]
 pub use nats_subscriber::{NatsHandle, NatsStart, NatsSubscriber, NatsSubscriberConfig};
+/// Re-exported from `oncely-core`, its home.
+pub use oncely_core::error_chain;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{amqp_connection_properties, RabbitMqConfig, RabbitMqPublisher};
 #[cfg(feature = "rabbitmq")]

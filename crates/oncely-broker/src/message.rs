@@ -1,6 +1,4 @@
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 
 use oncely_core::MessageId;
 
@@ -128,8 +126,9 @@ impl PublishError {
     }
 }
 
-/// A boxed future, so [`Publisher`] stays object-safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future, so [`Publisher`] stays object-safe: `futures_util`'s, the one every
+/// oncely crate uses (re-exported so implementors need not name `futures_util`).
+pub use futures_util::future::BoxFuture;
 
 /// A broker the relay publishes to.
 ///

@@ -3,7 +3,41 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 
-use crate::{BoxFuture, Message, PublishError, Publisher};
+use crate::{BoxFuture, Message, PublishError, Publisher, TransientError};
+
+/// Connects to the server at `url` as client `name` within `timeout`; a timeout or a refusal
+/// is the server being unavailable ([`TransientError::Unavailable`]).
+pub(crate) async fn connect_client(
+    url: &str,
+    name: String,
+    timeout: Duration,
+) -> Result<async_nats::Client, TransientError> {
+    let gone = |e: String| TransientError::Unavailable(e.into());
+    tokio::time::timeout(
+        timeout,
+        async_nats::ConnectOptions::new().name(name).connect(url),
+    )
+    .await
+    .map_err(|_| gone("connect timed out".to_owned()))?
+    .map_err(|e| gone(e.to_string()))
+}
+
+/// The JetStream context kept in `slot`, connected ([`connect_client`]) and kept there when
+/// there is none yet.
+pub(crate) async fn cached_context(
+    slot: &tokio::sync::Mutex<Option<jetstream::Context>>,
+    url: &str,
+    name: String,
+    timeout: Duration,
+) -> Result<jetstream::Context, TransientError> {
+    let mut guard = slot.lock().await;
+    if let Some(js) = guard.as_ref() {
+        return Ok(js.clone());
+    }
+    let js = jetstream::new(connect_client(url, name, timeout).await?);
+    *guard = Some(js.clone());
+    Ok(js)
+}
 
 /// Settings of [`NatsPublisher`].
 #[derive(Debug, Clone)]
@@ -53,15 +87,12 @@ impl NatsPublisher {
     /// [`TransientError::Unavailable`](crate::TransientError::Unavailable) when the server cannot
     /// be reached in [`NatsConfig::connect_timeout`].
     pub async fn connect(config: NatsConfig) -> Result<Self, PublishError> {
-        let client = tokio::time::timeout(
+        let client = connect_client(
+            &config.url,
+            "oncely-relay".to_owned(),
             config.connect_timeout,
-            async_nats::ConnectOptions::new()
-                .name("oncely-relay")
-                .connect(config.url.as_str()),
         )
-        .await
-        .map_err(|_| PublishError::unavailable("connect timed out".to_owned()))?
-        .map_err(|e| PublishError::unavailable(e.to_string()))?;
+        .await?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.ack_timeout);
         Ok(Self { client, js, config })

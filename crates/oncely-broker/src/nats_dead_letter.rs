@@ -4,10 +4,10 @@ use async_nats::jetstream::{self, stream::RawMessageErrorKind};
 use oncely_core::MessageId;
 use tokio::sync::Mutex;
 
-use crate::dead_letter::{preview, REQUEUED_FOR};
+use crate::dead_letter::{dead_letters_impl, preview, Page, REQUEUED_FOR};
 use crate::message::headers;
 use crate::subscriber::retry_headers;
-use crate::{BoxFuture, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters, Requeue};
+use crate::{BoxFuture, DeadLetter, DeadLetterError, DeadLetterPosition, Requeue};
 
 /// Settings of [`NatsDeadLetters`].
 #[derive(Debug, Clone)]
@@ -95,22 +95,9 @@ impl NatsDeadLetters {
     }
 
     async fn context(&self) -> Result<jetstream::Context, DeadLetterError> {
-        let mut guard = self.js.lock().await;
-        if let Some(js) = guard.as_ref() {
-            return Ok(js.clone());
-        }
-        let client = tokio::time::timeout(
-            self.config.connect_timeout,
-            async_nats::ConnectOptions::new()
-                .name("oncely-dead-letters")
-                .connect(self.config.url.as_str()),
-        )
-        .await
-        .map_err(|_| DeadLetterError::unavailable("connect timed out".to_owned()))?
-        .map_err(|e| unavailable(&e))?;
-        let js = jetstream::new(client);
-        *guard = Some(js.clone());
-        Ok(js)
+        let c = &self.config;
+        let name = "oncely-dead-letters".to_owned();
+        Ok(crate::nats::cached_context(&self.js, &c.url, name, c.connect_timeout).await?)
     }
 
     /// The DLQ stream, `None` when it does not exist (nothing was ever dead-lettered).
@@ -187,12 +174,7 @@ impl NatsDeadLetters {
         }
     }
 
-    async fn page(
-        &self,
-        group: &str,
-        limit: u32,
-        after: Option<&DeadLetterPosition>,
-    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    async fn page(&self, group: &str, limit: u32, after: Option<&DeadLetterPosition>) -> Page {
         let mut seq = match after {
             None => 1,
             Some(DeadLetterPosition::Nats(s)) => s.saturating_add(1),
@@ -268,28 +250,7 @@ impl NatsDeadLetters {
     }
 }
 
-impl DeadLetters for NatsDeadLetters {
-    fn broker(&self) -> &'static str {
-        "nats"
-    }
-
-    fn list<'a>(
-        &'a self,
-        group: &'a str,
-        limit: u32,
-        after: Option<&'a DeadLetterPosition>,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, DeadLetterError>> {
-        Box::pin(self.page(group, limit, after))
-    }
-
-    fn requeue<'a>(
-        &'a self,
-        group: &'a str,
-        which: Requeue,
-    ) -> BoxFuture<'a, Result<u64, DeadLetterError>> {
-        Box::pin(self.requeue_selected(group, which))
-    }
-
+dead_letters_impl!(NatsDeadLetters, "nats" {
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {
             if let Some(js) = self.js.lock().await.take() {
@@ -297,4 +258,4 @@ impl DeadLetters for NatsDeadLetters {
             }
         })
     }
-}
+});

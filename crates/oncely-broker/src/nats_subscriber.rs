@@ -160,22 +160,9 @@ impl NatsSubscriber {
     }
 
     async fn context(&self) -> Result<jetstream::Context, SubscribeError> {
-        let mut guard = self.js.lock().await;
-        if let Some(js) = guard.as_ref() {
-            return Ok(js.clone());
-        }
-        let client = tokio::time::timeout(
-            self.config.connect_timeout,
-            async_nats::ConnectOptions::new()
-                .name(format!("oncely-consumer-{}", self.config.consumer))
-                .connect(self.config.url.as_str()),
-        )
-        .await
-        .map_err(|_| SubscribeError::unavailable("connect timed out".to_owned()))?
-        .map_err(|e| unavailable(&e))?;
-        let js = jetstream::new(client);
-        *guard = Some(js.clone());
-        Ok(js)
+        let c = &self.config;
+        let name = format!("oncely-consumer-{}", c.consumer);
+        Ok(crate::nats::cached_context(&self.js, &c.url, name, c.connect_timeout).await?)
     }
 
     async fn open(&self) -> Result<pull::Stream, SubscribeError> {
@@ -293,11 +280,7 @@ impl Subscriber for NatsSubscriber {
     }
 
     async fn subscribe(&self) -> Result<(), SubscribeError> {
-        let mut guard = self.messages.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.open().await?);
-        }
-        Ok(())
+        crate::subscriber::open_once(&self.messages, Box::pin(self.open())).await
     }
 
     async fn receive(

@@ -52,6 +52,50 @@ pub fn amqp_connection_properties() -> ConnectionProperties {
         .with_reactor(tokio_reactor_trait::Tokio::current())
 }
 
+/// Connects to `url` as connection `name` within `timeout` and opens a channel; a timeout
+/// or a refusal is the broker being unavailable ([`TransientError::Unavailable`]).
+pub(crate) async fn connect_channel(
+    url: &str,
+    name: String,
+    timeout: Duration,
+) -> Result<(Connection, Channel), TransientError> {
+    let gone = |e: String| TransientError::Unavailable(e.into());
+    let props = amqp_connection_properties().with_connection_name(name.into());
+    let connection = tokio::time::timeout(timeout, Connection::connect(url, props))
+        .await
+        .map_err(|_| gone("connect timed out".to_owned()))?
+        .map_err(|e| gone(e.to_string()))?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| gone(e.to_string()))?;
+    Ok((connection, channel))
+}
+
+/// A new channel on `connection` in confirm mode (every publish is confirmed).
+pub(crate) async fn confirm_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Declares the durable topic exchange `name` (the publisher's and the subscribers'
+/// `declare_exchange`).
+pub(crate) async fn declare_topic_exchange(
+    channel: &Channel,
+    name: &str,
+) -> Result<(), lapin::Error> {
+    let options = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(name, ExchangeKind::Topic, options, FieldTable::default())
+        .await
+}
+
 struct Conn {
     connection: Connection,
     channel: Channel,
@@ -109,33 +153,18 @@ impl RabbitMqPublisher {
     }
 
     async fn open(&self) -> Result<Conn, PublishError> {
-        let props = amqp_connection_properties().with_connection_name("oncely-relay".into());
-        let connection = tokio::time::timeout(
+        let (connection, channel) = connect_channel(
+            &self.config.url,
+            "oncely-relay".to_owned(),
             self.config.connect_timeout,
-            Connection::connect(&self.config.url, props),
         )
-        .await
-        .map_err(|_| PublishError::unavailable("connect timed out".to_owned()))?
-        .map_err(|e| unavailable(&e))?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable(&e))?;
+        .await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| unavailable(&e))?;
         if self.config.declare_exchange {
-            channel
-                .exchange_declare(
-                    self.config.exchange.as_str(),
-                    ExchangeKind::Topic,
-                    ExchangeDeclareOptions {
-                        durable: true,
-                        ..ExchangeDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
+            declare_topic_exchange(&channel, &self.config.exchange)
                 .await
                 .map_err(|e| unavailable(&e))?;
         }

@@ -1,15 +1,15 @@
 use std::time::Duration;
 
-use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use oncely_core::MessageId;
 
-use crate::dead_letter::preview;
+use crate::dead_letter::{dead_letters_impl, preview, Page};
 use crate::message::headers;
-use crate::rabbitmq_subscriber::{long, publish_to_queue, value_str, QueueConfirm};
+use crate::rabbitmq_subscriber::{long, publish_to_queue, value_str};
 use crate::subscriber::retry_headers;
-use crate::{BoxFuture, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters, Requeue};
+use crate::{DeadLetter, DeadLetterError, DeadLetterPosition, Requeue};
 
 /// Settings of [`RabbitMqDeadLetters`].
 #[derive(Debug, Clone)]
@@ -87,20 +87,12 @@ impl RabbitMqDeadLetters {
     }
 
     async fn connect(&self) -> Result<(Connection, Channel), DeadLetterError> {
-        let props = crate::rabbitmq::amqp_connection_properties()
-            .with_connection_name("oncely-dead-letters".into());
-        let connection = tokio::time::timeout(
+        Ok(crate::rabbitmq::connect_channel(
+            &self.config.url,
+            "oncely-dead-letters".to_owned(),
             self.config.connect_timeout,
-            Connection::connect(&self.config.url, props),
         )
-        .await
-        .map_err(|_| DeadLetterError::unavailable("connect timed out".to_owned()))?
-        .map_err(|e| unavailable(&e))?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        Ok((connection, channel))
+        .await?)
     }
 
     /// Whether the dead queue exists (a passive declare; a group that never subscribed has
@@ -196,12 +188,7 @@ impl RabbitMqDeadLetters {
             .map(|m| Self::decode(group, index, m.delivery)))
     }
 
-    async fn page(
-        &self,
-        group: &str,
-        limit: u32,
-        after: Option<&DeadLetterPosition>,
-    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    async fn page(&self, group: &str, limit: u32, after: Option<&DeadLetterPosition>) -> Page {
         let skip = match after {
             None => 0,
             Some(DeadLetterPosition::Amqp(i)) => i.saturating_add(1),
@@ -273,19 +260,9 @@ impl RabbitMqDeadLetters {
     ) -> Result<(), DeadLetterError> {
         let props = Self::requeue_properties(got);
         let timeout = self.config.confirm_timeout;
-        match publish_to_queue(publish, queue, &got.delivery.data, props, timeout).await {
-            QueueConfirm::Confirmed => Ok(()),
-            QueueConfirm::NoQueue => Err(DeadLetterError::rejected(format!(
-                "queue {queue} does not exist"
-            ))),
-            QueueConfirm::NotConfirmed(why) => Err(DeadLetterError::rejected(format!(
-                "requeue to {queue} not confirmed: {why}"
-            ))),
-            QueueConfirm::Unavailable(e) => Err(DeadLetterError::unavailable(e)),
-            QueueConfirm::TimedOut => Err(DeadLetterError::unavailable(format!(
-                "no confirm for the requeue to {queue}"
-            ))),
-        }
+        publish_to_queue(publish, queue, &got.delivery.data, props, timeout)
+            .await
+            .into_result("requeue", queue)
     }
 
     async fn requeue_selected(&self, group: &str, which: Requeue) -> Result<u64, DeadLetterError> {
@@ -295,12 +272,7 @@ impl RabbitMqDeadLetters {
             if !Self::dead_queue_exists(&connection, &dead).await? {
                 return Ok(0);
             }
-            let publish = connection
-                .create_channel()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            publish
-                .confirm_select(ConfirmSelectOptions::default())
+            let publish = crate::rabbitmq::confirm_channel(&connection)
                 .await
                 .map_err(|e| unavailable(&e))?;
             let mut n = 0;
@@ -330,25 +302,4 @@ impl RabbitMqDeadLetters {
     }
 }
 
-impl DeadLetters for RabbitMqDeadLetters {
-    fn broker(&self) -> &'static str {
-        "rabbitmq"
-    }
-
-    fn list<'a>(
-        &'a self,
-        group: &'a str,
-        limit: u32,
-        after: Option<&'a DeadLetterPosition>,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, DeadLetterError>> {
-        Box::pin(self.page(group, limit, after))
-    }
-
-    fn requeue<'a>(
-        &'a self,
-        group: &'a str,
-        which: Requeue,
-    ) -> BoxFuture<'a, Result<u64, DeadLetterError>> {
-        Box::pin(self.requeue_selected(group, which))
-    }
-}
+dead_letters_impl!(RabbitMqDeadLetters, "rabbitmq" {});

@@ -5,12 +5,11 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use lapin::acker::Acker;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, Consumer, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, Consumer};
 use oncely_core::MessageId;
 use tokio::sync::Mutex;
 
@@ -152,6 +151,27 @@ pub(crate) enum QueueConfirm {
     TimedOut,
 }
 
+impl QueueConfirm {
+    /// The confirm as a result: `Ok` when confirmed; a `what` (e.g. "copy", "requeue") to a
+    /// missing queue or a nack is rejected, a failed channel or no confirm in time is the
+    /// broker being unavailable.
+    pub(crate) fn into_result(self, what: &str, queue: &str) -> Result<(), SubscribeError> {
+        match self {
+            Self::Confirmed => Ok(()),
+            Self::NoQueue => Err(SubscribeError::rejected(format!(
+                "queue {queue} does not exist"
+            ))),
+            Self::NotConfirmed(why) => Err(SubscribeError::rejected(format!(
+                "{what} to {queue} not confirmed: {why}"
+            ))),
+            Self::Unavailable(e) => Err(SubscribeError::unavailable(e)),
+            Self::TimedOut => Err(SubscribeError::unavailable(format!(
+                "no confirm for the {what} to {queue}"
+            ))),
+        }
+    }
+}
+
 /// Publishes `body` with `props` to `queue` through the default exchange and waits up to
 /// `timeout` for its publisher confirm (the channel must be in confirm mode): the requeue
 /// and retry copies of the subscriber and the dead-letter requeue alike.
@@ -189,6 +209,27 @@ pub(crate) async fn publish_to_queue(
 
 fn unavailable(e: &lapin::Error) -> SubscribeError {
     SubscribeError::unavailable(e.to_string())
+}
+
+/// The headers of a retried or dead-lettered copy of `delivery`: the failed handler runs
+/// so far, this one included, and the last `error`.
+fn failure_headers(
+    delivery: &Incoming<RabbitMqHandle>,
+    error: &str,
+) -> Vec<(&'static str, String)> {
+    let attempts = delivery.attempts.saturating_add(1).to_string();
+    vec![
+        (retry_headers::ATTEMPTS, attempts),
+        (retry_headers::LAST_ERROR, error.to_owned()),
+    ]
+}
+
+/// Queue arguments that dead-letter through the default exchange into `queue`.
+fn dead_lettering_to(queue: &str) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-dead-letter-exchange".into(), long(""));
+    args.insert("x-dead-letter-routing-key".into(), long(queue));
+    args
 }
 
 pub(crate) fn long(v: impl Into<String>) -> AMQPValue {
@@ -262,20 +303,12 @@ impl RabbitMqSubscriber {
     }
 
     async fn plain_channel(&self) -> Result<(Connection, Channel), SubscribeError> {
-        let props = crate::rabbitmq::amqp_connection_properties()
-            .with_connection_name(format!("oncely-consumer-{}", self.config.consumer).into());
-        let connection = tokio::time::timeout(
+        Ok(crate::rabbitmq::connect_channel(
+            &self.config.url,
+            format!("oncely-consumer-{}", self.config.consumer),
             self.config.connect_timeout,
-            Connection::connect(&self.config.url, props),
         )
-        .await
-        .map_err(|_| SubscribeError::unavailable("connect timed out".to_owned()))?
-        .map_err(|e| unavailable(&e))?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        Ok((connection, channel))
+        .await?)
     }
 
     async fn declare(&self, channel: &Channel) -> Result<(), SubscribeError> {
@@ -285,37 +318,22 @@ impl RabbitMqSubscriber {
             ..QueueDeclareOptions::default()
         };
         if c.declare_exchange {
-            channel
-                .exchange_declare(
-                    c.exchange.as_str(),
-                    ExchangeKind::Topic,
-                    ExchangeDeclareOptions {
-                        durable: true,
-                        ..ExchangeDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
+            crate::rabbitmq::declare_topic_exchange(channel, &c.exchange)
                 .await
                 .map_err(|e| unavailable(&e))?;
         }
-        channel
-            .queue_declare(c.dead_queue.as_str(), durable, FieldTable::default())
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let mut main_args = FieldTable::default();
-        main_args.insert("x-dead-letter-exchange".into(), long(""));
-        main_args.insert("x-dead-letter-routing-key".into(), long(&c.dead_queue));
-        channel
-            .queue_declare(c.queue.as_str(), durable, main_args)
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let mut retry_args = FieldTable::default();
-        retry_args.insert("x-dead-letter-exchange".into(), long(""));
-        retry_args.insert("x-dead-letter-routing-key".into(), long(&c.queue));
-        channel
-            .queue_declare(c.retry_queue.as_str(), durable, retry_args)
-            .await
-            .map_err(|e| unavailable(&e))?;
+        // The dead queue; the main queue dead-letters into it; the retry queue dead-letters
+        // (when a message's TTL runs out) back into the main queue.
+        for (queue, args) in [
+            (&c.dead_queue, FieldTable::default()),
+            (&c.queue, dead_lettering_to(&c.dead_queue)),
+            (&c.retry_queue, dead_lettering_to(&c.queue)),
+        ] {
+            channel
+                .queue_declare(queue.as_str(), durable, args)
+                .await
+                .map_err(|e| unavailable(&e))?;
+        }
         channel
             .queue_bind(
                 c.queue.as_str(),
@@ -345,12 +363,7 @@ impl RabbitMqSubscriber {
             )
             .await
             .map_err(|e| unavailable(&e))?;
-        let publish = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
+        let publish = crate::rabbitmq::confirm_channel(&connection)
             .await
             .map_err(|e| unavailable(&e))?;
         *self.publish.lock().expect("publish channel lock") = Some(publish);
@@ -457,19 +470,24 @@ impl RabbitMqSubscriber {
         if let Some(ttl) = expiration {
             props = props.with_expiration(ttl.as_millis().max(1).to_string().into());
         }
-        match publish_to_queue(&channel, queue, &h.body, props, self.config.confirm_timeout).await {
-            QueueConfirm::Confirmed => Ok(()),
-            QueueConfirm::NoQueue => Err(SubscribeError::rejected(format!(
-                "queue {queue} does not exist"
-            ))),
-            QueueConfirm::NotConfirmed(why) => Err(SubscribeError::rejected(format!(
-                "copy to {queue} not confirmed: {why}"
-            ))),
-            QueueConfirm::Unavailable(e) => Err(SubscribeError::unavailable(e)),
-            QueueConfirm::TimedOut => Err(SubscribeError::unavailable(format!(
-                "no confirm for the copy to {queue}"
-            ))),
+        publish_to_queue(&channel, queue, &h.body, props, self.config.confirm_timeout)
+            .await
+            .into_result("copy", queue)
+    }
+
+    /// Settles the original of `h` once its copy was published (`copied`): acknowledged when
+    /// the copy is confirmed, back to its queue when not. A crash between the two: the
+    /// original comes again as well as the copy; both carry one message id, so the inbox
+    /// lets one effect through.
+    async fn settle_moved(
+        h: &RabbitMqHandle,
+        copied: Result<(), SubscribeError>,
+    ) -> Result<(), SubscribeError> {
+        if let Err(e) = copied {
+            Self::requeue_original(h).await;
+            return Err(e);
         }
+        Self::ack_original(h).await
     }
 
     async fn ack_original(h: &RabbitMqHandle) -> Result<(), SubscribeError> {
@@ -506,11 +524,7 @@ impl Subscriber for RabbitMqSubscriber {
     }
 
     async fn subscribe(&self) -> Result<(), SubscribeError> {
-        let mut guard = self.conn.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.open().await?);
-        }
-        Ok(())
+        crate::subscriber::open_once(&self.conn, self.open()).await
     }
 
     async fn receive(
@@ -565,24 +579,12 @@ impl Subscriber for RabbitMqSubscriber {
         delay: Duration,
         error: &'a str,
     ) -> Result<(), SubscribeError> {
+        let extra = failure_headers(delivery, error);
         let h = &delivery.handle;
-        let extra = [
-            (
-                retry_headers::ATTEMPTS,
-                delivery.attempts.saturating_add(1).to_string(),
-            ),
-            (retry_headers::LAST_ERROR, error.to_owned()),
-        ];
-        if let Err(e) = self
+        let copied = self
             .publish_copy(h, &self.config.retry_queue, &extra, Some(delay))
-            .await
-        {
-            Self::requeue_original(h).await;
-            return Err(e);
-        }
-        // Crash between the two: the original comes again as well as the delayed copy;
-        // both carry one message id, so the inbox lets one effect through.
-        Self::ack_original(h).await
+            .await;
+        Self::settle_moved(h, copied).await
     }
 
     async fn dead<'a>(
@@ -590,24 +592,14 @@ impl Subscriber for RabbitMqSubscriber {
         delivery: &'a Incoming<RabbitMqHandle>,
         error: &'a str,
     ) -> Result<(), SubscribeError> {
+        let mut extra = failure_headers(delivery, error);
+        extra.push((retry_headers::CONSUMER, self.config.consumer.clone()));
+        extra.push((retry_headers::DEAD_AT, oncely_core::now_ms().to_string()));
         let h = &delivery.handle;
-        let extra = [
-            (
-                retry_headers::ATTEMPTS,
-                delivery.attempts.saturating_add(1).to_string(),
-            ),
-            (retry_headers::LAST_ERROR, error.to_owned()),
-            (retry_headers::CONSUMER, self.config.consumer.clone()),
-            (retry_headers::DEAD_AT, oncely_core::now_ms().to_string()),
-        ];
-        if let Err(e) = self
+        let copied = self
             .publish_copy(h, &self.config.dead_queue, &extra, None)
-            .await
-        {
-            Self::requeue_original(h).await;
-            return Err(e);
-        }
-        Self::ack_original(h).await
+            .await;
+        Self::settle_moved(h, copied).await
     }
 
     async fn close(&self) {

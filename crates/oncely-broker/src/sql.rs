@@ -3,11 +3,10 @@ use oncely_sql::{Database, NewQueueMessage, QueueMessage, QueueStore, StoreError
 
 use std::time::Duration;
 
-use crate::dead_letter::preview;
+use crate::dead_letter::{dead_letters_impl, preview, Page};
 use crate::{
-    BoxFuture, Cause, DeadLetter, DeadLetterError, DeadLetterPosition, DeadLetters,
-    DeliveryPosition, Incoming, Message, PublishError, Publisher, ReceivedMessage, Requeue,
-    SubscribeError, Subscriber,
+    BoxFuture, Cause, DeadLetter, DeadLetterError, DeadLetterPosition, DeliveryPosition, Incoming,
+    Message, PublishError, Publisher, ReceivedMessage, Requeue, SubscribeError, Subscriber,
 };
 
 /// The SQL transport: the embedded default broker, a queue table (`oncely_queue`, created
@@ -449,12 +448,7 @@ impl SqlDeadLetters {
         }
     }
 
-    async fn page(
-        &self,
-        group: &str,
-        limit: u32,
-        after: Option<&DeadLetterPosition>,
-    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    async fn page(&self, group: &str, limit: u32, after: Option<&DeadLetterPosition>) -> Page {
         let after = match after {
             None => None,
             Some(DeadLetterPosition::Sql(id)) => Some(*id),
@@ -483,33 +477,14 @@ impl SqlDeadLetters {
             })
             .collect())
     }
-}
 
-impl DeadLetters for SqlDeadLetters {
-    fn broker(&self) -> &'static str {
-        "sql"
-    }
-
-    fn list<'a>(
-        &'a self,
-        group: &'a str,
-        limit: u32,
-        after: Option<&'a DeadLetterPosition>,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, DeadLetterError>> {
-        Box::pin(self.page(group, limit, after))
-    }
-
-    fn requeue<'a>(
-        &'a self,
-        group: &'a str,
-        which: Requeue,
-    ) -> BoxFuture<'a, Result<u64, DeadLetterError>> {
-        Box::pin(async move {
-            let id = match &which {
-                Requeue::Message(id) => Some(id),
-                Requeue::All => None,
-            };
-            Ok(self.queue.requeue_dead(group, id).await?)
-        })
+    async fn requeue_selected(&self, group: &str, which: Requeue) -> Result<u64, DeadLetterError> {
+        let id = match &which {
+            Requeue::Message(id) => Some(id),
+            Requeue::All => None,
+        };
+        Ok(self.queue.requeue_dead(group, id).await?)
     }
 }
+
+dead_letters_impl!(SqlDeadLetters, "sql" {});

@@ -26,7 +26,8 @@ pub mod retry_headers {
     pub const DEAD_AT: &str = "x-oncely-dead-at";
 }
 
-/// A subscriber could not receive or settle a delivery.
+/// A subscriber could not receive or settle a delivery, or dead letters could not be listed
+/// or requeued ([`crate::DeadLetterError`], the same type).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubscribeError {
@@ -74,6 +75,23 @@ impl From<StoreError> for SubscribeError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
     }
+}
+
+/// Opens what `slot` holds (a connection, a stream) with `open` unless it holds it already:
+/// a subscriber's [`Subscriber::subscribe`].
+///
+/// # Errors
+/// `open`'s; `slot` stays empty then.
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub(crate) async fn open_once<T, E>(
+    slot: &tokio::sync::Mutex<Option<T>>,
+    open: impl Future<Output = Result<T, E>>,
+) -> Result<(), E> {
+    let mut guard = slot.lock().await;
+    if guard.is_none() {
+        *guard = Some(open.await?);
+    }
+    Ok(())
 }
 
 /// A message a broker delivered that is not a valid oncely message (e.g. no parseable

@@ -13,7 +13,11 @@
 //! - `fingerprint` — [`Fingerprint`], [`FingerprintMismatch`]: SHA-256 over the canonical
 //!   request, JSON bodies in RFC 8785 (JCS) form.
 //! - `record` — [`RecordState`], [`StoredResponse`], the replay header allow-list.
-//! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses.
+//! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses;
+//!   [`millis`] and [`ms_after`]: a `Duration` in that unit.
+//! - `words` — [`stored_words!`]: an enum stored as one word per value, and
+//!   [`UnknownWord`].
+//! - `chain` — [`error_chain`]: an error and its causes as one line, for logs and evidence.
 //! - `message` — [`MessageId`]: message identity, derived from the operation's key when an
 //!   idempotent operation produces the message.
 //! - `retry` — [`RetryPolicy`]: exponential backoff with full jitter, cap, attempt limit,
@@ -25,6 +29,7 @@
 //!   derived from its parent operation's scope, key and step (UUIDv8 over SHA-256).
 
 mod budget;
+mod chain;
 mod derive;
 mod fingerprint;
 mod key;
@@ -33,8 +38,10 @@ mod record;
 mod retry;
 mod scope;
 mod time;
+mod words;
 
 pub use budget::RetryBudget;
+pub use chain::error_chain;
 pub use derive::{derive_key, next_key};
 pub use fingerprint::{Fingerprint, FingerprintError, FingerprintMismatch};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
@@ -46,4 +53,5 @@ pub use retry::{
     parse_retry_after, Failure, GiveUpReason, OutageWait, OutcomeClass, RetryDecision, RetryPolicy,
 };
 pub use scope::{Operation, Scope, TenantError, TenantId};
-pub use time::now_ms;
+pub use time::{millis, ms_after, now_ms};
+pub use words::UnknownWord;

@@ -1,43 +1,25 @@
 use serde::{Deserialize, Serialize};
 
-/// State of an idempotency record (table `oncely_idempotency`, column `state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RecordState {
-    /// Reserved; the operation is running (atomic mode: its transaction is still open).
-    Processing,
-    /// Finished with a 1xx–3xx answer; replayed to every retry.
-    Succeeded,
-    /// Finished with a deliberate business rejection (4xx after execution); final and
-    /// replayed like a success.
-    Failed,
-    /// The outcome is not known (a lease ran out during an external call); resolved by a
-    /// status check, never by running again.
-    Unknown,
+crate::stored_words! {
+    /// State of an idempotency record (table `oncely_idempotency`, column `state`; stored
+    /// as `processing`, `succeeded`, `failed`, `unknown`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum RecordState {
+        /// Reserved; the operation is running (atomic mode: its transaction is still open).
+        Processing => "processing",
+        /// Finished with a 1xx–3xx answer; replayed to every retry.
+        Succeeded => "succeeded",
+        /// Finished with a deliberate business rejection (4xx after execution); final and
+        /// replayed like a success.
+        Failed => "failed",
+        /// The outcome is not known (a lease ran out during an external call); resolved by
+        /// a status check, never by running again.
+        Unknown => "unknown",
+    }
 }
 
 impl RecordState {
-    /// The stored spelling: `processing`, `succeeded`, `failed`, `unknown`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Processing => "processing",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-        }
-    }
-
-    /// Parses the stored spelling; `None` for anything else.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "processing" => Self::Processing,
-            "succeeded" => Self::Succeeded,
-            "failed" => Self::Failed,
-            "unknown" => Self::Unknown,
-            _ => return None,
-        })
-    }
-
     /// The final state for a response with this status: `failed` for 4xx, `succeeded`
     /// otherwise. (5xx answers are never stored: their transaction is rolled back.)
     pub fn for_status(status: u16) -> Self {
@@ -177,7 +159,7 @@ mod tests {
             RecordState::Failed,
             RecordState::Unknown,
         ] {
-            assert_eq!(RecordState::parse(s.as_str()), Some(s));
+            assert_eq!(RecordState::parse(s.as_str()), Ok(s));
         }
         assert_eq!(RecordState::for_status(201), RecordState::Succeeded);
         assert_eq!(RecordState::for_status(409), RecordState::Failed);

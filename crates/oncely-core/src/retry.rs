@@ -139,6 +139,18 @@ pub struct Failure {
 }
 
 impl RetryPolicy {
+    /// A policy for the outage rounds of a background loop (a relay, a consumer, an effect
+    /// runner waiting out a dependency that is down): waits from `base` up to `cap`, and
+    /// never gives up (`max_attempts` = `u32::MAX`); the rest as [`RetryPolicy::default`].
+    pub fn outage(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            max_attempts: u32::MAX,
+            ..Self::default()
+        }
+    }
+
     /// The largest wait after `failures` failed attempts: `min(cap, base · 2^(failures-1))`
     /// (zero for `failures == 0`). Never overflows: the factor saturates and the product
     /// is capped.

@@ -47,11 +47,13 @@ pub(crate) fn transport(e: &reqwest::Error) -> CallOutcome {
     // is_connect: the connection was never established, so the request never left. A
     // builder error is our own bad request, which never left either.
     if e.is_connect() || e.is_builder() {
-        CallOutcome::NotSent { reason: chain(e) }
+        CallOutcome::NotSent {
+            reason: oncely_core::error_chain(e),
+        }
     } else {
         CallOutcome::Unknown {
             status: None,
-            reason: chain(e),
+            reason: oncely_core::error_chain(e),
         }
     }
 }
@@ -186,17 +188,4 @@ pub(crate) async fn lookup(
         provider,
         &refusal(&answer, Refuser::Provider, None, message, None),
     ))
-}
-
-/// An error with its causes, for the evidence ("error sending request: … : Connection
-/// refused").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

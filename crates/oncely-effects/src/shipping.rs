@@ -84,6 +84,33 @@ impl ShippingClient {
         }
     }
 
+    /// The status of `query`'s shipment (`book`) or of its cancellation (`cancel`).
+    async fn shipment_status(
+        &self,
+        query: StatusQuery<'_>,
+    ) -> Result<StatusOutcome, ProviderError> {
+        let cancel = query.request.operation == "cancel";
+        let found = self
+            .shipments(Some(&query.request.reference), cancel)
+            .await?;
+        let found: Vec<RemoteObject> = if cancel {
+            // The cancellation's object is its shipment; one still live has not shown
+            // the cancel, which is then not (yet) found.
+            let id = query.request.params["shipment_id"].as_str();
+            found
+                .into_iter()
+                .filter(|o| Some(o.id.as_str()) == id && o.state != ObjectState::Pending)
+                .collect()
+        } else {
+            found
+        };
+        Ok(if found.is_empty() {
+            not_found(query.last_sent, self.config.settle_time)
+        } else {
+            StatusOutcome::Found(found)
+        })
+    }
+
     async fn book(&self, request: &EffectRequest) -> CallOutcome {
         let body = json!({
             "merchant_reference": request.reference,
@@ -218,29 +245,7 @@ impl Provider for ShippingClient {
         &'a self,
         query: StatusQuery<'a>,
     ) -> BoxFuture<'a, Result<StatusOutcome, ProviderError>> {
-        async move {
-            let cancel = query.request.operation == "cancel";
-            let found = self
-                .shipments(Some(&query.request.reference), cancel)
-                .await?;
-            let found: Vec<RemoteObject> = if cancel {
-                // The cancellation's object is its shipment; one still live has not shown
-                // the cancel, which is then not (yet) found.
-                let id = query.request.params["shipment_id"].as_str();
-                found
-                    .into_iter()
-                    .filter(|o| Some(o.id.as_str()) == id && o.state != ObjectState::Pending)
-                    .collect()
-            } else {
-                found
-            };
-            Ok(if found.is_empty() {
-                not_found(query.last_sent, self.config.settle_time)
-            } else {
-                StatusOutcome::Found(found)
-            })
-        }
-        .boxed()
+        self.shipment_status(query).boxed()
     }
 
     fn list<'a>(

@@ -98,12 +98,7 @@ impl Default for ConsumerConfig {
             batch: 32,
             poll: Duration::from_millis(100),
             retry: RetryPolicy::default(),
-            outage: RetryPolicy {
-                base: Duration::from_millis(100),
-                cap: Duration::from_secs(5),
-                max_attempts: u32::MAX,
-                ..RetryPolicy::default()
-            },
+            outage: RetryPolicy::outage(Duration::from_millis(100), Duration::from_secs(5)),
             budget: Arc::new(RetryBudget::default()),
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             collect_interval: Duration::from_secs(60),
@@ -497,7 +492,7 @@ impl<S: Subscriber> Consumer<S> {
                 let error = error.to_string();
                 let failures = delivery.attempts.saturating_add(1);
                 if let RetryDecision::RetryAfter(delay) = self.decide(delivery, message, rejected) {
-                    tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = delay.as_millis() as u64, %error, "handler failed; retrying");
+                    tracing::warn!(consumer, message_id = %id, attempts = failures, delay_ms = oncely_core::millis(delay), %error, "handler failed; retrying");
                     if let Err(e) = self.subscriber.retry(delivery, delay, &error).await {
                         tracing::warn!(consumer, message_id = %id, error = %e, "retry failed");
                         return Ok(Processed::StoreFailed);
@@ -615,7 +610,7 @@ async fn collect_loop<S: Subscriber>(
     const BATCH: u32 = 500;
     let name = subscriber.consumer().to_owned();
     loop {
-        let retention = i64::try_from(config.inbox_retention.as_millis()).unwrap_or(i64::MAX);
+        let retention = oncely_core::millis(config.inbox_retention);
         let before = oncely_core::now_ms().saturating_sub(retention);
         loop {
             match inbox.collect(before, BATCH).await {
@@ -631,7 +626,7 @@ async fn collect_loop<S: Subscriber>(
                 }
             }
         }
-        let keep = i64::try_from(config.queue_retention.as_millis()).unwrap_or(i64::MAX);
+        let keep = oncely_core::millis(config.queue_retention);
         let before = oncely_core::now_ms().saturating_sub(keep);
         loop {
             match subscriber.collect(before, BATCH).await {

@@ -10,7 +10,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::not_built;
-use crate::{serve_metrics, BrokerConfig, BrokerKind, MetricsEndpoint, RuntimeError};
+use crate::metrics::run_until_shutdown;
+use crate::{BrokerConfig, BrokerKind, MetricsEndpoint, RuntimeError};
 
 /// Builds a service's consumer on whichever subscriber the configuration picks — the one
 /// place a service names its handler. For a consumer with a plain handler:
@@ -174,17 +175,8 @@ pub async fn run_consumer<F: ConsumerFactory>(
     metrics: Option<MetricsEndpoint>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RuntimeError> {
-    let stop = CancellationToken::new();
-    let metrics = match metrics {
-        Some(endpoint) => Some(serve_metrics(endpoint, stop.clone()).await?),
-        None => None,
-    };
-    let task = consumer.spawn(broker, db, factory, stop.clone()).await?;
-    shutdown.await;
-    stop.cancel();
-    task.await?;
-    if let Some((_, m)) = metrics {
-        m.await?;
-    }
-    Ok(())
+    run_until_shutdown(metrics, shutdown, |stop| {
+        consumer.spawn(broker, db, factory, stop)
+    })
+    .await
 }

@@ -11,7 +11,8 @@ use oncely_sql::{Database, EffectStore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{serve_metrics, MetricsEndpoint, RuntimeError};
+use crate::metrics::run_until_shutdown;
+use crate::{MetricsEndpoint, RuntimeError};
 
 /// Which providers outgoing effects go to, and how the runner works them. [`Default`]: no
 /// provider (a service without external effects) and [`RunnerConfig::default`].
@@ -128,17 +129,8 @@ pub async fn run_effects(
     }
     // Fail on a bad configuration before binding anything.
     effects.providers()?;
-    let stop = CancellationToken::new();
-    let metrics = match metrics {
-        Some(endpoint) => Some(serve_metrics(endpoint, stop.clone()).await?),
-        None => None,
-    };
-    let task = effects.spawn(db, handler, stop.clone())?;
-    shutdown.await;
-    stop.cancel();
-    task.await?;
-    if let Some((_, m)) = metrics {
-        m.await?;
-    }
-    Ok(())
+    run_until_shutdown(metrics, shutdown, |stop| async move {
+        effects.spawn(db, handler, stop)
+    })
+    .await
 }

@@ -1,5 +1,6 @@
 //! The metrics endpoint.
 
+use std::future::Future;
 use std::net::SocketAddr;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -53,4 +54,36 @@ pub async fn serve_metrics(
         }
     });
     Ok((addr, task))
+}
+
+/// Runs the task `start` spawns with a cancellation token until `shutdown` resolves, with
+/// `GET /metrics` on `metrics` when given (bound before the task starts); then cancels the
+/// token and waits for the task and the metrics listener. The relay, the consumer and the
+/// effect runner each run so.
+///
+/// # Errors
+/// [`RuntimeError::Bind`] when the metrics address cannot be bound; the errors of `start`;
+/// [`RuntimeError::Task`] when the task or the listener panicked.
+pub(crate) async fn run_until_shutdown<S, F>(
+    metrics: Option<MetricsEndpoint>,
+    shutdown: impl Future<Output = ()>,
+    start: S,
+) -> Result<(), RuntimeError>
+where
+    S: FnOnce(CancellationToken) -> F,
+    F: Future<Output = Result<JoinHandle<()>, RuntimeError>>,
+{
+    let stop = CancellationToken::new();
+    let metrics = match metrics {
+        Some(endpoint) => Some(serve_metrics(endpoint, stop.clone()).await?),
+        None => None,
+    };
+    let task = start(stop.clone()).await?;
+    shutdown.await;
+    stop.cancel();
+    task.await?;
+    if let Some((_, m)) = metrics {
+        m.await?;
+    }
+    Ok(())
 }

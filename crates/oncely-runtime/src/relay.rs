@@ -10,7 +10,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::not_built;
-use crate::{serve_metrics, BrokerConfig, MetricsEndpoint, RuntimeError};
+use crate::metrics::run_until_shutdown;
+use crate::{BrokerConfig, MetricsEndpoint, RuntimeError};
 
 /// First wait before retrying a broker that cannot be reached at start-up; it doubles.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -106,17 +107,10 @@ pub async fn run_relay(
     metrics: Option<MetricsEndpoint>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RuntimeError> {
-    let stop = CancellationToken::new();
-    let metrics = match metrics {
-        Some(endpoint) => Some(serve_metrics(endpoint, stop.clone()).await?),
-        None => None,
-    };
-    let task = relay.spawn(db, stop.clone())?;
-    shutdown.await;
-    stop.cancel();
-    task.await?;
-    if let Some((_, m)) = metrics {
-        m.await?;
-    }
-    Ok(())
+    run_until_shutdown(
+        metrics,
+        shutdown,
+        |stop| async move { relay.spawn(db, stop) },
+    )
+    .await
 }

@@ -4,7 +4,6 @@
 //! transition however many transactions try it.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use oncely_core::{IdempotencyKey, Operation, Scope, TenantId};
 use oncely_sql::{EffectStore, Enqueued, NewEffect, StoreError, Tx};
@@ -44,10 +43,6 @@ fn step_at<'d>(def: &'d SagaDefinition, saga: &str, i: i64) -> Result<&'d Step, 
         .ok_or_else(|| {
             StoreError::Corrupt(format!("saga {saga} of kind {} has no step {i}", def.kind))
         })
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 pub(crate) struct Engine<'t> {
@@ -201,14 +196,15 @@ impl Engine<'_> {
                 };
                 if attempt > 1 {
                     let delay = step.retry.delay(attempt - 1, rand::random::<f64>());
-                    store::delay_effect(self.tx, &id, self.now + ms(delay)).await?;
+                    store::delay_effect(self.tx, &id, self.now + oncely_core::millis(delay))
+                        .await?;
                     let evidence = format!("issued again as attempt {attempt}");
                     store::reissue_step(self.tx, &saga_id, i, &id, &evidence).await?;
                 } else {
                     self.start_row(i, Phase::Forward, &step.name, Some(&id))
                         .await?;
                 }
-                self.saga.deadline = step.timeout.map(|t| self.now + ms(t));
+                self.saga.deadline = step.timeout.map(|t| self.now + oncely_core::millis(t));
                 Ok(Ran::Issued)
             }
         }
@@ -281,6 +277,37 @@ impl Engine<'_> {
         store::finish_step(self.tx, &self.saga.id, step, phase, &f).await?;
         self.observe(name, phase, started_at);
         Ok(())
+    }
+
+    /// [`Self::finish`] of forward step `i`.
+    async fn finish_forward(
+        &mut self,
+        i: i64,
+        step: &Step,
+        state: StepState,
+        output: Option<&str>,
+        evidence: Option<&str>,
+        started_at: i64,
+    ) -> Result<(), StoreError> {
+        let name = &step.name;
+        self.finish(i, Phase::Forward, name, state, output, evidence, started_at)
+            .await
+    }
+
+    /// Forward step `i` needs a person: its row records `error`, the saga parks for review
+    /// with `reason`.
+    async fn forward_needs_review(
+        &mut self,
+        i: i64,
+        step: &Step,
+        started_at: i64,
+        error: &str,
+        reason: String,
+    ) -> Result<(), StoreError> {
+        let state = StepState::NeedsReview;
+        self.finish_forward(i, step, state, None, Some(error), started_at)
+            .await?;
+        self.needs_review(reason).await
     }
 
     /// Parks the saga for a person.
@@ -429,7 +456,7 @@ impl Engine<'_> {
         let i = self.saga.step;
         let step = step_at(self.def, &self.saga.id, i)?;
         let name = step.name.clone();
-        let timeout = step.timeout.map_or(0, ms);
+        let timeout = step.timeout.map_or(0, oncely_core::millis);
         let Some(row) = store::step(self.tx, &self.saga.id, i, Phase::Forward).await? else {
             return Ok(());
         };
@@ -498,16 +525,8 @@ impl Engine<'_> {
         match outcome {
             Outcome::Succeeded(object) => {
                 let out = object.to_string();
-                self.finish(
-                    i,
-                    Phase::Forward,
-                    &step.name,
-                    StepState::Succeeded,
-                    Some(&out),
-                    None,
-                    started_at,
-                )
-                .await?;
+                self.finish_forward(i, step, StepState::Succeeded, Some(&out), None, started_at)
+                    .await?;
                 self.saga.step = i + 1;
                 self.forward().await
             }
@@ -516,17 +535,8 @@ impl Engine<'_> {
                     .await
             }
             Outcome::NeedsReview(error) => {
-                self.finish(
-                    i,
-                    Phase::Forward,
-                    &step.name,
-                    StepState::NeedsReview,
-                    None,
-                    Some(&error),
-                    started_at,
-                )
-                .await?;
-                self.needs_review(format!("step {}: {error}", step.name))
+                let reason = format!("step {}: {error}", step.name);
+                self.forward_needs_review(i, step, started_at, &error, reason)
                     .await
             }
         }
@@ -550,16 +560,8 @@ impl Engine<'_> {
         } else {
             StepState::Failed
         };
-        self.finish(
-            i,
-            Phase::Forward,
-            &step.name,
-            state,
-            None,
-            Some(error),
-            started_at,
-        )
-        .await?;
+        self.finish_forward(i, step, state, None, Some(error), started_at)
+            .await?;
         if step.role != Role::Retriable {
             let reason = format!("step {} failed: {error}", step.name);
             self.compensate_from(i - 1, reason).await
@@ -590,10 +592,9 @@ impl Engine<'_> {
                     .increment(1);
                 let out = object.to_string();
                 let evidence = "committed after its timeout had started compensation";
-                self.finish(
+                self.finish_forward(
                     i,
-                    Phase::Forward,
-                    &step.name,
+                    step,
                     StepState::Succeeded,
                     Some(&out),
                     Some(evidence),
@@ -610,10 +611,9 @@ impl Engine<'_> {
             }
             Outcome::Failed(error) => {
                 let evidence = format!("refused after its timeout: {error}");
-                self.finish(
+                self.finish_forward(
                     i,
-                    Phase::Forward,
-                    &step.name,
+                    step,
                     StepState::Failed,
                     None,
                     Some(&evidence),
@@ -623,17 +623,8 @@ impl Engine<'_> {
                 self.finish_compensation().await
             }
             Outcome::NeedsReview(error) => {
-                self.finish(
-                    i,
-                    Phase::Forward,
-                    &step.name,
-                    StepState::NeedsReview,
-                    None,
-                    Some(&error),
-                    started_at,
-                )
-                .await?;
-                self.needs_review(format!("timed-out step {}: {error}", step.name))
+                let reason = format!("timed-out step {}: {error}", step.name);
+                self.forward_needs_review(i, step, started_at, &error, reason)
                     .await
             }
         }

@@ -58,55 +58,13 @@ pub use definition::{
 pub use operator::{Retried, SagaAudit, SagaOperator};
 pub use orchestrator::{Cancelled, NewSaga, Orchestrator, OrchestratorConfig, SagaError, Started};
 
-use oncely_sql::StoreError;
-
-macro_rules! words {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $w:literal),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum $name {
-            $($(#[$vm])* $v),*
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const ALL: &[Self] = &[$(Self::$v),*];
-
-            /// The stored word.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$v => $w),*
-                }
-            }
-
-            /// The value a stored word names.
-            ///
-            /// # Errors
-            /// [`StoreError::Corrupt`] for another word.
-            pub fn parse(s: &str) -> Result<Self, StoreError> {
-                Self::ALL
-                    .iter()
-                    .copied()
-                    .find(|v| v.as_str() == s)
-                    .ok_or_else(|| StoreError::Corrupt(format!(
-                        concat!("unknown ", stringify!($name), " {:?}"), s)))
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-words! {
+oncely_core::stored_words! {
     /// A saga's state: `running` → `completed`, or `running` → `compensating` →
     /// `compensated`; `needs_review` when a person must decide (a compensation refused or
     /// unresolved, a retriable step exhausted, a late success that cannot be undone).
-    SagaState {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum SagaState {
         /// Going forward.
         Running => "running",
         /// Undoing the completed steps, newest first.
@@ -120,9 +78,11 @@ words! {
     }
 }
 
-words! {
+oncely_core::stored_words! {
     /// A step-log row's state.
-    StepState {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum StepState {
         /// Started; an effect step waits for its effect to settle.
         Running => "running",
         /// Done (a forward step's output recorded).
@@ -136,9 +96,11 @@ words! {
     }
 }
 
-words! {
+oncely_core::stored_words! {
     /// Whether a step-log row is a step's forward run or its compensation.
-    Phase {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum Phase {
         /// The step itself.
         Forward => "forward",
         /// Its compensation.

@@ -187,7 +187,7 @@ impl Orchestrator {
         Ok(Retried {
             saga: saga.into_saga()?,
             step: row.name,
-            phase: Phase::parse(&row.phase)?,
+            phase: Phase::parse(&row.phase).map_err(StoreError::from)?,
             detail,
         })
     }

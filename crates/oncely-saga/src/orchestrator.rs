@@ -49,6 +49,19 @@ pub struct NewSaga<'a> {
     pub input: &'a serde_json::Value,
 }
 
+impl<'a> NewSaga<'a> {
+    /// The saga's row, its input serialised as `input`, recorded at `now` (Unix ms).
+    fn row(&self, input: &'a str, now: i64) -> NewRow<'a> {
+        NewRow {
+            id: self.id,
+            tenant: self.tenant,
+            kind: self.kind,
+            input,
+            now,
+        }
+    }
+}
+
 /// What [`Orchestrator::start`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -179,6 +192,14 @@ impl Orchestrator {
             .ok_or_else(|| SagaError::UnknownKind(kind.to_owned()))
     }
 
+    /// The definition of `new`'s kind, once its id and tenant are valid.
+    fn checked(&self, new: &NewSaga<'_>) -> Result<&SagaDefinition, SagaError> {
+        let def = self.definition(new.kind)?;
+        IdempotencyKey::parse(new.id.as_bytes()).map_err(SagaError::InvalidId)?;
+        TenantId::parse(new.tenant).map_err(SagaError::InvalidTenant)?;
+        Ok(def)
+    }
+
     /// Starts a saga in the caller's transaction `tx` (the business write that starts it
     /// — an order, an inbox row — commits with it): records the saga, runs its leading
     /// local steps in `tx` and records the first effect step's intent. A second start with
@@ -188,18 +209,10 @@ impl Orchestrator {
     /// [`SagaError::UnknownKind`], [`SagaError::InvalidId`], [`SagaError::InvalidTenant`]
     /// for bad input; [`SagaError::Store`] when the database fails (the caller rolls back).
     pub async fn start(&self, tx: &mut Tx, new: &NewSaga<'_>) -> Result<Started, SagaError> {
-        let def = self.definition(new.kind)?;
-        IdempotencyKey::parse(new.id.as_bytes()).map_err(SagaError::InvalidId)?;
-        TenantId::parse(new.tenant).map_err(SagaError::InvalidTenant)?;
+        let def = self.checked(new)?;
         let now = now_ms();
         let input = new.input.to_string();
-        let row = NewRow {
-            id: new.id,
-            tenant: new.tenant,
-            kind: new.kind,
-            input: &input,
-            now,
-        };
+        let row = new.row(&input, now);
         if !store::insert_saga(tx, &row).await? {
             return Ok(Started::Existing);
         }
@@ -224,17 +237,9 @@ impl Orchestrator {
         new: &NewSaga<'_>,
         reason: &str,
     ) -> Result<Started, SagaError> {
-        self.definition(new.kind)?;
-        IdempotencyKey::parse(new.id.as_bytes()).map_err(SagaError::InvalidId)?;
-        TenantId::parse(new.tenant).map_err(SagaError::InvalidTenant)?;
+        self.checked(new)?;
         let input = new.input.to_string();
-        let row = NewRow {
-            id: new.id,
-            tenant: new.tenant,
-            kind: new.kind,
-            input: &input,
-            now: now_ms(),
-        };
+        let row = new.row(&input, now_ms());
         if store::insert_cancelled(tx, &row, reason).await? {
             Ok(Started::Created(SagaState::Compensated))
         } else {

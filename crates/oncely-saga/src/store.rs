@@ -32,7 +32,7 @@ pub(crate) struct SagaRow {
 
 impl SagaRow {
     pub(crate) fn state(&self) -> Result<SagaState, StoreError> {
-        SagaState::parse(&self.state)
+        Ok(SagaState::parse(&self.state)?)
     }
 
     pub(crate) fn into_saga(self) -> Result<Saga, StoreError> {
@@ -72,7 +72,7 @@ pub(crate) struct StepRow {
 
 impl StepRow {
     pub(crate) fn state(&self) -> Result<StepState, StoreError> {
-        StepState::parse(&self.state)
+        Ok(StepState::parse(&self.state)?)
     }
 
     pub(crate) fn into_record(self) -> Result<StepRecord, StoreError> {

@@ -133,7 +133,8 @@ impl Database {
 
     async fn run_one(&self, mut migrator: sqlx::migrate::Migrator) -> Result<(), StoreError> {
         migrator.set_ignore_missing(true);
-        with_store!(self, |s| s.run(&migrator).await).map_err(StoreError::Migrate)
+        // On the write side (SQLite's single writer).
+        crate::on_writer!(self, |p| migrator.run(p).await).map_err(StoreError::Migrate)
     }
 
     /// Begins a transaction: `BEGIN IMMEDIATE` on SQLite, `BEGIN` (READ COMMITTED) on

@@ -176,11 +176,6 @@ pub(crate) trait Store {
     async fn finish(tx: Self::Tx, commit: bool) -> Result<(), sqlx::Error>;
     /// Why a new connection cannot be opened (one attempt, at most 1 s), if it cannot.
     async fn connect_error(&self) -> Option<sqlx::Error>;
-    /// Runs `migrator` on the write side.
-    async fn run(
-        &self,
-        migrator: &sqlx::migrate::Migrator,
-    ) -> Result<(), sqlx::migrate::MigrateError>;
     /// Closes every pooled connection.
     async fn close(&self);
     /// Deletes up to `batch` rows of `sweep` whose filter matches with `$1` = `bound`, in

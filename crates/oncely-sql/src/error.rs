@@ -85,6 +85,13 @@ impl StoreError {
     }
 }
 
+impl From<oncely_core::UnknownWord> for StoreError {
+    /// A stored word no value names: the row is corrupt ([`StoreError::Corrupt`]).
+    fn from(e: oncely_core::UnknownWord) -> Self {
+        Self::Corrupt(e.to_string())
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if is_unreachable(&e) {

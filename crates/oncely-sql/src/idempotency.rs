@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::{with_store, with_tx};
 use crate::driver::{Store, Sweep};
-use crate::{Database, StoreError, Tx};
+use crate::{on_pool, sql_text, Database, StoreError, Tx};
 
 /// The idempotency store over table `oncely_idempotency`, primary key
 /// `(tenant, operation, key)` (docs/DESIGN.md "Idempotency record").
@@ -144,16 +144,16 @@ macro_rules! bind_record {
             .bind($r.expires_at)
     };
 }
-pub(crate) use bind_record;
 
-/// The record insert's columns, in bind order (`key` as SQLite and PostgreSQL spell it).
-pub(crate) const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, \
+/// The record insert's columns, in bind order (`key` as SQLite and PostgreSQL spell it;
+/// [`insert_record_sql`] spells it for the backend).
+const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, \
      key, fingerprint, route_digest, state, owner, response_status, response_headers, \
      response_body, created_at, completed_at, expires_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
 /// The record columns a lookup reads (every backend).
-pub(crate) const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, response_status, \
+const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, response_status, \
      response_headers, response_body, created_at, completed_at, expires_at, lease_until, fence";
 
 /// Finished records past their expiry (`$1` now); records in `processing` or `unknown`
@@ -164,36 +164,62 @@ const EXPIRED_RECORDS: Sweep = Sweep {
     order_by: "expires_at",
 };
 
+/// The primary key of a record: tenant, operation and the client's key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordKey<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) operation: &'a str,
+    pub(crate) key: &'a str,
+}
+
 /// What each backend implements for [`IdempotencyStore`] (in `sqlite/`, `postgres/`,
-/// `mysql/` `idempotency.rs`).
+/// `mysql/` `idempotency.rs`): the claim and the spelling of the key. The record's insert
+/// and lookup are the same text everywhere and stay in [`IdempotencyStore`].
 pub(crate) trait IdempotencyBackend: Store {
     /// The `key` column as this backend's SQL spells it (a reserved word on MySQL).
     const KEY_COLUMN: &'static str;
     /// `tenant`, `operation` and the key (as `record_key`) in a select list, read as text
     /// (MySQL's `_bin` columns through `CAST(… AS CHAR)`, as sqlx reads them as bytes).
     const SELECT_IDS: &'static str;
+    /// `true` when a lock conflict ([`crate::is_lock_conflict`]) on the record's insert
+    /// means another transaction is writing the same key (MySQL: a deadlock, 1213, or a
+    /// lock-wait timeout, 1205): this one has lost either way, so it rolls back and answers
+    /// with the winner's record (replay) or, while that is uncommitted, 409.
+    const LOCK_CONFLICT_IS_DUPLICATE: bool = false;
 
     /// One statement: takes the key's claim for `tx` (without waiting) and reads the
     /// committed record, if any (see [`IdempotencyStore::reserve`]). `lock_id` is
     /// [`advisory_lock_id`] of the key.
     async fn claim(
         tx: &mut Self::Tx,
-        tenant: &str,
-        operation: &str,
-        key: &str,
+        at: RecordKey<'_>,
         lock_id: i64,
     ) -> Result<ClaimRow, sqlx::Error>;
+}
 
-    /// Inserts `record` unless its primary key exists; `true` when it inserted.
-    async fn insert_record(tx: &mut Self::Tx, record: &NewRecord<'_>) -> Result<bool, sqlx::Error>;
+/// The record insert with `key` spelled `key_column`.
+fn insert_record_sql(key_column: &str) -> String {
+    INSERT_RECORD.replacen("key,", &format!("{key_column},"), 1)
+}
 
-    /// The committed record, read outside any transaction.
-    async fn lookup(
-        &self,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> Result<Option<RecordRow>, sqlx::Error>;
+/// The outcome of the record's insert on backend `S` (its rows affected): `true` when it
+/// inserted, `false` when the key exists (see [`IdempotencyBackend::LOCK_CONFLICT_IS_DUPLICATE`]).
+fn record_inserted<S: IdempotencyBackend>(
+    rows_affected: Result<u64, sqlx::Error>,
+) -> Result<bool, sqlx::Error> {
+    match S::BACKEND.duplicate_ignored(rows_affected) {
+        Err(e) if S::LOCK_CONFLICT_IS_DUPLICATE && crate::error::is_lock_conflict(&e) => Ok(false),
+        other => other,
+    }
+}
+
+fn key_column_of<S: IdempotencyBackend>(_: &S) -> &'static str {
+    S::KEY_COLUMN
+}
+
+/// The `key` column as `db`'s backend spells it.
+pub(crate) fn key_column(db: &Database) -> &'static str {
+    with_store!(db, |s| key_column_of(s))
 }
 
 impl ClaimRow {
@@ -216,8 +242,7 @@ impl ClaimRow {
 
 impl RecordRow {
     pub(crate) fn into_record(self) -> Result<Record, StoreError> {
-        let state = RecordState::parse(&self.state)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown state {:?}", self.state)))?;
+        let state = RecordState::parse(&self.state)?;
         let digest = |v: Vec<u8>| -> Result<[u8; 32], StoreError> {
             v.try_into()
                 .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))
@@ -316,14 +341,12 @@ impl IdempotencyStore {
         let tenant = scope.tenant.as_str();
         let operation = scope.operation.as_str();
         let lock_id = advisory_lock_id(tenant, operation, key.as_str());
-        let row = with_tx!(tx, |t: S| S::claim(
-            t,
+        let at = RecordKey {
             tenant,
             operation,
-            key.as_str(),
-            lock_id
-        )
-        .await)?;
+            key: key.as_str(),
+        };
+        let row = with_tx!(tx, |t: S| S::claim(t, at, lock_id).await)?;
         let claimed = row.claimed;
         if let Some(record) = row.into_record_row() {
             return Ok(Reservation::Existing(record.into_record()?));
@@ -359,8 +382,7 @@ impl IdempotencyStore {
         now_ms: i64,
     ) -> Result<(), StoreError> {
         let state = RecordState::for_status(response.status);
-        let expires_at =
-            now_ms.saturating_add(i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX));
+        let expires_at = oncely_core::ms_after(now_ms, self.retention);
         let headers = response.headers_json();
         let record = NewRecord {
             tenant: &token.tenant,
@@ -377,7 +399,15 @@ impl IdempotencyStore {
             completed_at: now_ms,
             expires_at,
         };
-        let inserted = with_tx!(tx, |t: S| S::insert_record(t, &record).await)?;
+        let inserted = with_tx!(tx, |t: S| {
+            let insert = insert_record_sql(S::KEY_COLUMN);
+            let sql = S::BACKEND.insert_ignoring_duplicate_sql(&insert, "");
+            let n = bind_record!(sqlx::query(&sql), record)
+                .execute(&mut **t)
+                .await
+                .map(|r| r.rows_affected());
+            record_inserted::<S>(n)
+        })?;
         if inserted {
             Ok(())
         } else {
@@ -393,9 +423,16 @@ impl IdempotencyStore {
         scope: &Scope,
         key: &IdempotencyKey,
     ) -> Result<Option<Record>, StoreError> {
-        let (tenant, operation) = (scope.tenant.as_str(), scope.operation.as_str());
-        let row = with_store!(&self.db, |s| s
-            .lookup(tenant, operation, key.as_str())
+        let sql = format!(
+            "SELECT {RECORD_COLUMNS} FROM oncely_idempotency \
+             WHERE tenant = $1 AND operation = $2 AND {} = $3",
+            key_column(&self.db)
+        );
+        let row: Option<RecordRow> = on_pool!(&self.db, |p| sqlx::query_as(&sql_text(p, &sql))
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(key.as_str())
+            .fetch_optional(p)
             .await)?;
         row.map(RecordRow::into_record).transpose()
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
 
 use crate::backend::with_store;
-use crate::idempotency::{IdempotencyBackend, Reservation};
+use crate::idempotency::{key_column, IdempotencyBackend, Reservation};
 use crate::{query, Database, IdempotencyStore, Query, Record, StoreError};
 
 /// Proof of holding a multi-phase record under one fencing token: required to complete,
@@ -130,26 +130,13 @@ struct FenceRow {
     fence: i64,
 }
 
-fn key_column_of<S: IdempotencyBackend>(_: &S) -> &'static str {
-    S::KEY_COLUMN
-}
-
 fn select_ids_of<S: IdempotencyBackend>(_: &S) -> &'static str {
     S::SELECT_IDS
-}
-
-/// The `key` column as `db`'s backend spells it.
-fn key_column(db: &Database) -> &'static str {
-    with_store!(db, |s| key_column_of(s))
 }
 
 /// `tenant, operation, record_key` in a select list, as text on every backend.
 fn select_ids(db: &Database) -> &'static str {
     with_store!(db, |s| select_ids_of(s))
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// `… WHERE tenant = $a AND operation = $b AND key = $c AND fence = $d` with the
@@ -193,7 +180,7 @@ impl IdempotencyStore {
                 };
             }
         };
-        let lease_until = now_ms.saturating_add(millis(lease));
+        let lease_until = oncely_core::ms_after(now_ms, lease);
         let insert = query(format!(
             "INSERT INTO oncely_idempotency (tenant, operation, {}, fingerprint, \
              route_digest, state, owner, lease_until, fence, created_at) \
@@ -293,7 +280,7 @@ impl IdempotencyStore {
         .bind(response.headers_json())
         .bind(&response.body[..])
         .bind(now_ms)
-        .bind(now_ms.saturating_add(millis(self.retention())))
+        .bind(oncely_core::ms_after(now_ms, self.retention()))
         .bind(tenant)
         .bind(operation)
         .bind(key)
@@ -344,7 +331,7 @@ impl IdempotencyStore {
         now_ms: i64,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let until = now_ms.saturating_add(millis(lease));
+        let until = oncely_core::ms_after(now_ms, lease);
         let sql = format!(
             "UPDATE oncely_idempotency SET lease_until = $1 WHERE {} AND state = 'processing'",
             by_fence(key_column(self.database()), 2)
@@ -417,7 +404,7 @@ impl IdempotencyStore {
     ) -> Result<Lease, StoreError> {
         let db = self.database();
         let owner = uuid::Uuid::new_v4().to_string();
-        let lease_until = now_ms.saturating_add(millis(lease));
+        let lease_until = oncely_core::ms_after(now_ms, lease);
         let sql = format!(
             "UPDATE oncely_idempotency SET state = 'processing', owner = $1, \
              lease_until = $2, fence = fence + 1 WHERE {} AND state = 'unknown'",

@@ -11,7 +11,7 @@ use oncely_core::MessageId;
 
 use crate::backend::with_store;
 use crate::driver::Store;
-use crate::{on_pool, on_writer, query, sql_text, Database, StoreError};
+use crate::{on_pool, on_writer, query, sql_text, Database, StoreError, Tx};
 
 /// One message to put on the queue ([`QueueStore::enqueue`]).
 #[derive(Debug, Clone, Copy)]
@@ -139,6 +139,18 @@ pub(crate) struct DeliveryRow {
     attempts: i32,
 }
 
+/// A claim of [`QueueBackend::claim`]: up to `max` ready deliveries of `consumer` (pending,
+/// `available_at <= now`, not leased or lease over), leased under `token` until `until`
+/// (Unix ms).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeliveryClaim<'a> {
+    pub(crate) consumer: &'a str,
+    pub(crate) max: i64,
+    pub(crate) token: &'a str,
+    pub(crate) until: i64,
+    pub(crate) now: i64,
+}
+
 /// The queue statements a backend spells its own way (in `sqlite/`, `postgres/`, `mysql/`
 /// `queue.rs`): SQLite's `RETURNING` on the single writer; PostgreSQL's `SKIP LOCKED` CTEs
 /// under pinned plans; MySQL's lock, write, read back. Statements whose text is the same
@@ -148,17 +160,9 @@ pub(crate) trait QueueBackend: Store {
     /// never get the same row.
     async fn take(&self, topic: &str, max: i64) -> Result<Vec<QueueRow>, StoreError>;
 
-    /// Leases up to `max` ready deliveries of `consumer` (pending, `available_at <= now`,
-    /// not leased or lease over) under `token` until `until` (Unix ms), oldest first;
-    /// concurrent claimers never hold the same delivery at once.
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError>;
+    /// Leases up to `claim.max` ready deliveries of its consumer (see [`DeliveryClaim`]),
+    /// oldest first; concurrent claimers never hold the same delivery at once.
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError>;
 
     /// Deletes up to `batch` queue rows enqueued before `before_ms` on subscribed topics.
     async fn collect_fanned_out(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError>;
@@ -177,6 +181,31 @@ pub(crate) const BACKLOG: &str = "INSERT INTO oncely_deliveries (consumer, messa
      partition_key, event_type, headers, payload, enqueued_at, available_at) \
      SELECT $1, message_id, topic, partition_key, event_type, headers, payload, enqueued_at, \
      enqueued_at FROM oncely_queue WHERE topic = $2 ORDER BY id";
+
+/// Subscribes `consumer` to `topic` in `tx`, which holds publishing back from its start to
+/// its commit (see [`QueueBackend::subscribe`]; SQLite: the writer's `BEGIN IMMEDIATE`,
+/// PostgreSQL: `LOCK TABLE oncely_queue IN SHARE MODE`): the subscription unless it
+/// exists, and when it is new the group's [`BACKLOG`]; then commits. Whether the
+/// subscription is new.
+pub(crate) async fn subscribe_in(
+    mut tx: Tx,
+    consumer: &str,
+    topic: &str,
+) -> Result<bool, StoreError> {
+    let subscription = query("INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2)")
+        .bind(consumer)
+        .bind(topic);
+    let new = tx
+        .insert_ignoring_duplicate(subscription, "(consumer, topic)")
+        .await?;
+    if new {
+        let backlog = query(BACKLOG).bind(consumer).bind(topic);
+        tx.insert_ignoring_duplicate(backlog, "(consumer, message_id)")
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(new)
+}
 
 /// The SQL transport's queue over [`Database`]: enqueue with fan-out to the subscribed
 /// consumer groups, take, subscribe, claim with a lease, settle (ack, retry, dead), dead
@@ -296,13 +325,16 @@ impl QueueStore {
         max: u32,
         lease: Duration,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
-        let max = i64::from(max.max(1));
         let now = oncely_core::now_ms();
-        let until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let mut rows = with_store!(&self.db, |s| s
-            .claim(consumer, max, &token, until, now)
-            .await)?;
+        let claim = DeliveryClaim {
+            consumer,
+            max: i64::from(max.max(1)),
+            token: &token,
+            until: oncely_core::ms_after(now, lease),
+            now,
+        };
+        let mut rows = with_store!(&self.db, |s| s.claim(claim).await)?;
         rows.sort_by_key(|r| r.row.id);
         rows.into_iter()
             .map(|r| {
@@ -345,8 +377,7 @@ impl QueueStore {
         delay: Duration,
         error: &str,
     ) -> Result<bool, StoreError> {
-        let at = oncely_core::now_ms()
-            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let at = oncely_core::ms_after(oncely_core::now_ms(), delay);
         self.settle(
             "UPDATE oncely_deliveries SET attempts = attempts + 1, last_error = $1, \
              available_at = $2, lease_token = NULL, locked_until = NULL \

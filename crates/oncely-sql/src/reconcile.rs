@@ -5,64 +5,27 @@ use crate::driver::Store;
 use crate::effects::driver::EffectsBackend;
 use crate::{query, Database, Effect, EffectState, EffectStore, StoreError, Tx};
 
-/// The kinds of discrepancy a reconciliation run reports (docs/DESIGN.md "Multi-phase
-/// idempotency, unknown outcomes, reconciliation").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum DiscrepancyKind {
-    /// We recorded the effect as done (succeeded, with a provider id); the provider has no
-    /// such object.
-    MissingRemote,
-    /// The provider has an object (for a reference, or without one) that no local intent
-    /// records.
-    MissingLocal,
-    /// Both sides have the effect, with different amounts (or currencies).
-    AmountMismatch,
-    /// Both sides have the effect, and disagree on whether it took place (a local
-    /// `succeeded` whose object is cancelled or declined; a local `failed` or
-    /// `needs_review` whose object succeeded).
-    StatusMismatch,
-    /// More than one live provider object for one reference: the effect happened twice.
-    DuplicateRemote,
-}
-
-impl DiscrepancyKind {
-    /// Every kind, in the order above.
-    pub const ALL: [DiscrepancyKind; 5] = [
-        Self::MissingRemote,
-        Self::MissingLocal,
-        Self::AmountMismatch,
-        Self::StatusMismatch,
-        Self::DuplicateRemote,
-    ];
-
-    /// The stored word: `missing_remote`, `missing_local`, `amount_mismatch`,
-    /// `status_mismatch`, `duplicate_remote`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MissingRemote => "missing_remote",
-            Self::MissingLocal => "missing_local",
-            Self::AmountMismatch => "amount_mismatch",
-            Self::StatusMismatch => "status_mismatch",
-            Self::DuplicateRemote => "duplicate_remote",
-        }
-    }
-
-    /// The kind a stored word names.
-    ///
-    /// # Errors
-    /// [`StoreError::Corrupt`] for another word.
-    pub fn parse(s: &str) -> Result<Self, StoreError> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown discrepancy kind {s:?}")))
-    }
-}
-
-impl std::fmt::Display for DiscrepancyKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+oncely_core::stored_words! {
+    /// The kinds of discrepancy a reconciliation run reports (docs/DESIGN.md "Multi-phase
+    /// idempotency, unknown outcomes, reconciliation"); stored as `missing_remote`,
+    /// `missing_local`, `amount_mismatch`, `status_mismatch`, `duplicate_remote`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    #[non_exhaustive]
+    pub enum DiscrepancyKind {
+        /// We recorded the effect as done (succeeded, with a provider id); the provider has no
+        /// such object.
+        MissingRemote => "missing_remote",
+        /// The provider has an object (for a reference, or without one) that no local intent
+        /// records.
+        MissingLocal => "missing_local",
+        /// Both sides have the effect, with different amounts (or currencies).
+        AmountMismatch => "amount_mismatch",
+        /// Both sides have the effect, and disagree on whether it took place (a local
+        /// `succeeded` whose object is cancelled or declined; a local `failed` or
+        /// `needs_review` whose object succeeded).
+        StatusMismatch => "status_mismatch",
+        /// More than one live provider object for one reference: the effect happened twice.
+        DuplicateRemote => "duplicate_remote",
     }
 }
 
@@ -128,7 +91,7 @@ impl Discrepancy {
     /// # Errors
     /// [`StoreError::Corrupt`] for a word no kind has.
     pub fn kind(&self) -> Result<DiscrepancyKind, StoreError> {
-        DiscrepancyKind::parse(&self.kind_word)
+        Ok(DiscrepancyKind::parse(&self.kind_word)?)
     }
 
     /// The provider ids, as a list.
@@ -574,7 +537,7 @@ impl EffectStore {
         lease: Duration,
         now_ms: i64,
     ) -> Result<Option<Effect>, StoreError> {
-        let until = now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        let until = oncely_core::ms_after(now_ms, lease);
         let mut tx = self.database().begin().await?;
         let n = tx
             .execute(

@@ -113,6 +113,18 @@ impl Run {
         self.failed = true;
         self.findings.push(msg.into());
     }
+    /// Fails when the answers recorded name more than one object (the requests all
+    /// carried one key).
+    fn one_object_per_key(&mut self) {
+        if self.ids.len() > 1 {
+            let msg = format!(
+                "{} objects for one key: {}",
+                self.ids.len(),
+                self.ids.join(", ")
+            );
+            self.fail(msg);
+        }
+    }
     fn note(&mut self, msg: impl Into<String>) {
         self.findings.push(msg.into());
     }
@@ -426,13 +438,7 @@ async fn s2_concurrent(probe: &Probe, run: &mut Run) {
             last.describe()
         ));
     }
-    if run.ids.len() > 1 {
-        run.fail(format!(
-            "{} objects for one key: {}",
-            run.ids.len(),
-            run.ids.join(", ")
-        ));
-    }
+    run.one_object_per_key();
     if !run.failed {
         let conflicts = answers.iter().filter(|a| a.status() == Some(409)).count();
         run.note(format!(
@@ -622,13 +628,7 @@ async fn s4_hang_up(probe: &Probe, run: &mut Run) {
         .await;
     run.record(&again);
     expect_replay_of(probe, run, last, &again, "the second retry");
-    if run.ids.len() > 1 {
-        run.fail(format!(
-            "{} objects for one key: {}",
-            run.ids.len(),
-            run.ids.join(", ")
-        ));
-    }
+    run.one_object_per_key();
     if !run.failed {
         run.note(format!(
             "the answer to the abandoned request was never read; the retry replayed object {}",

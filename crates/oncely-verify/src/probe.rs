@@ -112,18 +112,8 @@ impl Probe {
         key: Option<&[u8]>,
         body: &str,
     ) -> Answer {
-        let mut ev = RequestEvidence {
-            step: step.into(),
-            credential: if cred == Cred::A { 'a' } else { 'b' },
-            key: key.map(shorten),
-            status: None,
-            replayed: false,
-            object_id: None,
-            retry_after: None,
-            body_bytes: 0,
-            error: None,
-            elapsed_ms: 0.0,
-        };
+        let credential = if cred == Cred::A { 'a' } else { 'b' };
+        let mut ev = evidence(step.into(), credential, key);
         let mut req = self
             .client
             .request(self.cfg.method.clone(), self.cfg.url.clone())
@@ -163,7 +153,7 @@ impl Probe {
                 Answer { ev, body }
             }
             Err(e) => {
-                ev.error = Some(error_chain(&e));
+                ev.error = Some(oncely_core::error_chain(&e));
                 Answer { ev, body: vec![] }
             }
         }
@@ -235,12 +225,22 @@ impl Probe {
         }
         let res = match req.send().await {
             Ok(r) => r,
-            Err(e) => return Some(Err(format!("--count-url: {}", error_chain(&e)))),
+            Err(e) => {
+                return Some(Err(format!(
+                    "--count-url: {}",
+                    oncely_core::error_chain(&e)
+                )))
+            }
         };
         let status = res.status();
         let text = match res.text().await {
             Ok(t) => t,
-            Err(e) => return Some(Err(format!("--count-url: {}", error_chain(&e)))),
+            Err(e) => {
+                return Some(Err(format!(
+                    "--count-url: {}",
+                    oncely_core::error_chain(&e)
+                )))
+            }
         };
         if !status.is_success() {
             return Some(Err(format!("--count-url answered {status}")));
@@ -255,18 +255,7 @@ impl Probe {
     /// arrive (so the server has executed), and closes the socket without reading it.
     /// `http://` only.
     pub(crate) async fn hang_up(&self, step: &str, key: &[u8], body: &str) -> RequestEvidence {
-        let mut ev = RequestEvidence {
-            step: step.to_owned(),
-            credential: 'a',
-            key: Some(shorten(key)),
-            status: None,
-            replayed: false,
-            object_id: None,
-            retry_after: None,
-            body_bytes: 0,
-            error: None,
-            elapsed_ms: 0.0,
-        };
+        let mut ev = evidence(step.to_owned(), 'a', Some(key));
         let started = Instant::now();
         let result = self.hang_up_inner(key, body).await;
         ev.elapsed_ms = ms(started.elapsed());
@@ -357,6 +346,23 @@ fn header_str(headers: &HeaderMap, name: &reqwest::header::HeaderName) -> Option
 }
 
 /// Keys over 48 characters are shown as their start, their end and their length.
+/// The evidence of a request about to be sent: its `step`, `credential` and `key`, no
+/// answer yet.
+fn evidence(step: String, credential: char, key: Option<&[u8]>) -> RequestEvidence {
+    RequestEvidence {
+        step,
+        credential,
+        key: key.map(shorten),
+        status: None,
+        replayed: false,
+        object_id: None,
+        retry_after: None,
+        body_bytes: 0,
+        error: None,
+        elapsed_ms: 0.0,
+    }
+}
+
 fn shorten(key: &[u8]) -> String {
     let s = String::from_utf8_lossy(key);
     let chars: Vec<char> = s.chars().collect();
@@ -366,17 +372,6 @@ fn shorten(key: &[u8]) -> String {
     let head: String = chars[..24].iter().collect();
     let tail: String = chars[chars.len() - 8..].iter().collect();
     format!("{head}…{tail} ({} chars)", chars.len())
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 pub(crate) fn ms(d: Duration) -> f64 {

@@ -123,8 +123,7 @@ impl std::fmt::Debug for Reconciler {
 
 /// Unix ms of `t` (0 before the epoch).
 fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    t.duration_since(UNIX_EPOCH).map_or(0, oncely_core::millis)
 }
 
 impl Reconciler {
@@ -296,7 +295,7 @@ impl Reconciler {
     pub async fn record_gauges(&self) -> Result<(), StoreError> {
         let provider = self.provider.name().to_owned();
         let counts = self.store.open_counts(&provider).await?;
-        for kind in DiscrepancyKind::ALL {
+        for &kind in DiscrepancyKind::ALL {
             let n = counts.iter().find(|(k, _)| *k == kind).map_or(0, |c| c.1);
             metrics::gauge!(metric::RECONCILE_DISCREPANCIES, "provider" => provider.clone(), "kind" => kind.as_str())
                 .set(n as f64);

@@ -173,7 +173,7 @@ pub(super) async fn cleanup_loop(
     config: RelayConfig,
     shutdown: CancellationToken,
 ) {
-    let retention = i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX);
+    let retention = oncely_core::millis(config.retention);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,

@@ -148,7 +148,7 @@ impl Relay {
                     metrics::counter!(m::VACUUMS_TOTAL).increment(1);
                     tracing::debug!(
                         rows = since,
-                        ms = started.elapsed().as_millis() as u64,
+                        ms = oncely_core::millis(started.elapsed()),
                         "outbox vacuumed"
                     );
                 }

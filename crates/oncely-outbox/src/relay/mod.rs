@@ -91,12 +91,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(250),
             listen: true,
             retry: RetryPolicy::default(),
-            outage: RetryPolicy {
-                base: Duration::from_millis(100),
-                cap: Duration::from_secs(5),
-                max_attempts: u32::MAX,
-                ..RetryPolicy::default()
-            },
+            outage: RetryPolicy::outage(Duration::from_millis(100), Duration::from_secs(5)),
             budget: Arc::new(RetryBudget::default()),
             retention: Duration::ZERO,
             cleanup_interval: Duration::from_secs(60),

@@ -160,7 +160,7 @@ impl Relay {
             RetryDecision::RetryAfter(delay) => (delay, false),
             _ => (Duration::ZERO, true),
         };
-        let retry_at = now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+        let retry_at = oncely_core::ms_after(now, delay);
         metrics::counter!(m::PUBLISH_FAILURES_TOTAL, "broker" => self.publisher.name())
             .increment(1);
         out.attempts.insert(
@@ -217,7 +217,7 @@ impl Relay {
                 Rescheduled::Retry => {
                     report.retried += 1;
                     tracing::warn!(id, %message_id, attempts,
-                        retry_in_ms = delay.as_millis() as u64, error,
+                        retry_in_ms = oncely_core::millis(*delay), error,
                         "publish failed; rescheduled");
                 }
                 _ => {}

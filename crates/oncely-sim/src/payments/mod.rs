@@ -124,10 +124,25 @@ impl PaymentsSim {
         Router::new()
             .route("/v1/payment_intents", post(create_intent).get(list_intents))
             .route("/v1/payment_intents/search", get(search_intents))
-            .route("/v1/payment_intents/{id}", get(get_intent))
+            .route(
+                "/v1/payment_intents/{id}",
+                get(get_by_id("payment_intent", |s, id| {
+                    s.intent(id).map(serde_json::to_value)
+                })),
+            )
             .route("/v1/refunds", post(create_refund).get(list_refunds))
-            .route("/v1/refunds/{id}", get(get_refund))
-            .route("/v1/charges/{id}", get(get_charge))
+            .route(
+                "/v1/refunds/{id}",
+                get(get_by_id("refund", |s, id| {
+                    s.refund(id).map(serde_json::to_value)
+                })),
+            )
+            .route(
+                "/v1/charges/{id}",
+                get(get_by_id("charge", |s, id| {
+                    s.charge(id).map(serde_json::to_value)
+                })),
+            )
             .route("/_sim/stats", get(stats))
             .fallback(unknown_url)
             .with_state(self.inner.clone())
@@ -380,6 +395,21 @@ fn lookup_params(
     Ok(params)
 }
 
+/// Answers a lookup: authenticated, its query string parsed (`names` allowed), `body`'s
+/// JSON or error.
+fn lookup(
+    sim: &Inner,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    names: &[&str],
+    body: impl FnOnce(&Params) -> Result<serde_json::Value, ApiError>,
+) -> Response {
+    match lookup_params(sim, headers, query, names).and_then(|p| body(&p)) {
+        Ok(v) => ok_json(sim, &v),
+        Err(e) => error(sim, &e),
+    }
+}
+
 fn ok_json(sim: &Inner, value: &serde_json::Value) -> Response {
     sim.respond(&Answer::json(StatusCode::OK, value), None, None)
 }
@@ -415,23 +445,14 @@ async fn list_intents(
     headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let result = (|| {
-        let params = lookup_params(
-            &sim,
-            &headers,
-            q.as_deref(),
-            &["limit", "starting_after", "ending_before", "customer"],
-        )?;
+    let names = ["limit", "starting_after", "ending_before", "customer"];
+    lookup(&sim, &headers, q.as_deref(), &names, |params| {
         let limit = params.limit()?;
         let store = sim.lock();
-        let cursor = cursor(&store, &params, "payment_intent")?;
+        let cursor = cursor(&store, params, "payment_intent")?;
         let (items, more) = page(&store.intents, cursor, limit, |_| true);
         Ok(list_body(&items, more, "/v1/payment_intents"))
-    })();
-    match result {
-        Ok(v) => ok_json(&sim, &v),
-        Err(e) => error(&sim, &e),
-    }
+    })
 }
 
 /// Search: only intents older than `search_lag` are visible; `page` is the opaque
@@ -441,8 +462,8 @@ async fn search_intents(
     headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let result = (|| {
-        let params = lookup_params(&sim, &headers, q.as_deref(), &["query", "limit", "page"])?;
+    let names = ["query", "limit", "page"];
+    lookup(&sim, &headers, q.as_deref(), &names, |params| {
         let limit = params.limit()?;
         let query = search::Query::parse(params.required("query")?)
             .map_err(|m| ApiError::invalid(m).param("query"))?;
@@ -467,54 +488,31 @@ async fn search_intents(
             json!({"object": "search_result", "data": data, "has_more": more,
                   "next_page": next_page, "url": "/v1/payment_intents/search"}),
         )
-    })();
-    match result {
-        Ok(v) => ok_json(&sim, &v),
-        Err(e) => error(&sim, &e),
+    })
+}
+
+/// What a `GET …/{id}` handler finds in the store by id, as JSON (`None`: no such object).
+type Find = fn(&Store, &str) -> Option<serde_json::Result<serde_json::Value>>;
+
+/// The handler of `GET …/{id}`: the `object` `find` finds (authenticated), or Stripe's 404.
+fn get_by_id(
+    object: &'static str,
+    find: Find,
+) -> impl Fn(State<Arc<Inner>>, HeaderMap, Path<String>) -> std::future::Ready<Response>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    move |State(sim): State<Arc<Inner>>, headers: HeaderMap, Path(id): Path<String>| {
+        std::future::ready(get_one(&sim, &headers, object, &id, find))
     }
 }
 
-async fn get_intent(
-    State(sim): State<Arc<Inner>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    get_one(&sim, &headers, "payment_intent", &id, |s| {
-        s.intent(&id).map(serde_json::to_value)
-    })
-}
-
-async fn get_refund(
-    State(sim): State<Arc<Inner>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    get_one(&sim, &headers, "refund", &id, |s| {
-        s.refund(&id).map(serde_json::to_value)
-    })
-}
-
-async fn get_charge(
-    State(sim): State<Arc<Inner>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    get_one(&sim, &headers, "charge", &id, |s| {
-        s.charge(&id).map(serde_json::to_value)
-    })
-}
-
-fn get_one(
-    sim: &Inner,
-    headers: &HeaderMap,
-    object: &str,
-    id: &str,
-    find: impl FnOnce(&Store) -> Option<serde_json::Result<serde_json::Value>>,
-) -> Response {
+fn get_one(sim: &Inner, headers: &HeaderMap, object: &str, id: &str, find: Find) -> Response {
     if let Err(e) = sim.authenticate(headers) {
         return error(sim, &e);
     }
-    let found = find(&sim.lock());
+    let found = find(&sim.lock(), id);
     match found {
         Some(Ok(v)) => ok_json(sim, &v),
         _ => error(sim, &ApiError::missing(object, id, "id")),
@@ -526,32 +524,23 @@ async fn list_refunds(
     headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let result = (|| {
-        let params = lookup_params(
-            &sim,
-            &headers,
-            q.as_deref(),
-            &[
-                "limit",
-                "starting_after",
-                "ending_before",
-                "payment_intent",
-                "charge",
-            ],
-        )?;
+    let names = [
+        "limit",
+        "starting_after",
+        "ending_before",
+        "payment_intent",
+        "charge",
+    ];
+    lookup(&sim, &headers, q.as_deref(), &names, |params| {
         let limit = params.limit()?;
         let store = sim.lock();
-        let cursor = cursor(&store, &params, "refund")?;
+        let cursor = cursor(&store, params, "refund")?;
         let (pi, ch) = (params.get("payment_intent"), params.get("charge"));
         let (items, more) = page(&store.refunds, cursor, limit, |r| {
             pi.is_none_or(|pi| r.payment_intent == pi) && ch.is_none_or(|ch| r.charge == ch)
         });
         Ok(list_body(&items, more, "/v1/refunds"))
-    })();
-    match result {
-        Ok(v) => ok_json(&sim, &v),
-        Err(e) => error(&sim, &e),
-    }
+    })
 }
 
 async fn stats(State(sim): State<Arc<Inner>>) -> Json<PaymentsStats> {

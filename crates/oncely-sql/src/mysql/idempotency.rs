@@ -1,8 +1,7 @@
 //! [`IdempotencyBackend`] on MySQL / MariaDB (`key` is a reserved word there).
 
 use super::MySqlStore;
-use crate::driver::Store;
-use crate::idempotency::{bind_record, ClaimRow, IdempotencyBackend, NewRecord, RecordRow};
+use crate::idempotency::{ClaimRow, IdempotencyBackend, RecordKey};
 
 /// The counterpart of PostgreSQL's claim: a *session*-scoped named lock taken without
 /// waiting (`GET_LOCK(name, 0)`: 1 when this session holds it, 0 when another does, NULL on
@@ -24,63 +23,24 @@ const CLAIM: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
      ON r.tenant = ? AND r.operation = ? AND r.`key` = ?";
 
-/// A plain insert: `ER_DUP_ENTRY` (1062) tells the conflict.
-const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, `key`, \
-     fingerprint, route_digest, state, owner, response_status, response_headers, \
-     response_body, created_at, completed_at, expires_at) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-
-const SELECT_RECORD: &str = "SELECT state, fingerprint, route_digest, response_status, \
-     response_headers, response_body, created_at, completed_at, expires_at, lease_until, fence \
-     FROM oncely_idempotency WHERE tenant = ? AND operation = ? AND `key` = ?";
-
 impl IdempotencyBackend for MySqlStore {
     const KEY_COLUMN: &'static str = "`key`";
     const SELECT_IDS: &'static str = "CAST(tenant AS CHAR) AS tenant, \
         CAST(operation AS CHAR) AS operation, CAST(`key` AS CHAR) AS record_key";
+    const LOCK_CONFLICT_IS_DUPLICATE: bool = true;
 
     async fn claim(
         tx: &mut Self::Tx,
-        tenant: &str,
-        operation: &str,
-        key: &str,
+        at: RecordKey<'_>,
         lock_id: i64,
     ) -> Result<ClaimRow, sqlx::Error> {
         tx.took_named_lock();
         sqlx::query_as(CLAIM)
             .bind(format!("{lock_id:016x}"))
-            .bind(tenant)
-            .bind(operation)
-            .bind(key)
+            .bind(at.tenant)
+            .bind(at.operation)
+            .bind(at.key)
             .fetch_one(&mut **tx)
-            .await
-    }
-
-    async fn insert_record(tx: &mut Self::Tx, record: &NewRecord<'_>) -> Result<bool, sqlx::Error> {
-        let n = bind_record!(sqlx::query(INSERT_RECORD), record)
-            .execute(&mut **tx)
-            .await
-            .map(|r| r.rows_affected());
-        match Self::BACKEND.duplicate_ignored(n) {
-            // A deadlock (1213) or lock-wait timeout (1205) here means another transaction
-            // is writing the same key: this one has lost either way, so it rolls back and
-            // answers with the winner's record (replay) or, while that is uncommitted, 409.
-            Err(e) if crate::error::is_lock_conflict(&e) => Ok(false),
-            other => other,
-        }
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> Result<Option<RecordRow>, sqlx::Error> {
-        sqlx::query_as(SELECT_RECORD)
-            .bind(tenant)
-            .bind(operation)
-            .bind(key)
-            .fetch_optional(self.pool())
             .await
     }
 }

@@ -11,12 +11,36 @@ mod reconcile;
 
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool};
 use sqlx::pool::{PoolConnection, PoolOptions};
+use sqlx::query::{Query, QueryAs};
 use sqlx::{Executor, MySql};
 
 use crate::driver::{Backend, Store, Sweep};
 use crate::{Database, DbOptions, StoreError, Tx};
+
+/// [`in_list`](crate::in_list) for `ids`; `None` when there are none (a locking select
+/// found nothing to write).
+fn id_list(ids: &[i64]) -> Option<String> {
+    (!ids.is_empty()).then(|| crate::in_list(ids.len()))
+}
+
+/// `query` with `ids` bound in order: the values of an `IN (…)` list of
+/// [`in_list`](crate::in_list)`(ids.len())` placeholders (no array parameters on MySQL).
+fn bind_ids<'q>(
+    query: Query<'q, MySql, MySqlArguments>,
+    ids: &[i64],
+) -> Query<'q, MySql, MySqlArguments> {
+    ids.iter().fold(query, |q, &id| q.bind(id))
+}
+
+/// [`bind_ids`] for a query that decodes rows into `O`.
+fn bind_ids_as<'q, O>(
+    query: QueryAs<'q, MySql, O, MySqlArguments>,
+    ids: &[i64],
+) -> QueryAs<'q, MySql, O, MySqlArguments> {
+    ids.iter().fold(query, |q, &id| q.bind(id))
+}
 
 /// MySQL / MariaDB: one pool. Every connection runs at `READ COMMITTED` with
 /// `innodb_lock_wait_timeout` set from [`DbOptions::lock_timeout`].
@@ -243,13 +267,6 @@ impl Store for MySqlStore {
 
     async fn connect_error(&self) -> Option<sqlx::Error> {
         crate::driver::connect_error(&self.pool).await
-    }
-
-    async fn run(
-        &self,
-        migrator: &sqlx::migrate::Migrator,
-    ) -> Result<(), sqlx::migrate::MigrateError> {
-        migrator.run(&self.pool).await
     }
 
     async fn close(&self) {

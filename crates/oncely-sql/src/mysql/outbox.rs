@@ -4,92 +4,41 @@
 
 use sqlx::mysql::MySqlPool;
 
-use super::MySqlStore;
-use crate::dialect::in_list;
-use crate::outbox::driver::{OutboxBackend, Row};
-use crate::outbox::types::OutboxEvent;
+use super::{bind_ids, bind_ids_as, id_list, MySqlStore};
+use crate::dialect::{in_list, question_marks};
+use crate::outbox::driver::{
+    bind_new_row, reschedule_update, Claim, Failure, NewRow, OutboxBackend, Published, Row,
+};
 use crate::StoreError;
 
 impl OutboxBackend for MySqlStore {
+    const COLUMNS: &'static str = COLUMNS;
+
     /// No `INSERT … RETURNING` on MySQL: the id is the connection's last insert id.
-    async fn enqueue(
-        tx: &mut Self::Tx,
-        event: &OutboxEvent,
-        headers: &str,
-        now: i64,
-    ) -> Result<i64, StoreError> {
-        let id = sqlx::query(
+    async fn enqueue(tx: &mut Self::Tx, row: NewRow<'_>) -> Result<i64, StoreError> {
+        let insert = sqlx::query(
             "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
              payload, headers, created_at, available_at, attempts, state) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, 'pending')",
-        )
-        .bind(event.message_id.to_string())
-        .bind(&event.topic)
-        .bind(&event.partition_key)
-        .bind(&event.event_type)
-        .bind(&event.payload)
-        .bind(headers)
-        .bind(now)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?
-        .last_insert_id();
+        );
+        let id = bind_new_row!(insert, row)
+            .bind(row.now)
+            .execute(&mut **tx)
+            .await?
+            .last_insert_id();
         i64::try_from(id).map_err(|_| StoreError::Corrupt(format!("outbox id {id}")))
     }
 
-    async fn claim(
-        &self,
-        owner: &str,
-        until: i64,
-        now_ms: i64,
-        batch: i64,
-    ) -> Result<Vec<Row>, StoreError> {
-        claim(self.pool(), owner, until, now_ms, batch).await
+    async fn claim(&self, claim: Claim<'_>) -> Result<Vec<Row>, StoreError> {
+        claim_rows(self.pool(), claim).await
     }
 
-    async fn mark_published(
-        &self,
-        owner: &str,
-        ids: &[i64],
-        now_ms: i64,
-        _keep: bool,
-    ) -> Result<u64, StoreError> {
-        mark_published(self.pool(), owner, ids, now_ms).await
+    async fn mark_published(&self, published: Published<'_>) -> Result<u64, StoreError> {
+        mark_published(self.pool(), published).await
     }
 
-    async fn reschedule(
-        &self,
-        owner: &str,
-        id: i64,
-        error: &str,
-        retry_at_ms: i64,
-        max: i64,
-    ) -> Result<Option<String>, StoreError> {
-        reschedule(self.pool(), owner, id, error, retry_at_ms, max).await
-    }
-
-    async fn stats(&self) -> Result<(i64, Option<i64>, i64), StoreError> {
-        Ok(sqlx::query_as(STATS).fetch_one(self.pool()).await?)
-    }
-
-    async fn get(&self, id: i64) -> Result<Option<Row>, StoreError> {
-        Ok(
-            sqlx::query_as(&format!("SELECT {COLUMNS} FROM oncely_outbox WHERE id = ?"))
-                .bind(id)
-                .fetch_optional(self.pool())
-                .await?,
-        )
-    }
-
-    async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<Row>, StoreError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM oncely_outbox WHERE state = 'dead' AND id > ? \
-             ORDER BY id LIMIT ?"
-        ))
-        .bind(after_id)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+    async fn reschedule(&self, failure: Failure<'_>) -> Result<Option<Option<String>>, StoreError> {
+        reschedule(self.pool(), failure).await.map(Some)
     }
 }
 
@@ -103,13 +52,13 @@ const COLUMNS: &str = "id, message_id, CAST(topic AS CHAR) AS topic, \
 /// candidates with `FOR UPDATE SKIP LOCKED` (MySQL 8.0+, MariaDB 10.6+), lease them, read
 /// them back (no `UPDATE … RETURNING` on MySQL). The lease re-checks the row the lock
 /// returned, as on PostgreSQL.
-async fn claim(
-    pool: &MySqlPool,
-    owner: &str,
-    until: i64,
-    now_ms: i64,
-    batch: i64,
-) -> Result<Vec<Row>, StoreError> {
+async fn claim_rows(pool: &MySqlPool, claim: Claim<'_>) -> Result<Vec<Row>, StoreError> {
+    let Claim {
+        owner,
+        until,
+        now_ms,
+        batch,
+    } = claim;
     let mut tx = pool.begin().await?;
     let ids: Vec<i64> = sqlx::query_scalar(
         "SELECT o.id FROM oncely_outbox o \
@@ -126,90 +75,63 @@ async fn claim(
     .bind(batch)
     .fetch_all(&mut *tx)
     .await?;
-    if ids.is_empty() {
+    let Some(set) = id_list(&ids) else {
         tx.commit().await?;
         return Ok(Vec::new());
-    }
-    let set = in_list(ids.len());
+    };
     let update_sql = format!(
         "UPDATE oncely_outbox SET locked_by = ?, locked_until = ? \
          WHERE state = 'pending' AND (locked_until IS NULL OR locked_until < ?) AND id IN ({set})"
     );
-    let mut update = sqlx::query(&update_sql)
+    let update = sqlx::query(&update_sql)
         .bind(owner)
         .bind(until)
         .bind(now_ms);
-    for id in &ids {
-        update = update.bind(id);
-    }
-    update.execute(&mut *tx).await?;
+    bind_ids(update, &ids).execute(&mut *tx).await?;
     let select = format!(
         "SELECT {COLUMNS} FROM oncely_outbox WHERE locked_by = ? AND locked_until = ? \
          AND id IN ({set}) ORDER BY id"
     );
-    let mut q = sqlx::query_as(&select).bind(owner).bind(until);
-    for id in &ids {
-        q = q.bind(id);
-    }
-    let rows: Vec<Row> = q.fetch_all(&mut *tx).await?;
+    let select = sqlx::query_as(&select).bind(owner).bind(until);
+    let rows: Vec<Row> = bind_ids_as(select, &ids).fetch_all(&mut *tx).await?;
     tx.commit().await?;
     Ok(rows)
 }
 
 /// `UPDATE … WHERE id IN (…)` in chunks of 1,000 ids.
-async fn mark_published(
-    pool: &MySqlPool,
-    owner: &str,
-    ids: &[i64],
-    now_ms: i64,
-) -> Result<u64, StoreError> {
+async fn mark_published(pool: &MySqlPool, published: Published<'_>) -> Result<u64, StoreError> {
     let mut n = 0;
-    for chunk in ids.chunks(1000) {
+    for chunk in published.ids.chunks(1000) {
         let sql = format!(
             "UPDATE oncely_outbox SET state = 'published', published_at = ?, \
              locked_by = NULL, locked_until = NULL \
              WHERE locked_by = ? AND state = 'pending' AND id IN ({})",
             in_list(chunk.len())
         );
-        let mut q = sqlx::query(&sql).bind(now_ms).bind(owner);
-        for id in chunk {
-            q = q.bind(id);
-        }
-        n += q.execute(pool).await?.rows_affected();
+        let update = sqlx::query(&sql)
+            .bind(published.now_ms)
+            .bind(published.owner);
+        n += bind_ids(update, chunk).execute(pool).await?.rows_affected();
     }
     Ok(n)
 }
 
-/// The reschedule as an `UPDATE` and a read of the new state in one transaction. MySQL
-/// evaluates single-table `SET` assignments left to right, each seeing the columns
-/// assigned before it, so `state` is computed *before* `attempts` is incremented.
-async fn reschedule(
-    pool: &MySqlPool,
-    owner: &str,
-    id: i64,
-    error: &str,
-    retry_at_ms: i64,
-    max: i64,
-) -> Result<Option<String>, StoreError> {
+/// The reschedule as [`reschedule_update`] and a read of the new state in one transaction
+/// (no `UPDATE … RETURNING` on MySQL).
+async fn reschedule(pool: &MySqlPool, failure: Failure<'_>) -> Result<Option<String>, StoreError> {
     let mut tx = pool.begin().await?;
-    let n = sqlx::query(
-        "UPDATE oncely_outbox SET \
-         state = CASE WHEN attempts + 1 >= ? THEN 'dead' ELSE 'pending' END, \
-         attempts = attempts + 1, last_error = ?, \
-         locked_by = NULL, locked_until = NULL, available_at = ? \
-         WHERE id = ? AND locked_by = ? AND state = 'pending'",
-    )
-    .bind(max)
-    .bind(error)
-    .bind(retry_at_ms)
-    .bind(id)
-    .bind(owner)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    let n = sqlx::query(&question_marks(&reschedule_update()))
+        .bind(failure.max)
+        .bind(failure.error)
+        .bind(failure.retry_at_ms)
+        .bind(failure.id)
+        .bind(failure.owner)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
     let state = if n == 1 {
         sqlx::query_scalar("SELECT state FROM oncely_outbox WHERE id = ?")
-            .bind(id)
+            .bind(failure.id)
             .fetch_optional(&mut *tx)
             .await?
     } else {
@@ -218,10 +140,3 @@ async fn reschedule(
     tx.commit().await?;
     Ok(state)
 }
-
-/// Pending and dead counts: `SUM` is `DECIMAL` on MySQL, so it is cast back to an integer.
-const STATS: &str = "SELECT \
-     CAST(COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0) AS SIGNED), \
-     MIN(CASE WHEN state = 'pending' THEN created_at END), \
-     CAST(COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0) AS SIGNED) \
-     FROM oncely_outbox WHERE state <> 'published'";

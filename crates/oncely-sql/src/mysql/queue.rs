@@ -7,10 +7,10 @@
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor as _, MySql, MySqlConnection};
 
-use super::MySqlStore;
+use super::{bind_ids, bind_ids_as, id_list, MySqlStore};
 use crate::dialect::question_marks;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
-use crate::{in_list, Backend, StoreError};
+use crate::queue::{DeliveryClaim, DeliveryRow, QueueBackend, QueueRow, BACKLOG};
+use crate::{Backend, StoreError};
 
 const QUEUE_COLUMNS: &str = "id, CAST(topic AS CHAR) AS topic, message_id, \
      CAST(partition_key AS CHAR) AS partition_key, event_type, headers, payload, enqueued_at";
@@ -30,69 +30,50 @@ impl QueueBackend for MySqlStore {
         .bind(max)
         .fetch_all(&mut *tx)
         .await?;
-        if ids.is_empty() {
+        let Some(set) = id_list(&ids) else {
             tx.commit().await?;
             return Ok(Vec::new());
-        }
-        let set = in_list(ids.len());
+        };
         let select = format!("SELECT {QUEUE_COLUMNS} FROM oncely_queue WHERE id IN ({set})");
-        let mut q = sqlx::query_as(&select);
-        for id in &ids {
-            q = q.bind(id);
-        }
-        let rows: Vec<QueueRow> = q.fetch_all(&mut *tx).await?;
+        let rows: Vec<QueueRow> = bind_ids_as(sqlx::query_as(&select), &ids)
+            .fetch_all(&mut *tx)
+            .await?;
         let delete = format!("DELETE FROM oncely_queue WHERE id IN ({set})");
-        let mut d = sqlx::query(&delete);
-        for id in &ids {
-            d = d.bind(id);
-        }
-        d.execute(&mut *tx).await?;
+        bind_ids(sqlx::query(&delete), &ids)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(rows)
     }
 
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError> {
         let mut tx = self.pool().begin().await?;
         let ids: Vec<i64> = sqlx::query_scalar(
             "SELECT id FROM oncely_deliveries WHERE consumer = ? AND state = 'pending' \
              AND available_at <= ? AND (locked_until IS NULL OR locked_until <= ?) \
              ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
         )
-        .bind(consumer)
-        .bind(now)
-        .bind(now)
-        .bind(max)
+        .bind(claim.consumer)
+        .bind(claim.now)
+        .bind(claim.now)
+        .bind(claim.max)
         .fetch_all(&mut *tx)
         .await?;
-        if ids.is_empty() {
+        let Some(set) = id_list(&ids) else {
             tx.commit().await?;
             return Ok(Vec::new());
-        }
-        let set = in_list(ids.len());
+        };
         let update = format!(
             "UPDATE oncely_deliveries SET lease_token = ?, locked_until = ? WHERE id IN ({set})"
         );
-        let mut u = sqlx::query(&update).bind(token).bind(until);
-        for id in &ids {
-            u = u.bind(id);
-        }
-        u.execute(&mut *tx).await?;
+        let update = sqlx::query(&update).bind(claim.token).bind(claim.until);
+        bind_ids(update, &ids).execute(&mut *tx).await?;
         let select = format!(
             "SELECT {DELIVERY_COLUMNS} FROM oncely_deliveries WHERE lease_token = ? \
              AND id IN ({set})"
         );
-        let mut q = sqlx::query_as(&select).bind(token);
-        for id in &ids {
-            q = q.bind(id);
-        }
-        let rows: Vec<DeliveryRow> = q.fetch_all(&mut *tx).await?;
+        let select = sqlx::query_as(&select).bind(claim.token);
+        let rows: Vec<DeliveryRow> = bind_ids_as(select, &ids).fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
     }

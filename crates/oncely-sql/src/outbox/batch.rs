@@ -1,5 +1,7 @@
 //! Settling a claimed batch: the outcome of each row, in the claim's transaction on PostgreSQL.
 
+#[cfg(feature = "postgres")]
+use super::types::Outcome;
 use super::types::{ClaimedBatch, Hold, OutboxRow, PublishFailure, Settled};
 use crate::StoreError;
 
@@ -66,16 +68,13 @@ impl ClaimedBatch {
             }
             #[cfg(feature = "postgres")]
             Hold::Locked { tx, keep } => {
-                settled = crate::postgres::settle_locked(
-                    tx,
-                    keep,
-                    &self.rows,
+                let outcome = Outcome {
                     published,
                     published_at_ms,
                     failures,
                     max_attempts,
-                )
-                .await?;
+                };
+                settled = crate::postgres::settle_locked(tx, keep, &self.rows, outcome).await?;
             }
         }
         Ok(settled)

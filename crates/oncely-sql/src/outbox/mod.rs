@@ -14,8 +14,11 @@ pub(crate) mod types;
 use std::time::Duration;
 
 use crate::backend::{with_store, with_tx};
-use crate::{sql_text, Database, StoreError, Tx};
-use driver::{headers_json, OutboxBackend, Row};
+use crate::{on_pool, on_writer, sql_text, Database, StoreError, Tx};
+use driver::{
+    columns_of, headers_json, reschedule_sql, Claim, Failure, HeldClaim, NewRow, OutboxBackend,
+    Published, Row, STATS,
+};
 use types::Hold;
 pub use types::{
     ClaimedBatch, OutboxEvent, OutboxRow, OutboxState, OutboxStats, PublishFailure, RequeueTarget,
@@ -75,6 +78,11 @@ impl OutboxStore {
         &self.db
     }
 
+    /// The select list [`Row`] decodes on this store's backend.
+    fn columns(&self) -> &'static str {
+        with_store!(&self.db, |s| columns_of(s))
+    }
+
     /// Adds `event` to the outbox inside `tx`, state `pending`, available at once. It
     /// becomes visible to relays when `tx` commits (PostgreSQL then notifies channel
     /// `oncely_outbox`) and vanishes if `tx` rolls back. Returns the row id.
@@ -90,7 +98,12 @@ impl OutboxStore {
     pub async fn enqueue(tx: &mut Tx, event: &OutboxEvent) -> Result<i64, StoreError> {
         let now = oncely_core::now_ms();
         let headers = headers_json(&event.headers)?;
-        with_tx!(tx, |t: S| S::enqueue(t, event, &headers, now).await)
+        let row = NewRow {
+            event,
+            headers: &headers,
+            now,
+        };
+        with_tx!(tx, |t: S| S::enqueue(t, row).await)
     }
 
     /// Leases up to `batch` rows for `owner` until `now_ms + lease` and returns them in id
@@ -113,9 +126,14 @@ impl OutboxStore {
         lease: Duration,
         now_ms: i64,
     ) -> Result<Vec<OutboxRow>, StoreError> {
-        let until = now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
-        let batch = i64::from(batch.max(1));
-        let rows = with_store!(&self.db, |s| s.claim(owner, until, now_ms, batch).await)?;
+        let until = oncely_core::ms_after(now_ms, lease);
+        let claim = Claim {
+            owner,
+            until,
+            now_ms,
+            batch: i64::from(batch.max(1)),
+        };
+        let rows = with_store!(&self.db, |s| s.claim(claim).await)?;
         let mut rows = rows
             .into_iter()
             .map(Row::into_row)
@@ -162,9 +180,13 @@ impl OutboxStore {
         now_ms: i64,
         skip: &[std::ops::RangeInclusive<i64>],
     ) -> Result<ClaimedBatch, StoreError> {
-        let held = with_store!(&self.db, |s| s
-            .claim_held(batch, now_ms, skip, self.keep_published)
-            .await)?;
+        let held = HeldClaim {
+            batch,
+            now_ms,
+            skip,
+            keep: self.keep_published,
+        };
+        let held = with_store!(&self.db, |s| s.claim_held(held).await)?;
         if let Some(held) = held {
             return Ok(held);
         }
@@ -194,10 +216,13 @@ impl OutboxStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        let keep = self.keep_published;
-        let n = with_store!(&self.db, |s| s
-            .mark_published(owner, ids, now_ms, keep)
-            .await)?;
+        let published = Published {
+            owner,
+            ids,
+            now_ms,
+            keep: self.keep_published,
+        };
+        let n = with_store!(&self.db, |s| s.mark_published(published).await)?;
         Ok(n)
     }
 
@@ -218,10 +243,24 @@ impl OutboxStore {
         max_attempts: u32,
     ) -> Result<Rescheduled, StoreError> {
         let error: String = error.chars().take(2000).collect();
-        let max = i64::from(max_attempts.max(1));
-        let state = with_store!(&self.db, |s| s
-            .reschedule(owner, id, &error, retry_at_ms, max)
-            .await)?;
+        let failure = Failure {
+            owner,
+            id,
+            error: &error,
+            retry_at_ms,
+            max: i64::from(max_attempts.max(1)),
+        };
+        let state = match with_store!(&self.db, |s| s.reschedule(failure).await)? {
+            Some(state) => state,
+            None => on_writer!(&self.db, |p| sqlx::query_scalar(&reschedule_sql())
+                .bind(failure.max)
+                .bind(failure.error)
+                .bind(failure.retry_at_ms)
+                .bind(failure.id)
+                .bind(failure.owner)
+                .fetch_optional(p)
+                .await)?,
+        };
         Ok(Rescheduled::from_state(state.as_deref()))
     }
 
@@ -235,7 +274,7 @@ impl OutboxStore {
         for id in ids {
             let sql = "UPDATE oncely_outbox SET locked_by = NULL, locked_until = NULL \
                        WHERE id = $1 AND locked_by = $2 AND state = 'pending'";
-            n += crate::on_writer!(&self.db, |p| sqlx::query(&sql_text(p, sql))
+            n += on_writer!(&self.db, |p| sqlx::query(&sql_text(p, sql))
                 .bind(id)
                 .bind(owner)
                 .execute(p)
@@ -250,7 +289,8 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        let (pending, oldest, dead) = with_store!(&self.db, |s| s.stats().await)?;
+        let (pending, oldest, dead): (i64, Option<i64>, i64) =
+            on_pool!(&self.db, |p| sqlx::query_as(STATS).fetch_one(p).await)?;
         Ok(OutboxStats {
             pending: u64::try_from(pending).unwrap_or(0),
             oldest_pending_created_at: oldest,
@@ -263,7 +303,15 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails or the row is corrupt.
     pub async fn get(&self, id: i64) -> Result<Option<OutboxRow>, StoreError> {
-        let row = with_store!(&self.db, |s| s.get(id).await)?;
+        let sql = format!("SELECT {} FROM oncely_outbox WHERE id = $1", self.columns());
+        let row: Option<Row> = on_pool!(&self.db, |p| sqlx::query_as(&sql_text(p, &sql))
+            .bind(id)
+            .fetch_optional(p)
+            .await)?;
+        let row = match row {
+            Some(row) => Some(row),
+            None => with_store!(&self.db, |s| s.get_published(id).await)?,
+        };
         row.map(Row::into_row).transpose()
     }
 
@@ -273,7 +321,15 @@ impl OutboxStore {
     /// [`StoreError`] when the database fails or a row is corrupt.
     pub async fn dead(&self, after_id: i64, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
         let limit = i64::from(limit.max(1));
-        let rows = with_store!(&self.db, |s| s.dead(after_id, limit).await)?;
+        let sql = format!(
+            "SELECT {} FROM oncely_outbox WHERE state = 'dead' AND id > $1 ORDER BY id LIMIT $2",
+            self.columns()
+        );
+        let rows: Vec<Row> = on_pool!(&self.db, |p| sqlx::query_as(&sql_text(p, &sql))
+            .bind(after_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await)?;
         rows.into_iter().map(Row::into_row).collect()
     }
 
@@ -301,7 +357,7 @@ impl OutboxStore {
                 None,
             ),
         };
-        let n = crate::on_writer!(&self.db, |p| {
+        let n = on_writer!(&self.db, |p| {
             let sql = sql_text(p, sql);
             let mut q = sqlx::query(&sql).bind(now_ms);
             if let Some(id) = id {

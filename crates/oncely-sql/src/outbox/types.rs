@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use oncely_core::MessageId;
 
 use crate::OutboxStore;
-use crate::StoreError;
 
 /// An event to publish, written with [`OutboxStore::enqueue`] in the transaction of the
 /// business change it announces.
@@ -56,37 +55,17 @@ impl OutboxEvent {
     }
 }
 
-/// State of an outbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OutboxState {
-    /// Waiting to be published (possibly leased by a relay, possibly in backoff).
-    Pending,
-    /// Confirmed by the broker.
-    Published,
-    /// Gave up after the attempt limit; `oncely outbox dead requeue` puts it back.
-    Dead,
-}
-
-impl OutboxState {
-    pub(crate) fn parse(s: &str) -> Result<Self, StoreError> {
-        match s {
-            "pending" => Ok(Self::Pending),
-            "published" => Ok(Self::Published),
-            "dead" => Ok(Self::Dead),
-            other => Err(StoreError::Corrupt(format!(
-                "unknown outbox state {other:?}"
-            ))),
-        }
-    }
-
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Published => "published",
-            Self::Dead => "dead",
-        }
+oncely_core::stored_words! {
+    /// State of an outbox row.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub enum OutboxState {
+        /// Waiting to be published (possibly leased by a relay, possibly in backoff).
+        Pending => "pending",
+        /// Confirmed by the broker.
+        Published => "published",
+        /// Gave up after the attempt limit; `oncely outbox dead requeue` puts it back.
+        Dead => "dead",
     }
 }
 
@@ -231,6 +210,17 @@ impl PublishFailure {
         self.permanent = true;
         self
     }
+}
+
+/// What a batch's publish came to, for [`ClaimedBatch::settle`]'s PostgreSQL half: the
+/// `published` row ids (at `published_at_ms`, Unix ms), the `failures`, and the attempt limit.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outcome<'a> {
+    pub(crate) published: &'a [i64],
+    pub(crate) published_at_ms: i64,
+    pub(crate) failures: &'a [PublishFailure],
+    pub(crate) max_attempts: u32,
 }
 
 /// What [`ClaimedBatch::settle`] recorded.

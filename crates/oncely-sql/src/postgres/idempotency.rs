@@ -1,10 +1,7 @@
 //! [`IdempotencyBackend`] on PostgreSQL.
 
 use super::PgStore;
-use crate::driver::Store;
-use crate::idempotency::{
-    bind_record, ClaimRow, IdempotencyBackend, NewRecord, RecordRow, INSERT_RECORD, RECORD_COLUMNS,
-};
+use crate::idempotency::{ClaimRow, IdempotencyBackend, RecordKey};
 
 /// The claim: whether this transaction holds the key (a transaction-scoped advisory
 /// *try*-lock, XORed with a hash of the current schema so deployments in separate schemas
@@ -23,43 +20,15 @@ impl IdempotencyBackend for PgStore {
 
     async fn claim(
         tx: &mut Self::Tx,
-        tenant: &str,
-        operation: &str,
-        key: &str,
+        at: RecordKey<'_>,
         lock_id: i64,
     ) -> Result<ClaimRow, sqlx::Error> {
         sqlx::query_as(CLAIM)
-            .bind(tenant)
-            .bind(operation)
-            .bind(key)
+            .bind(at.tenant)
+            .bind(at.operation)
+            .bind(at.key)
             .bind(lock_id)
             .fetch_one(&mut **tx)
             .await
-    }
-
-    async fn insert_record(tx: &mut Self::Tx, record: &NewRecord<'_>) -> Result<bool, sqlx::Error> {
-        let sql = Self::BACKEND.insert_ignoring_duplicate_sql(INSERT_RECORD, "");
-        let n = bind_record!(sqlx::query(&sql), record)
-            .execute(&mut **tx)
-            .await
-            .map(|r| r.rows_affected());
-        Self::BACKEND.duplicate_ignored(n)
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> Result<Option<RecordRow>, sqlx::Error> {
-        sqlx::query_as(&format!(
-            "SELECT {RECORD_COLUMNS} FROM oncely_idempotency \
-             WHERE tenant = $1 AND operation = $2 AND key = $3"
-        ))
-        .bind(tenant)
-        .bind(operation)
-        .bind(key)
-        .fetch_optional(self.pool())
-        .await
     }
 }

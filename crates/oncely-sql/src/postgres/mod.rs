@@ -143,13 +143,6 @@ impl Store for PgStore {
         crate::driver::connect_error(&self.pool).await
     }
 
-    async fn run(
-        &self,
-        migrator: &sqlx::migrate::Migrator,
-    ) -> Result<(), sqlx::migrate::MigrateError> {
-        migrator.run(&self.pool).await
-    }
-
     async fn close(&self) {
         self.pool.close().await;
     }

@@ -5,9 +5,11 @@
 use std::collections::BTreeMap;
 
 use super::PgStore;
-use crate::outbox::driver::{headers_json, reschedule_sql, OutboxBackend, Row, COLUMNS, STATS};
+use crate::outbox::driver::{
+    bind_new_row, headers_json, Claim, HeldClaim, NewRow, OutboxBackend, Published, Row, COLUMNS,
+};
 use crate::outbox::types::{
-    ClaimedBatch, Hold, OutboxEvent, OutboxRow, OutboxState, PublishFailure, Rescheduled, Settled,
+    ClaimedBatch, Hold, OutboxRow, OutboxState, Outcome, Rescheduled, Settled,
 };
 use crate::{StoreError, PINNED_PLAN};
 
@@ -171,29 +173,16 @@ impl OutboxBackend for PgStore {
     /// Published events live in `oncely_outbox_published`; the UNIQUE(message_id) there
     /// and the check here keep an id from being enqueued again while its published record
     /// is kept.
-    async fn enqueue(
-        tx: &mut Self::Tx,
-        event: &OutboxEvent,
-        headers: &str,
-        now: i64,
-    ) -> Result<i64, StoreError> {
-        let id: Option<i64> = sqlx::query_scalar(
+    async fn enqueue(tx: &mut Self::Tx, row: NewRow<'_>) -> Result<i64, StoreError> {
+        let insert = sqlx::query_scalar(
             "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, \
              payload, headers, created_at, available_at, attempts, state) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $7, 0, 'pending' \
              WHERE NOT EXISTS (SELECT 1 FROM oncely_outbox_published WHERE message_id = $1) \
              RETURNING id",
-        )
-        .bind(event.message_id.to_string())
-        .bind(&event.topic)
-        .bind(&event.partition_key)
-        .bind(&event.event_type)
-        .bind(&event.payload)
-        .bind(headers)
-        .bind(now)
-        .fetch_optional(&mut **tx)
-        .await?;
-        id.ok_or_else(|| StoreError::AlreadyPublished(event.message_id.to_string()))
+        );
+        let id: Option<i64> = bind_new_row!(insert, row).fetch_optional(&mut **tx).await?;
+        id.ok_or_else(|| StoreError::AlreadyPublished(row.event.message_id.to_string()))
     }
 
     // The locking subquery sits in a CTE so it runs exactly once: as an `IN (…)`
@@ -201,13 +190,7 @@ impl OutboxBackend for PgStore {
     // other rows (more than LIMIT in all). The partition locks are tried on its rows
     // only ([`partition_lock`]), leaving out partitions a `claim_batch` relay
     // holds; the UPDATE re-checks the lease on the row version the lock returned.
-    async fn claim(
-        &self,
-        owner: &str,
-        until: i64,
-        now_ms: i64,
-        batch: i64,
-    ) -> Result<Vec<Row>, StoreError> {
+    async fn claim(&self, claim: Claim<'_>) -> Result<Vec<Row>, StoreError> {
         let mut tx = self
             .pool()
             .begin_with(format!("BEGIN; {PINNED_PLAN}"))
@@ -222,23 +205,23 @@ impl OutboxBackend for PgStore {
             partition_lock("c"),
             qualified("t")
         ))
-        .bind(owner)
-        .bind(until)
-        .bind(now_ms)
-        .bind(batch)
+        .bind(claim.owner)
+        .bind(claim.until)
+        .bind(claim.now_ms)
+        .bind(claim.batch)
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
         Ok(rows)
     }
 
-    async fn claim_held(
-        &self,
-        batch: u32,
-        now_ms: i64,
-        skip: &[std::ops::RangeInclusive<i64>],
-        keep: bool,
-    ) -> Result<Option<ClaimedBatch>, StoreError> {
+    async fn claim_held(&self, held: HeldClaim<'_>) -> Result<Option<ClaimedBatch>, StoreError> {
+        let HeldClaim {
+            batch,
+            now_ms,
+            skip,
+            keep,
+        } = held;
         let batch = i64::from(batch.max(1));
         // The claim's plan is pinned ([`PINNED_PLAN`]: the statistics say the table is empty
         // right when a backlog arrives; with the seq scans it took 7 s instead of 6 ms to
@@ -308,13 +291,13 @@ impl OutboxBackend for PgStore {
         }))
     }
 
-    async fn mark_published(
-        &self,
-        owner: &str,
-        ids: &[i64],
-        now_ms: i64,
-        keep: bool,
-    ) -> Result<u64, StoreError> {
+    async fn mark_published(&self, published: Published<'_>) -> Result<u64, StoreError> {
+        let Published {
+            owner,
+            ids,
+            now_ms,
+            keep,
+        } = published;
         // The row moves to `oncely_outbox_published` (or goes, without retention).
         // A message id recorded already keeps its first record (see `Destination`).
         if keep {
@@ -346,48 +329,13 @@ impl OutboxBackend for PgStore {
         .rows_affected())
     }
 
-    async fn reschedule(
-        &self,
-        owner: &str,
-        id: i64,
-        error: &str,
-        retry_at_ms: i64,
-        max: i64,
-    ) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(&reschedule_sql())
-            .bind(error)
-            .bind(retry_at_ms)
-            .bind(max)
-            .bind(id)
-            .bind(owner)
-            .fetch_optional(self.pool())
-            .await?)
-    }
-
-    async fn stats(&self) -> Result<(i64, Option<i64>, i64), StoreError> {
-        Ok(sqlx::query_as(STATS).fetch_one(self.pool()).await?)
-    }
-
     /// A published row lives in `oncely_outbox_published` (migration 0005).
-    async fn get(&self, id: i64) -> Result<Option<Row>, StoreError> {
+    async fn get_published(&self, id: i64) -> Result<Option<Row>, StoreError> {
         Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM oncely_outbox WHERE id = $1 \
-             UNION ALL SELECT {PUBLISHED_COLUMNS} FROM oncely_outbox_published \
-             WHERE id = $1"
+            "SELECT {PUBLISHED_COLUMNS} FROM oncely_outbox_published WHERE id = $1"
         ))
         .bind(id)
         .fetch_optional(self.pool())
-        .await?)
-    }
-
-    async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<Row>, StoreError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM oncely_outbox WHERE state = 'dead' AND id > $1 \
-             ORDER BY id LIMIT $2"
-        ))
-        .bind(after_id)
-        .bind(limit)
-        .fetch_all(self.pool())
         .await?)
     }
 
@@ -423,11 +371,14 @@ pub(crate) async fn settle_locked(
     mut tx: Box<sqlx::Transaction<'static, sqlx::Postgres>>,
     keep: bool,
     rows: &[OutboxRow],
-    published: &[i64],
-    published_at_ms: i64,
-    failures: &[PublishFailure],
-    max_attempts: u32,
+    outcome: Outcome<'_>,
 ) -> Result<Settled, StoreError> {
+    let Outcome {
+        published,
+        published_at_ms,
+        failures,
+        max_attempts,
+    } = outcome;
     let mut settled = Settled::default();
     // The claim deleted the rows in this still-open transaction: a published row
     // is recorded in the published table (or, without retention, nothing more);

@@ -4,8 +4,9 @@
 //! plan ([`crate::PINNED_PLAN`]).
 
 use super::PgStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
-use crate::{execute_pinned, fetch_all_pinned, StoreError};
+use crate::driver::Store;
+use crate::queue::{subscribe_in, DeliveryClaim, DeliveryRow, QueueBackend, QueueRow};
+use crate::{execute_pinned, fetch_all_pinned, query, StoreError};
 
 impl QueueBackend for PgStore {
     async fn take(&self, topic: &str, max: i64) -> Result<Vec<QueueRow>, StoreError> {
@@ -25,14 +26,7 @@ impl QueueBackend for PgStore {
         .await?)
     }
 
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError> {
         Ok(fetch_all_pinned(
             self.pool(),
             sqlx::query_as(
@@ -45,11 +39,11 @@ impl QueueBackend for PgStore {
                  RETURNING d.id, d.topic, d.message_id, d.partition_key, d.event_type, \
                  d.headers, d.payload, d.enqueued_at, d.attempts",
             )
-            .bind(consumer)
-            .bind(max)
-            .bind(token)
-            .bind(until)
-            .bind(now),
+            .bind(claim.consumer)
+            .bind(claim.max)
+            .bind(claim.token)
+            .bind(claim.until)
+            .bind(claim.now),
         )
         .await?)
     }
@@ -73,34 +67,13 @@ impl QueueBackend for PgStore {
     }
 
     async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.begin().await?;
         // Publishing transactions hold ROW EXCLUSIVE on the queue until they commit. SHARE
         // waits for those in flight and holds new ones back until this commits: a message
         // is either in the queue when the backlog is copied, or fanned out by a trigger
         // that sees the subscription — never neither.
-        sqlx::query("LOCK TABLE oncely_queue IN SHARE MODE")
-            .execute(&mut *tx)
+        tx.execute(query("LOCK TABLE oncely_queue IN SHARE MODE"))
             .await?;
-        let new = sqlx::query(
-            "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
-             ON CONFLICT (consumer, topic) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(topic)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if new {
-            sqlx::query(&format!(
-                "{BACKLOG} ON CONFLICT (consumer, message_id) DO NOTHING"
-            ))
-            .bind(consumer)
-            .bind(topic)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(new)
+        subscribe_in(tx, consumer, topic).await
     }
 }

@@ -204,13 +204,6 @@ impl Store for SqliteStore {
         None
     }
 
-    async fn run(
-        &self,
-        migrator: &sqlx::migrate::Migrator,
-    ) -> Result<(), sqlx::migrate::MigrateError> {
-        migrator.run(&self.write).await
-    }
-
     async fn close(&self) {
         self.write.close().await;
         self.read.close().await;

@@ -3,7 +3,8 @@
 //! row.
 
 use super::SqliteStore;
-use crate::queue::{DeliveryRow, QueueBackend, QueueRow, BACKLOG};
+use crate::driver::Store;
+use crate::queue::{subscribe_in, DeliveryClaim, DeliveryRow, QueueBackend, QueueRow};
 use crate::StoreError;
 
 impl QueueBackend for SqliteStore {
@@ -19,14 +20,7 @@ impl QueueBackend for SqliteStore {
         .await?)
     }
 
-    async fn claim(
-        &self,
-        consumer: &str,
-        max: i64,
-        token: &str,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<DeliveryRow>, StoreError> {
+    async fn claim(&self, claim: DeliveryClaim<'_>) -> Result<Vec<DeliveryRow>, StoreError> {
         Ok(sqlx::query_as(
             "UPDATE oncely_deliveries SET lease_token = $3, locked_until = $4 \
              WHERE id IN (SELECT id FROM oncely_deliveries WHERE consumer = $1 \
@@ -35,11 +29,11 @@ impl QueueBackend for SqliteStore {
              RETURNING id, topic, message_id, partition_key, event_type, headers, \
              payload, enqueued_at, attempts",
         )
-        .bind(consumer)
-        .bind(max)
-        .bind(token)
-        .bind(until)
-        .bind(now)
+        .bind(claim.consumer)
+        .bind(claim.max)
+        .bind(claim.token)
+        .bind(claim.until)
+        .bind(claim.now)
         .fetch_all(self.writer())
         .await?)
     }
@@ -58,26 +52,7 @@ impl QueueBackend for SqliteStore {
     }
 
     async fn subscribe(&self, consumer: &str, topic: &str) -> Result<bool, StoreError> {
-        // The single writer: no publish runs between the two statements.
-        let mut tx = self.writer().begin_with("BEGIN IMMEDIATE").await?;
-        let new = sqlx::query(
-            "INSERT INTO oncely_subscriptions (consumer, topic) VALUES ($1, $2) \
-             ON CONFLICT (consumer, topic) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(topic)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if new {
-            sqlx::query(&BACKLOG.replacen("INSERT INTO", "INSERT OR IGNORE INTO", 1))
-                .bind(consumer)
-                .bind(topic)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(new)
+        // The single writer (`BEGIN IMMEDIATE`): no publish runs until this commits.
+        subscribe_in(self.begin().await?, consumer, topic).await
     }
 }
