@@ -53,7 +53,7 @@ fn dependencies(manifest: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for line in manifest.lines().map(str::trim) {
         if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            table = header.trim().to_owned();
+            header.trim().clone_into(&mut table);
             // `[dependencies.foo]`
             if let Some((kind, name)) = table.rsplit_once('.') {
                 if kind.ends_with("dependencies") {
