@@ -395,8 +395,14 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
             // The business update the runner would have made (invoice paid, invoice.paid;
             // a saga step's continuation) commits with the resolution and its audit row.
             let handler = orders::resolution_handler(store.database().clone(), &events_topic);
-            let e =
-                oncely_effects::resolve_effect(&store, &*handler, &id, &resolution, now).await?;
+            let e = oncely_effects::resolve_effect(
+                &store,
+                oncely_effects::Continue::Here(&*handler),
+                &id,
+                &resolution,
+                now,
+            )
+            .await?;
             println!("{}", row(&e));
         }
     }

@@ -282,8 +282,11 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
             Action::MarkSucceeded => ResolveAction::MarkSucceeded { provider_id },
             Action::Refund => ResolveAction::Refund { provider_id },
         };
+        // A charge marked succeeded marks its invoice paid, as the runner's settle would.
+        let handler = orders::resolution_handler(db.clone(), &args.run.events_topic);
         let store = DiscrepancyStore::new(db);
-        let d = oncely_effects::resolve(&store, &id, &action, &actor, &reason).await?;
+        let how = oncely_effects::Continue::Here(&*handler);
+        let d = oncely_effects::resolve(&store, how, &id, &action, &actor, &reason).await?;
         println!("{}", row(&d)?);
         return Ok(());
     }
