@@ -14,14 +14,10 @@ pub(crate) enum EffectsCommand {
     /// Lists effects (oldest first), in one state when `--state` is given.
     List {
         /// Only effects in this state.
-        #[arg(long, value_enum)]
-        state: Option<StateArg>,
-        /// Most rows to print.
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[arg(long, value_parser = parse_state)]
+        state: Option<EffectState>,
+        #[command(flatten)]
+        list: crate::ListArgs,
     },
     /// One effect with its evidence (every call and status check) and its audit trail.
     Show {
@@ -59,30 +55,13 @@ pub(crate) enum EffectsCommand {
     },
 }
 
-/// An effect state on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub(crate) enum StateArg {
-    Pending,
-    InFlight,
-    Succeeded,
-    Failed,
-    Unknown,
-    Absent,
-    NeedsReview,
-}
-
-impl From<StateArg> for EffectState {
-    fn from(s: StateArg) -> Self {
-        match s {
-            StateArg::Pending => Self::Pending,
-            StateArg::InFlight => Self::InFlight,
-            StateArg::Succeeded => Self::Succeeded,
-            StateArg::Failed => Self::Failed,
-            StateArg::Unknown => Self::Unknown,
-            StateArg::Absent => Self::Absent,
-            StateArg::NeedsReview => Self::NeedsReview,
-        }
-    }
+/// An effect state on the command line: its stored word, with `-` or `_` between words
+/// (`needs-review`).
+fn parse_state(word: &str) -> Result<EffectState, String> {
+    EffectState::parse(&word.replace('-', "_")).map_err(|_| {
+        let words: Vec<&str> = EffectState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("one of {}", words.join(", "))
+    })
 }
 
 /// What an operator resolves an effect as.
@@ -106,29 +85,27 @@ pub(crate) async fn effects(db: Database, cmd: EffectsCommand) -> anyhow::Result
     let store = EffectStore::new(db);
     let now = oncely_core::now_ms();
     match cmd {
-        EffectsCommand::List { state, limit, json } => {
-            let rows = store.list(state.map(Into::into), limit).await?;
-            if json {
-                for e in &rows {
-                    println!("{}", row(e));
-                }
-                return Ok(());
-            }
-            println!("id\tprovider\toperation\treference\tstate\tattempts\tchecks\tprovider_id\tlast_error");
-            for e in rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    e.id,
-                    e.provider,
-                    e.operation,
-                    e.reference,
-                    e.state_word,
-                    e.attempts,
-                    e.checks,
-                    e.provider_id.unwrap_or_default(),
-                    e.last_error.unwrap_or_default().replace(['\t', '\n'], " "),
-                );
-            }
+        EffectsCommand::List { state, list } => {
+            let rows = store.list(state, list.limit).await?;
+            list.print(
+                &rows,
+                row,
+                "id\tprovider\toperation\treference\tstate\tattempts\tchecks\tprovider_id\tlast_error",
+                |e| {
+                    format!(
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        e.id,
+                        e.provider,
+                        e.operation,
+                        e.reference,
+                        e.state_word,
+                        e.attempts,
+                        e.checks,
+                        e.provider_id.as_deref().unwrap_or_default(),
+                        crate::cell(e.last_error.as_deref()),
+                    )
+                },
+            );
         }
         EffectsCommand::Show { id } => {
             let effect = store

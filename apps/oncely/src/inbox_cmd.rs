@@ -120,17 +120,13 @@ async fn run_inbox(dead: &dyn DeadLetters, cmd: InboxCommand) -> anyhow::Result<
     Ok(())
 }
 
-fn one_line(s: &str) -> String {
-    s.replace(['\t', '\n', '\r'], " ")
-}
-
 fn letter_row(l: &DeadLetter) -> String {
     format!(
         "{}\t{}\t{}\t{}\t{}\t{}\t{}",
         l.message_id
             .map_or_else(|| "-".to_owned(), |i| i.to_string()),
         l.attempts,
-        one_line(l.last_error.as_deref().unwrap_or_default()),
+        crate::cell(l.last_error.as_deref()),
         l.topic,
         l.dead_at_ms,
         l.position,

@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand};
 use oncely_cli::{DbArgs, RelayArgs};
-use oncely_runtime::{redact, shutdown_signal, LogFormat, MetricsEndpoint};
+use oncely_runtime::{redact, shutdown_signal, MetricsEndpoint};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,9 +43,8 @@ use oncely_runtime::{redact, shutdown_signal, LogFormat, MetricsEndpoint};
     about = "One business operation, one business effect — however often it is delivered."
 )]
 struct Cli {
-    /// Log format.
-    #[arg(long, env = "ONCELY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: oncely_cli::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -85,6 +84,45 @@ struct OperatorArgs<C: Subcommand> {
     command: C,
 }
 
+/// How a list command prints (`--limit`, `--json`).
+#[derive(Debug, Args)]
+struct ListArgs {
+    /// Most rows to print.
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ListArgs {
+    /// Prints `rows`: each as its `json` object, one a line, or `header` and each row's
+    /// tab-separated `line`.
+    fn print<T>(
+        &self,
+        rows: &[T],
+        json: impl Fn(&T) -> serde_json::Value,
+        header: &str,
+        line: impl Fn(&T) -> String,
+    ) {
+        if !self.json {
+            println!("{header}");
+        }
+        for r in rows {
+            if self.json {
+                println!("{}", json(r));
+            } else {
+                println!("{}", line(r));
+            }
+        }
+    }
+}
+
+/// `text` on one table cell: tabs and line breaks as spaces.
+fn cell(text: Option<&str>) -> String {
+    text.unwrap_or_default().replace(['\t', '\n', '\r'], " ")
+}
+
 #[derive(Debug, Args)]
 struct RelayCmdArgs {
     #[command(flatten)]
@@ -99,7 +137,7 @@ struct RelayCmdArgs {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    oncely_runtime::init_logging(cli.log_format);
+    cli.log.init();
     match cli.command {
         Command::Migrate(args) => {
             args.connect_oncely().await?;

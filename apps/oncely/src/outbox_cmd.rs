@@ -61,7 +61,7 @@ pub(crate) async fn outbox(db: Database, cmd: OutboxCommand) -> anyhow::Result<(
                     r.event.partition_key,
                     r.event.event_type,
                     r.attempts,
-                    r.last_error.unwrap_or_default().replace(['\t', '\n'], " "),
+                    crate::cell(r.last_error.as_deref()),
                 );
             }
         }

@@ -17,12 +17,8 @@ pub(crate) enum SagaCommand {
         /// Only this tenant's sagas.
         #[arg(long)]
         tenant: Option<String>,
-        /// Most rows to print.
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        list: crate::ListArgs,
     },
     /// Shows one saga as JSON: its row, its step log with each step's evidence and
     /// effect (state, attempts with their evidence), and the operators' actions on it.
@@ -79,31 +75,28 @@ pub(crate) async fn saga(db: Database, cmd: SagaCommand) -> anyhow::Result<()> {
         SagaCommand::List {
             state,
             tenant,
-            limit,
-            json,
+            list,
         } => {
             let rows = sagas
-                .list(tenant.as_deref(), state.map(Into::into), limit)
+                .list(tenant.as_deref(), state.map(Into::into), list.limit)
                 .await?;
-            if json {
-                for s in &rows {
-                    println!("{}", row(s));
-                }
-                return Ok(());
-            }
-            println!("id\ttenant\tkind\tstate\tstep\tupdated_at\terror");
-            for s in rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    s.id,
-                    s.tenant,
-                    s.kind,
-                    s.state,
-                    s.step,
-                    s.updated_at,
-                    s.error.unwrap_or_default().replace(['\t', '\n'], " "),
-                );
-            }
+            list.print(
+                &rows,
+                row,
+                "id\ttenant\tkind\tstate\tstep\tupdated_at\terror",
+                |s| {
+                    format!(
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        s.id,
+                        s.tenant,
+                        s.kind,
+                        s.state,
+                        s.step,
+                        s.updated_at,
+                        crate::cell(s.error.as_deref()),
+                    )
+                },
+            );
         }
         SagaCommand::Show { id } => show(&db, &sagas, &id).await?,
         SagaCommand::Retry { id, actor } => {

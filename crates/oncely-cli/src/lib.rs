@@ -10,7 +10,8 @@
 //! - `broker` — [`BrokerArgs`] (which broker and how to reach it) and [`RelayArgs`] (the
 //!   outbox relay's settings, a [`oncely_runtime::RelaySupervisor`]).
 //! - `consumer` — [`ConsumerArgs`]: an inbox consumer's settings.
-//! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder.
+//! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder; [`LogArgs`]:
+//!   the log format.
 //! - `providers` — [`ProviderArgs`]: the payments and shipping providers and the effect
 //!   runner's settings, an [`oncely_runtime::EffectsConfig`].
 //! - `reconcile` — [`ReconcileArgs`] and [`reconcile`]: a reconciliation run or the
@@ -26,7 +27,7 @@ mod reconcile;
 pub use broker::{BrokerArgs, RelayArgs};
 pub use consumer::ConsumerArgs;
 pub use db::DbArgs;
-pub use metrics::metrics_handle;
+pub use metrics::{metrics_handle, LogArgs};
 pub use providers::ProviderArgs;
 pub use reconcile::{
     reconcile, Action, ProviderName, ReconcileArgs, ReconcileCommand, RunArgs, Service,

@@ -23,7 +23,7 @@ mod serve;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use oncely_cli::DbArgs;
-use oncely_runtime::{redact, LogFormat, MetricsEndpoint};
+use oncely_runtime::{redact, MetricsEndpoint};
 use oncely_sql::Database;
 
 /// The `orders` command line.
@@ -34,9 +34,8 @@ use oncely_sql::Database;
     about = "The reference order service on oncely: serve, its consumers, import, its effect runner."
 )]
 pub struct Cli {
-    /// Log format.
-    #[arg(long, env = "ONCELY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: oncely_cli::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -76,7 +75,7 @@ struct ReconcileArgs {
 /// The command's.
 pub async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    oncely_runtime::init_logging(cli.log_format);
+    cli.log.init();
     match cli.command {
         Command::Serve(args) => serve::serve(*args).await,
         Command::Migrate(args) => {
