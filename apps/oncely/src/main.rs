@@ -32,22 +32,9 @@ mod verify_cmd;
 
 use std::net::SocketAddr;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use oncely_cli::{DbArgs, RelayArgs};
 use oncely_runtime::{redact, shutdown_signal, MetricsEndpoint};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "oncely",
-    version,
-    about = "One business operation, one business effect — however often it is delivered."
-)]
-struct Cli {
-    #[command(flatten)]
-    log: oncely_cli::LogArgs,
-    #[command(subcommand)]
-    command: Command,
-}
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -136,8 +123,10 @@ struct RelayCmdArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    cli.log.init();
+    let cli = oncely_cli::Cli::<Command>::start(
+        "oncely",
+        "One business operation, one business effect — however often it is delivered.",
+    );
     match cli.command {
         Command::Migrate(args) => {
             args.connect_oncely().await?;
@@ -179,5 +168,15 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        oncely_cli::Cli::<super::Command>::command().debug_assert();
     }
 }

@@ -10,14 +10,15 @@
 //! - `broker` — [`BrokerArgs`] (which broker and how to reach it) and [`RelayArgs`] (the
 //!   outbox relay's settings, a [`oncely_runtime::RelaySupervisor`]).
 //! - `consumer` — [`ConsumerArgs`]: an inbox consumer's settings.
-//! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder; [`LogArgs`]:
-//!   the log format.
+//! - `command` — [`Cli`]: a binary's command line, its [`LogArgs`] and its subcommands.
+//! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder.
 //! - `providers` — [`ProviderArgs`]: the payments and shipping providers and the effect
 //!   runner's settings, an [`oncely_runtime::EffectsConfig`].
 //! - `reconcile` — [`ReconcileArgs`] and [`reconcile`]: a reconciliation run or the
 //!   resolution of a discrepancy, with what a service adds ([`Service`]).
 
 mod broker;
+mod command;
 mod consumer;
 mod db;
 mod metrics;
@@ -25,9 +26,10 @@ mod providers;
 mod reconcile;
 
 pub use broker::{BrokerArgs, RelayArgs};
+pub use command::{Cli, LogArgs};
 pub use consumer::ConsumerArgs;
 pub use db::DbArgs;
-pub use metrics::{metrics_handle, LogArgs};
+pub use metrics::metrics_handle;
 pub use providers::ProviderArgs;
 pub use reconcile::{
     reconcile, Action, ProviderName, ReconcileArgs, ReconcileCommand, RunArgs, Service,

@@ -1,11 +1,8 @@
-//! [`metrics_handle`]: the process-wide Prometheus recorder a command's `/metrics` renders;
-//! [`LogArgs`]: how the process logs.
+//! [`metrics_handle`]: the process-wide Prometheus recorder a command's `/metrics` renders.
 
 use std::sync::OnceLock;
 
-use clap::Args;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use oncely_runtime::LogFormat;
 
 /// The process-wide Prometheus recorder, installed on first use, with the `# HELP` text of
 /// the libraries' metrics (idempotency layer, relay, consumers, effect runner and
@@ -39,19 +36,4 @@ pub fn metrics_handle() -> PrometheusHandle {
             handle
         })
         .clone()
-}
-
-/// How the process logs (`--log-format`, global: accepted after any subcommand).
-#[derive(Debug, Clone, Args)]
-pub struct LogArgs {
-    /// Log format.
-    #[arg(long, env = "ONCELY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
-}
-
-impl LogArgs {
-    /// Installs the process's logger in this format ([`oncely_runtime::init_logging`]).
-    pub fn init(&self) {
-        oncely_runtime::init_logging(self.log_format);
-    }
 }

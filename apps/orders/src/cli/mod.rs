@@ -21,24 +21,10 @@ mod import;
 mod serve;
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use oncely_cli::DbArgs;
 use oncely_runtime::{redact, MetricsEndpoint};
 use oncely_sql::Database;
-
-/// The `orders` command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "orders",
-    version,
-    about = "The reference order service on oncely: serve, its consumers, import, its effect runner."
-)]
-pub struct Cli {
-    #[command(flatten)]
-    log: oncely_cli::LogArgs,
-    #[command(subcommand)]
-    command: Command,
-}
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -55,12 +41,12 @@ enum Command {
     Effects(effects::EffectsArgs),
     /// Reconcile a provider's records with the local intents (the effects and the payments
     /// endpoint's charges) over a window; resolve a discrepancy (audited).
-    Reconcile(ReconcileArgs),
+    Reconcile(ServiceReconcileArgs),
 }
 
 /// `orders reconcile`: oncely's, with the service's events topic.
 #[derive(Debug, Args)]
-struct ReconcileArgs {
+struct ServiceReconcileArgs {
     #[command(flatten)]
     reconcile: oncely_cli::ReconcileArgs,
     /// Topic of the service's events (`invoice.paid` when an unknown charge is completed);
@@ -74,8 +60,10 @@ struct ReconcileArgs {
 /// # Errors
 /// The command's.
 pub async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    cli.log.init();
+    let cli = oncely_cli::Cli::<Command>::start(
+        "orders",
+        "The reference order service on oncely: serve, its consumers, import, its effect runner.",
+    );
     match cli.command {
         Command::Serve(args) => serve::serve(*args).await,
         Command::Migrate(args) => {
@@ -115,4 +103,14 @@ fn metrics_endpoint(listen: Option<std::net::SocketAddr>) -> Option<MetricsEndpo
         listen,
         handle: crate::metrics_handle(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        oncely_cli::Cli::<super::Command>::command().debug_assert();
+    }
 }
