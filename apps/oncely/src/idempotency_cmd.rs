@@ -15,12 +15,8 @@ pub(crate) enum IdempotencyCommand {
         /// Only records in this state.
         #[arg(long, value_enum)]
         state: Option<StateArg>,
-        /// Most rows to print.
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        list: crate::ListArgs,
     },
 }
 
@@ -57,27 +53,27 @@ pub(crate) async fn idempotency(db: Database, cmd: IdempotencyCommand) -> anyhow
     // Retention only matters to the collector, which no command here runs.
     let store = IdempotencyStore::new(db, std::time::Duration::from_secs(24 * 3600));
     match cmd {
-        IdempotencyCommand::List { state, limit, json } => {
-            let rows = store.list_records(state.map(Into::into), limit).await?;
-            if json {
-                for r in &rows {
-                    println!("{}", row(r));
-                }
-                return Ok(());
-            }
-            println!("tenant\toperation\tkey\tstate\tfence\tlease_until\tcreated_at");
-            for r in rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    r.tenant,
-                    r.operation,
-                    r.key,
-                    r.state,
-                    r.fence,
-                    r.lease_until.map(|t| t.to_string()).unwrap_or_default(),
-                    r.created_at,
-                );
-            }
+        IdempotencyCommand::List { state, list } => {
+            let rows = store
+                .list_records(state.map(Into::into), list.limit)
+                .await?;
+            list.print(
+                &rows,
+                row,
+                "tenant\toperation\tkey\tstate\tfence\tlease_until\tcreated_at",
+                |r| {
+                    format!(
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        r.tenant,
+                        r.operation,
+                        r.key,
+                        r.state,
+                        r.fence,
+                        r.lease_until.map(|t| t.to_string()).unwrap_or_default(),
+                        r.created_at,
+                    )
+                },
+            );
         }
     }
     Ok(())

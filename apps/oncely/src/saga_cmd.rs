@@ -1,10 +1,8 @@
 //! `oncely saga list|show|retry`: the operator's view of sagas and the audited retry of a
 //! parked step (logic in `oncely_saga::SagaOperator` and `Orchestrator::retry`).
 
-use clap::{Args, Subcommand, ValueEnum};
-use oncely_saga::{
-    Orchestrator, OrchestratorConfig, Saga, SagaDefinition, SagaOperator, SagaState,
-};
+use clap::{Subcommand, ValueEnum};
+use oncely_saga::{Saga, SagaOperator, SagaState};
 use oncely_sql::{Database, EffectStore};
 use serde_json::json;
 
@@ -19,12 +17,8 @@ pub(crate) enum SagaCommand {
         /// Only this tenant's sagas.
         #[arg(long)]
         tenant: Option<String>,
-        /// Most rows to print.
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        list: crate::ListArgs,
     },
     /// Shows one saga as JSON: its row, its step log with each step's evidence and
     /// effect (state, attempts with their evidence), and the operators' actions on it.
@@ -74,48 +68,39 @@ fn row(s: &Saga) -> serde_json::Value {
     })
 }
 
-/// Runs an `oncely saga` command over `db` with the service's saga `definitions` (a
-/// retry that runs a local step again needs its saga's), printing to stdout.
-pub(crate) async fn saga(
-    db: Database,
-    definitions: Vec<SagaDefinition>,
-    cmd: SagaCommand,
-) -> anyhow::Result<()> {
+/// Runs an `oncely saga` command over `db`, printing to stdout.
+pub(crate) async fn saga(db: Database, cmd: SagaCommand) -> anyhow::Result<()> {
     let sagas = SagaOperator::new(db.clone());
     match cmd {
         SagaCommand::List {
             state,
             tenant,
-            limit,
-            json,
+            list,
         } => {
             let rows = sagas
-                .list(tenant.as_deref(), state.map(Into::into), limit)
+                .list(tenant.as_deref(), state.map(Into::into), list.limit)
                 .await?;
-            if json {
-                for s in &rows {
-                    println!("{}", row(s));
-                }
-                return Ok(());
-            }
-            println!("id\ttenant\tkind\tstate\tstep\tupdated_at\terror");
-            for s in rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    s.id,
-                    s.tenant,
-                    s.kind,
-                    s.state,
-                    s.step,
-                    s.updated_at,
-                    s.error.unwrap_or_default().replace(['\t', '\n'], " "),
-                );
-            }
+            list.print(
+                &rows,
+                row,
+                "id\ttenant\tkind\tstate\tstep\tupdated_at\terror",
+                |s| {
+                    format!(
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        s.id,
+                        s.tenant,
+                        s.kind,
+                        s.state,
+                        s.step,
+                        s.updated_at,
+                        crate::cell(s.error.as_deref()),
+                    )
+                },
+            );
         }
         SagaCommand::Show { id } => show(&db, &sagas, &id).await?,
         SagaCommand::Retry { id, actor } => {
-            let orchestrator = Orchestrator::new(db, definitions, OrchestratorConfig::default())?;
-            let done = orchestrator.retry(&id, &actor).await?;
+            let done = sagas.retry(&id, &actor).await?;
             let mut out = row(&done.saga);
             out["retried"] = json!({
                 "step": done.step, "phase": done.phase.as_str(), "detail": done.detail,
@@ -182,49 +167,4 @@ async fn effect_json(effects: &EffectStore, id: &str) -> anyhow::Result<serde_js
         "checks": e.checks, "provider_id": e.provider_id, "last_error": e.last_error,
         "evidence": evidence,
     }))
-}
-
-/// Which fulfilment runs after `order.created` (`serve`, `effects run`), and the saga's
-/// step timeouts.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct FulfilmentArgs {
-    /// `choreography`: the `billing` and `shipping` consumers (invoice + charge →
-    /// `invoice.paid` → booking). `saga`: the orchestrated saga (reserve stock → charge →
-    /// ship → invoice, with compensations; needs payments and shipping configured).
-    #[arg(long, env = "ONCELY_FULFILMENT", value_enum, default_value_t = FulfilmentArg::Choreography)]
-    pub(crate) fulfilment: FulfilmentArg,
-    /// Saga: seconds the charge may stay unsettled before compensation starts (a late
-    /// charge is refunded).
-    #[arg(long, env = "ONCELY_SAGA_CHARGE_TIMEOUT_SECS", default_value_t = 300)]
-    saga_charge_timeout_secs: u64,
-    /// Saga: seconds the shipment booking may stay unsettled before compensation starts (a
-    /// late booking is cancelled).
-    #[arg(long, env = "ONCELY_SAGA_SHIP_TIMEOUT_SECS", default_value_t = 300)]
-    saga_ship_timeout_secs: u64,
-}
-
-/// `--fulfilment` on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum FulfilmentArg {
-    Choreography,
-    Saga,
-}
-
-impl FulfilmentArgs {
-    /// The order service's fulfilment settings.
-    pub(crate) fn config(&self) -> orders::FulfilmentConfig {
-        orders::FulfilmentConfig {
-            mode: match self.fulfilment {
-                FulfilmentArg::Choreography => orders::Fulfilment::Choreography,
-                FulfilmentArg::Saga => orders::Fulfilment::Saga,
-            },
-            charge_timeout: std::time::Duration::from_secs(self.saga_charge_timeout_secs.max(1)),
-            ship_timeout: std::time::Duration::from_secs(self.saga_ship_timeout_secs.max(1)),
-        }
-    }
-
-    /// Whether the saga runs.
-    pub(crate) fn saga(&self) -> bool {
-        self.fulfilment == FulfilmentArg::Saga
-    }
 }

@@ -6,7 +6,7 @@ use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
 use oncely_sql::{query, Database, EffectStore, NewEffect, Tx};
 use serde::Deserialize;
 
-use crate::events::ORDER_CREATED;
+use crate::events::{decode, ORDER_CREATED};
 use crate::flow::{CHARGE, PAYMENTS};
 
 /// Name of the billing consumer (its consumer group and inbox).
@@ -67,16 +67,9 @@ impl Handler for BillingHandler {
         message: &'a ReceivedMessage,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            if message.event_type != ORDER_CREATED {
+            let Some((order, tenant)) = decode::<OrderCreated>(message, ORDER_CREATED)? else {
                 return Ok(());
-            }
-            // An undecodable event will not decode on a retry either: dead at once.
-            let order: OrderCreated = serde_json::from_slice(&message.payload)
-                .map_err(|e| Rejected(format!("order.created payload: {e}")))?;
-            let tenant = message
-                .headers
-                .get("tenant")
-                .ok_or_else(|| Rejected("order.created without a tenant header".to_owned()))?;
+            };
             let invoice_id = uuid::Uuid::now_v7().to_string();
             let message_id = message.id.to_string();
             let correlation = message

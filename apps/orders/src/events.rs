@@ -1,6 +1,8 @@
 use http::HeaderMap;
+use oncely_broker::ReceivedMessage;
 use oncely_core::{MessageId, TenantId};
 use oncely_http::IdempotencyContext;
+use oncely_inbox::{HandlerError, Rejected};
 use oncely_sql::OutboxEvent;
 
 /// Topic of the order service's events (AMQP routing key, NATS subject, SQL-transport topic).
@@ -11,6 +13,26 @@ pub const ORDER_CREATED: &str = "order.created";
 /// payments provider). Payload: `order_id`, `invoice_id`, `amount_minor`, `currency`,
 /// `payment_id` (the provider's object id), `paid_at` (Unix ms).
 pub const INVOICE_PAID: &str = "invoice.paid";
+
+/// The payload of `message` as `T` with its `tenant` header, when `message` is an
+/// `event_type` event; `None` for any other type (the consumer acknowledges it without
+/// effect). A payload that does not decode, or no tenant header, will not change on a
+/// retry: [`Rejected`] (dead at once).
+pub(crate) fn decode<'m, T: serde::de::DeserializeOwned>(
+    message: &'m ReceivedMessage,
+    event_type: &str,
+) -> Result<Option<(T, &'m String)>, HandlerError> {
+    if message.event_type != event_type {
+        return Ok(None);
+    }
+    let payload = serde_json::from_slice(&message.payload)
+        .map_err(|e| Rejected(format!("{event_type} payload: {e}")))?;
+    let tenant = message
+        .headers
+        .get("tenant")
+        .ok_or_else(|| Rejected(format!("{event_type} without a tenant header")))?;
+    Ok(Some((payload, tenant)))
+}
 
 /// Settings the handlers read from a request extension.
 #[derive(Debug, Clone)]

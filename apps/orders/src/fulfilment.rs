@@ -26,7 +26,7 @@ use oncely_saga::{
 use oncely_sql::{query, Database, Tx};
 use serde_json::{json, Value};
 
-use crate::events::ORDER_CREATED;
+use crate::events::{decode, ORDER_CREATED};
 pub use crate::flow::REFUND;
 use crate::flow::{BOOK, CHARGE, PAYMENTS, SHIPPING};
 use crate::saga_view::CANCELLED;
@@ -253,18 +253,12 @@ impl Handler for FulfilmentHandler {
         message: &'a ReceivedMessage,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            if message.event_type != ORDER_CREATED {
+            let Some((order, tenant)) = decode::<Value>(message, ORDER_CREATED)? else {
                 return Ok(());
-            }
-            let order: Value = serde_json::from_slice(&message.payload)
-                .map_err(|e| Rejected(format!("order.created payload: {e}")))?;
+            };
             let id = order["id"]
                 .as_str()
                 .ok_or_else(|| Rejected("order.created without an id".to_owned()))?;
-            let tenant = message
-                .headers
-                .get("tenant")
-                .ok_or_else(|| Rejected("order.created without a tenant header".to_owned()))?;
             let new = NewSaga {
                 id,
                 tenant,

@@ -56,10 +56,15 @@
 //!   lease and evidence (the 409s' status link).
 //! - `payments_source` — [`PaymentsSource`]: the endpoint's payments as reconciliation's
 //!   local intents.
+//! - [`cli`] — the `orders` binary's commands (`serve`, `migrate`, `consume`, `import`,
+//!   `effects run`, `reconcile`): flags turned into the configuration above, with the
+//!   shared argument groups of `oncely-cli`. A folder: `serve`, `consume`, `effects`,
+//!   `import`.
 
 mod app;
 mod auth;
 mod billing;
+pub mod cli;
 mod collector;
 mod config;
 mod console;

@@ -1,5 +1,5 @@
 //! The order service's own metric names, the per-route request metrics, and the `# HELP`
-//! text of every metric the service renders on `/metrics` ([`describe_all`]).
+//! text of the service's own metrics ([`describe`]).
 
 use std::time::Instant;
 
@@ -26,8 +26,9 @@ pub const ORDERS_INVOICES_PAID_TOTAL: &str = "oncely_orders_invoices_paid_total"
 /// Counter: expired idempotency records deleted by the retention collector.
 pub const IDEMPOTENCY_COLLECTED_TOTAL: &str = "oncely_idempotency_collected_total";
 
-/// Registers the `# HELP` text of the service's own metrics above.
-fn describe() {
+/// Registers the `# HELP` text of the service's own metrics above (the libraries' are
+/// [`oncely_cli::metrics_handle`]'s).
+pub(crate) fn describe() {
     metrics::describe_counter!(
         HTTP_REQUESTS_TOTAL,
         "Requests answered, by route template (unmatched: no route), method, status and \
@@ -57,18 +58,6 @@ fn describe() {
         IDEMPOTENCY_COLLECTED_TOTAL,
         "Expired idempotency records deleted by the retention collector."
     );
-}
-
-/// Registers the `# HELP` text of every metric the service renders: its own and those of
-/// the idempotency layer, the relay, the consumers, the effect runner and reconciler, the
-/// saga orchestrator and the dependency gauges. Call it after installing the recorder.
-pub(crate) fn describe_all() {
-    describe();
-    oncely_http::metrics::describe();
-    oncely_outbox::metrics::describe();
-    oncely_inbox::metrics::describe();
-    oncely_effects::metrics::describe();
-    oncely_broker::describe_metrics();
 }
 
 /// Middleware: counts each answer in [`HTTP_REQUESTS_TOTAL`] and times it in

@@ -1,47 +1,23 @@
 //! The operations endpoints that need no authentication: `GET /healthz` and `GET /metrics`,
 //! with the process-wide Prometheus recorder.
 
-use std::sync::OnceLock;
+use std::sync::Once;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http::StatusCode;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use oncely_http::Problem;
 use oncely_sql::Database;
 
-/// The process-wide Prometheus recorder, installed on first use.
+/// The process-wide Prometheus recorder ([`oncely_cli::metrics_handle`]), installed on
+/// first use, with the `# HELP` text of the service's own metrics besides the libraries'.
 pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            // Outbox publish latencies and inbox handler run times as histograms, not
-            // summaries, with the bounds their crates define.
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Prefix(
-                        "oncely_outbox_publish".to_owned(),
-                    ),
-                    oncely_outbox::metrics::LATENCY_BUCKETS,
-                )
-                .expect("a non-empty bucket list is accepted")
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(
-                        oncely_inbox::metrics::HANDLER_SECONDS.to_owned(),
-                    ),
-                    oncely_inbox::metrics::HANDLER_BUCKETS,
-                )
-                .expect("a non-empty bucket list is accepted");
-            let recorder = builder.build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may already be installed (e.g. by an embedding program);
-            // then this handle renders nothing but the service still runs.
-            drop(metrics::set_global_recorder(recorder));
-            crate::metrics::describe_all();
-            handle
-        })
-        .clone()
+    static DESCRIBED: Once = Once::new();
+    let handle = oncely_cli::metrics_handle();
+    DESCRIBED.call_once(crate::metrics::describe);
+    handle
 }
 
 /// `{"status":"ok","checks":{"database":"ok"}}`, or a 503 problem with

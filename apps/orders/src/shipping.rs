@@ -6,7 +6,7 @@ use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
 use oncely_sql::{query, Database, EffectStore, NewEffect, Tx};
 use serde::Deserialize;
 
-use crate::events::INVOICE_PAID;
+use crate::events::{decode, INVOICE_PAID};
 use crate::flow::{BOOK, SHIPPING};
 
 /// Name of the shipping consumer (its consumer group and inbox).
@@ -37,15 +37,9 @@ impl Handler for ShippingHandler {
         message: &'a ReceivedMessage,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            if message.event_type != INVOICE_PAID {
+            let Some((paid, tenant)) = decode::<InvoicePaid>(message, INVOICE_PAID)? else {
                 return Ok(());
-            }
-            let paid: InvoicePaid = serde_json::from_slice(&message.payload)
-                .map_err(|e| Rejected(format!("invoice.paid payload: {e}")))?;
-            let tenant = message
-                .headers
-                .get("tenant")
-                .ok_or_else(|| Rejected("invoice.paid without a tenant header".to_owned()))?;
+            };
             let tenant_id = TenantId::parse(tenant)
                 .map_err(|e| Rejected(format!("invoice.paid tenant header: {e}")))?;
             let parent = IdempotencyKey::parse(paid.order_id.as_bytes())

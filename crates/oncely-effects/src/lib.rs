@@ -11,9 +11,9 @@
 //!
 //! # Layout
 //! - `metrics` — the names of the metrics the runner records.
-//! - `operator` — [`resolve_effect`]: an operator's resolution of an effect, with the
-//!   service's business update in the same transaction; [`retry_effect`] under the key's
-//!   next generation.
+//! - `operator` — [`resolve_effect`]: an operator's resolution of an effect, continued by
+//!   the service's handler in the same transaction or by the service's runner
+//!   ([`Continue`]); [`retry_effect`] under the key's next generation.
 //! - `provider` — [`Provider`], [`EffectRequest`], [`CallOutcome`], [`StatusQuery`],
 //!   [`StatusOutcome`], [`RemoteObject`] with its [`ObjectState`] read through a
 //!   [`StatusVocabulary`], [`not_found`] (the settle window), [`ListPage`], [`ProviderError`].
@@ -23,9 +23,11 @@
 //! - `stripe` — [`StripePayments`]: PaymentIntents and Refunds on Stripe's API v1.
 //! - `runner` — [`EffectRunner`], [`RunnerConfig`], [`EffectHandler`], [`Settled`]: the
 //!   library runtime that claims due effects, calls or checks each, and settles it with the
-//!   business update in one transaction. A folder: `pipeline` (claiming, the lanes),
+//!   business update in one transaction, and continues the outcomes decided elsewhere
+//!   ([`Continue::ByRunner`]). A folder: `pipeline` (claiming, the lanes),
 //!   `call` (the provider call), `check` (status checks), `decide` (the retry, give-up and
-//!   park decisions both share, the evidence of an attempt), `settle` (the settle stage).
+//!   park decisions both share, the evidence of an attempt), `settle` (the settle stage),
+//!   `continuation` ([`Continue`], the marks in the store the runner continues).
 //! - `reconcile` — [`Reconciler`], [`ReconcileConfig`], [`ReconcileReport`],
 //!   [`LocalSource`] (and [`EffectsSource`]), [`resolve`] with [`ResolveAction`]: both
 //!   sides compared by stable reference over a window, discrepancies stored, unknown
@@ -54,6 +56,6 @@ pub use reconcile::{
     default_operation, resolve, Completion, EffectsSource, LocalIntent, LocalSource, LocalStatus,
     ReconcileConfig, ReconcileError, ReconcileReport, Reconciler, ResolveAction,
 };
-pub use runner::{EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
+pub use runner::{Continue, EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
 pub use shipping::{ShippingClient, ShippingConfig};
 pub use stripe::{StripeConfig, StripePayments};

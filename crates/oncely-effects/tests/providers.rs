@@ -17,6 +17,8 @@ use oncely_sim::{serve, FaultConfig, PaymentsConfig, PaymentsSim, ShippingSim};
 use oncely_testkit::LocalStripe;
 use serde_json::json;
 
+#[path = "providers/continuation.rs"]
+mod continuation;
 #[path = "providers/group.rs"]
 mod group;
 #[path = "providers/money.rs"]

@@ -128,6 +128,21 @@ fn parked(rows: &[StepRow], cursor: i64) -> Option<&StepRow> {
         })
 }
 
+impl SagaOperator {
+    /// An operator's retry of saga `id` in `needs_review`, audited, by a process that is not
+    /// the service (`oncely saga retry`): as [`Orchestrator::retry`], except that a local
+    /// step is not run here — the retry is recorded on the saga and the service's
+    /// orchestrator runs the step in its sweep ([`Orchestrator::rerun_due`]), with the
+    /// service's definitions. A step with an effect needs no definition: its effect is put
+    /// back to work here and the service's runner continues it.
+    ///
+    /// # Errors
+    /// As [`Orchestrator::retry`].
+    pub async fn retry(&self, id: &str, actor: &str) -> Result<Retried, SagaError> {
+        retry(&self.db, None, id, actor).await
+    }
+}
+
 impl Orchestrator {
     /// An operator's retry of saga `id` in `needs_review`, audited (`oncely_saga_audit`,
     /// and the effect's own audit): its parked step goes back to work in one transaction.
@@ -148,86 +163,143 @@ impl Orchestrator {
     /// registered here; [`SagaError::Store`] when the database fails or the effect is in
     /// a state that is not retried (nothing changed).
     pub async fn retry(&self, id: &str, actor: &str) -> Result<Retried, SagaError> {
-        let now = oncely_core::now_ms();
-        let mut tx = self.db.begin().await?;
-        let saga = store::claim(&mut tx, id)
-            .await?
-            .ok_or_else(|| SagaError::NotFound(id.to_owned()))?;
-        let from = saga.state()?;
-        if from != SagaState::NeedsReview {
-            return Err(SagaError::NotInReview {
-                id: id.to_owned(),
-                state: from,
-            });
-        }
-        let rows = store::steps_in(&mut tx, id).await?;
-        let row = parked(&rows, saga.step)
-            .cloned()
-            .ok_or_else(|| SagaError::NothingToRetry(id.to_owned()))?;
-        let (saga, detail) = match row.effect_id.clone() {
-            Some(effect) => {
-                self.retry_effect(&mut tx, saga, &row, &effect, actor, now)
-                    .await?
+        retry(&self.db, Some(self), id, actor).await
+    }
+
+    /// Runs the local steps operators asked to run again from outside the service
+    /// ([`SagaOperator::retry`]), up to [`OrchestratorConfig::batch`](crate::OrchestratorConfig::batch),
+    /// each in its own transaction that clears the request — a conditional update under
+    /// the saga's claim, so of two orchestrators only one runs it. Returns how many ran.
+    /// [`Orchestrator::run`] calls it every sweep.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails (steps run before stay run).
+    pub async fn rerun_due(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for id in store::reruns_due(&self.db, self.config.batch).await? {
+            let now = oncely_core::now_ms();
+            let mut tx = self.db.begin().await?;
+            let Some(saga) = store::claim(&mut tx, &id).await? else {
+                continue;
+            };
+            if !self.definitions.contains_key(&saga.kind)
+                || !store::take_rerun(&mut tx, &id).await?
+            {
+                continue;
             }
-            None => self.rerun_local(&mut tx, saga, &row, now).await?,
-        };
-        let to = saga.state()?;
-        let entry = AuditEntry {
-            saga: id,
-            at: now,
-            actor,
-            action: "retry",
-            from,
-            to,
-            step: &row.name,
-            detail: &detail,
-        };
-        store::audit(&mut tx, &entry).await?;
-        tx.commit().await?;
-        Ok(Retried {
-            saga: saga.into_saga()?,
-            step: row.name,
-            phase: Phase::parse(&row.phase).map_err(StoreError::from)?,
-            detail,
-        })
-    }
-
-    /// The parked step's effect retried, its row and the saga put back to wait for it.
-    async fn retry_effect(
-        &self,
-        tx: &mut Tx,
-        mut saga: SagaRow,
-        row: &StepRow,
-        effect_id: &str,
-        actor: &str,
-        now: i64,
-    ) -> Result<(SagaRow, String), SagaError> {
-        let effects = EffectStore::new(self.db.clone());
-        let next = |e: &oncely_sql::Effect| oncely_effects::next_key(&e.key, e.key_generation + 1);
-        let (was, is) = effects.retry_in(tx, effect_id, next, actor, now).await?;
-        let forward = row.phase == Phase::Forward.as_str();
-        let (step_state, saga_state) = if forward && row.step == saga.step {
-            (StepState::Running, SagaState::Running)
-        } else if forward {
-            (StepState::TimedOut, SagaState::Compensating)
-        } else {
-            (StepState::Running, SagaState::Compensating)
-        };
-        let note = format!("retried by {actor}: effect {was} -> {is}");
-        store::reopen_step(tx, row, step_state, &note).await?;
-        saga_state.as_str().clone_into(&mut saga.state);
-        if saga_state == SagaState::Running {
-            saga.error = None;
+            let rows = store::steps_in(&mut tx, &id).await?;
+            let parked = (saga.state()? == SagaState::NeedsReview)
+                .then(|| parked(&rows, saga.step).cloned())
+                .flatten()
+                .filter(|row| row.effect_id.is_none());
+            if let Some(row) = parked {
+                let (saga, detail) = self
+                    .rerun_local(&mut tx, saga, &row, now)
+                    .await
+                    .map_err(|e| StoreError::Conflict(e.to_string()))?;
+                tracing::info!(saga = %saga.id, %detail, "ran a step an operator retried");
+                n += 1;
+            }
+            tx.commit().await?;
         }
-        saga.deadline = None;
-        store::save(tx, &mut saga, now).await?;
-        let detail = format!(
-            "{} {}: effect {effect_id} {was} -> {is}; step {step_state}",
-            row.name, row.phase
-        );
-        Ok((saga, detail))
+        Ok(n)
     }
+}
 
+/// The retry both [`SagaOperator::retry`] (`orchestrator` `None`: a local step is recorded
+/// for the service's orchestrator) and [`Orchestrator::retry`] (run here) make.
+async fn retry(
+    db: &Database,
+    orchestrator: Option<&Orchestrator>,
+    id: &str,
+    actor: &str,
+) -> Result<Retried, SagaError> {
+    let now = oncely_core::now_ms();
+    let mut tx = db.begin().await?;
+    let saga = store::claim(&mut tx, id)
+        .await?
+        .ok_or_else(|| SagaError::NotFound(id.to_owned()))?;
+    let from = saga.state()?;
+    if from != SagaState::NeedsReview {
+        return Err(SagaError::NotInReview {
+            id: id.to_owned(),
+            state: from,
+        });
+    }
+    let rows = store::steps_in(&mut tx, id).await?;
+    let row = parked(&rows, saga.step)
+        .cloned()
+        .ok_or_else(|| SagaError::NothingToRetry(id.to_owned()))?;
+    let (saga, detail) = match (row.effect_id.clone(), orchestrator) {
+        (Some(effect), _) => retry_effect(db, &mut tx, saga, &row, &effect, actor, now).await?,
+        (None, Some(o)) => o.rerun_local(&mut tx, saga, &row, now).await?,
+        (None, None) => {
+            store::request_rerun(&mut tx, id, now).await?;
+            let detail = format!(
+                "{} {}: run again by the service's orchestrator",
+                row.name, row.phase
+            );
+            (saga, detail)
+        }
+    };
+    let to = saga.state()?;
+    let entry = AuditEntry {
+        saga: id,
+        at: now,
+        actor,
+        action: "retry",
+        from,
+        to,
+        step: &row.name,
+        detail: &detail,
+    };
+    store::audit(&mut tx, &entry).await?;
+    tx.commit().await?;
+    Ok(Retried {
+        saga: saga.into_saga()?,
+        step: row.name,
+        phase: Phase::parse(&row.phase).map_err(StoreError::from)?,
+        detail,
+    })
+}
+
+/// The parked step's effect retried, its row and the saga put back to wait for it.
+async fn retry_effect(
+    db: &Database,
+    tx: &mut Tx,
+    mut saga: SagaRow,
+    row: &StepRow,
+    effect_id: &str,
+    actor: &str,
+    now: i64,
+) -> Result<(SagaRow, String), SagaError> {
+    let effects = EffectStore::new(db.clone());
+    let next = |e: &oncely_sql::Effect| oncely_effects::next_key(&e.key, e.key_generation + 1);
+    let (was, is) = effects.retry_in(tx, effect_id, next, actor, now).await?;
+    let forward = row.phase == Phase::Forward.as_str();
+    let (step_state, saga_state) = if forward && row.step == saga.step {
+        (StepState::Running, SagaState::Running)
+    } else if forward {
+        (StepState::TimedOut, SagaState::Compensating)
+    } else {
+        (StepState::Running, SagaState::Compensating)
+    };
+    let note = format!("retried by {actor}: effect {was} -> {is}");
+    store::reopen_step(tx, row, step_state, &note).await?;
+    saga_state.as_str().clone_into(&mut saga.state);
+    if saga_state == SagaState::Running {
+        saga.error = None;
+    }
+    saga.deadline = None;
+    store::save(tx, &mut saga, now).await?;
+    let detail = format!(
+        "{} {}: effect {effect_id} {was} -> {is}; step {step_state}",
+        row.name, row.phase
+    );
+    Ok((saga, detail))
+}
+
+impl Orchestrator {
     /// The parked local step's row removed and the step run again from where the saga
     /// stood.
     async fn rerun_local(

@@ -131,7 +131,7 @@ pub struct Orchestrator {
     pub(crate) db: Database,
     pub(crate) definitions: HashMap<String, Arc<SagaDefinition>>,
     inner: Arc<dyn EffectHandler>,
-    config: OrchestratorConfig,
+    pub(crate) config: OrchestratorConfig,
 }
 
 impl std::fmt::Debug for Orchestrator {
@@ -419,7 +419,8 @@ impl Orchestrator {
         Ok(())
     }
 
-    /// Runs the timeout sweep every [`OrchestratorConfig::poll`] and refreshes the gauges
+    /// Runs the timeout sweep and the steps operators retried from outside the service
+    /// ([`Orchestrator::rerun_due`]) every [`OrchestratorConfig::poll`] and refreshes the gauges
     /// every [`OrchestratorConfig::gauges`], until `shutdown` is cancelled. (Continuations
     /// need no loop of their own: they run in the effect runner's settle transactions.)
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
@@ -433,6 +434,9 @@ impl Orchestrator {
             }
             if let Err(e) = self.expire_due(now_ms()).await {
                 tracing::warn!(error = %e, "saga timeout sweep failed; the store may be down");
+            }
+            if let Err(e) = self.rerun_due().await {
+                tracing::warn!(error = %e, "saga retries not run; the store may be down");
             }
             tokio::select! {
                 () = shutdown.cancelled() => break,

@@ -403,6 +403,43 @@ pub(crate) async fn due(db: &Database, now: i64, limit: u32) -> Result<Vec<Strin
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
+/// Records in `tx` that saga `id`'s parked local step is to run again by the service's
+/// orchestrator (an operator's retry from outside the service), at `now` (Unix ms).
+pub(crate) async fn request_rerun(tx: &mut Tx, id: &str, now: i64) -> Result<(), StoreError> {
+    tx.execute(
+        query("UPDATE oncely_sagas SET rerun_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(id),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Clears saga `id`'s rerun request in `tx`: `true` when this transaction took it.
+pub(crate) async fn take_rerun(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
+    let n = tx
+        .execute(
+            query("UPDATE oncely_sagas SET rerun_at = NULL WHERE id = $1 AND rerun_at IS NOT NULL")
+                .bind(id),
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Ids of up to `limit` sagas with a rerun request, oldest request first.
+pub(crate) async fn reruns_due(db: &Database, limit: u32) -> Result<Vec<String>, StoreError> {
+    let rows: Vec<(String,)> = db
+        .fetch_all(
+            query(
+                "SELECT id FROM oncely_sagas WHERE rerun_at IS NOT NULL \
+                 ORDER BY rerun_at LIMIT $1",
+            )
+            .bind(i64::from(limit.max(1))),
+        )
+        .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
 /// Saga `id` of `tenant`.
 pub(crate) async fn get(
     db: &Database,

@@ -6,7 +6,9 @@
 //!   saga's definition: reserve (local) → charge → [record (local)] → ship (pivot);
 //! - `flows`: fulfilled; a declined card and a refused shipment compensated;
 //! - `concurrency`: two orchestrators complete one step at once, the continuation runs once;
-//! - `late`: a shipment booked after its step's timeout is cancelled.
+//! - `late`: a shipment booked after its step's timeout is cancelled;
+//! - `rerun`: a parked local step retried from outside the service, run once by its
+//!   orchestrator.
 
 #[path = "saga/concurrency.rs"]
 mod concurrency;
@@ -16,3 +18,5 @@ mod flows;
 mod harness;
 #[path = "saga/late.rs"]
 mod late;
+#[path = "saga/rerun.rs"]
+mod rerun;

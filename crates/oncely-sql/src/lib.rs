@@ -113,8 +113,8 @@ pub use db::DbOptions;
 pub use dialect::{in_list, sql_text, Dialect};
 pub use driver::{Backend, Migrations};
 pub use effects::{
-    Effect, EffectState, EffectStore, Enqueued, Evidence, EvidenceKind, EvidenceRow, NewEffect,
-    Resolution, Settle, SettleItem,
+    Continuation, Effect, EffectState, EffectStore, Enqueued, Evidence, EvidenceKind, EvidenceRow,
+    NewEffect, Resolution, Settle, SettleItem,
 };
 pub use error::{is_lock_conflict, StoreError};
 pub use idempotency::{IdempotencyStore, Record, Reservation, ReservationToken};

@@ -116,7 +116,7 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
     t: TestDb,
 ) {
     // The order service's database: the command also reads its payments endpoint's charges.
-    orders::migrate(&t.db).await.unwrap();
+    t.db.migrate().await.unwrap();
     let sim = PaymentsSim::new(PaymentsConfig {
         secret_keys: vec![SK.into()],
         ..PaymentsConfig::default()

@@ -33,7 +33,7 @@ use http::{header, HeaderValue, Method, StatusCode};
 use maud::Markup;
 use oncely_broker::{DeadLetterError, DeadLetters};
 use oncely_core::{MessageId, TenantId};
-use oncely_effects::ResolveAction;
+use oncely_effects::{Continue, ResolveAction};
 use oncely_http::Problem;
 use oncely_sql::{Database, DiscrepancyStore, EffectState, EffectStore, OperatorAudit, StoreError};
 use serde::Deserialize;
@@ -478,7 +478,15 @@ async fn resolve_effect(
     // The service's completion (invoice paid, `invoice.paid`; a saga's next step) commits
     // with the resolution.
     let now = oncely_core::now_ms();
-    match oncely_effects::resolve_effect(&store, &*c.resolver, &id, &resolution, now).await {
+    match oncely_effects::resolve_effect(
+        &store,
+        Continue::Here(&*c.resolver),
+        &id,
+        &resolution,
+        now,
+    )
+    .await
+    {
         Ok(e) => {
             let text = format!("Effect {} is {} now.", e.id, e.state_word);
             html(
@@ -556,7 +564,16 @@ async fn resolve_discrepancy(
     };
     let store = DiscrepancyStore::new(c.db.clone());
     let reason = non_empty(&f.reason).unwrap_or("resolved in the console");
-    match oncely_effects::resolve(&store, &id, &action, &s.actor, reason).await {
+    match oncely_effects::resolve(
+        &store,
+        Continue::Here(&*c.resolver),
+        &id,
+        &action,
+        &s.actor,
+        reason,
+    )
+    .await
+    {
         Ok(d) => {
             let text = format!("Discrepancy {} resolved: {}.", d.id, action.as_str());
             html(

@@ -556,11 +556,12 @@ async fn a_cancel_before_the_pivot_compensates_and_after_it_answers_409(t: TestD
 }
 
 /// An operator resolves a saga's charge whose outcome the runner could not learn (the
-/// effect `unknown`: its runner died after sending, its lease ran out) as succeeded, with
-/// [`orders::resolution_handler`] — what `oncely effects resolve`, the console and the
-/// reconcilers use. The saga continues from the charge: shipped and invoiced once, nothing
-/// sent to the payments provider. (With the choreography's handler alone the saga stayed
-/// at the charge.)
+/// effect `unknown`: its runner died after sending, its lease ran out) as succeeded, as
+/// `oncely effects resolve` does: the store records the resolution and its continuation
+/// ([`oncely_effects::Continue::ByRunner`]), and the service's own runner — whose handler
+/// is the saga's orchestrator, with the service's configuration — continues it (it has no
+/// payments lane: a continuation calls no provider). The saga continues from the charge:
+/// shipped and invoiced once, nothing sent to the payments provider.
 async fn a_charge_resolved_by_an_operator_continues_its_saga(t: TestDb) {
     // No payments lane: the charge is enqueued and nothing calls it.
     let s = Saga::start_with(&t.db, false).await;
@@ -584,7 +585,6 @@ async fn a_charge_resolved_by_an_operator_continues_its_saga(t: TestDb) {
     )
     .await
     .unwrap();
-    let handler = orders::resolution_handler(t.db.clone(), orders::ORDERS_TOPIC);
     let resolution = oncely_sql::Resolution {
         to: oncely_sql::EffectState::Succeeded,
         provider_id: Some("pi_seen_in_the_dashboard"),
@@ -593,7 +593,7 @@ async fn a_charge_resolved_by_an_operator_continues_its_saga(t: TestDb) {
     };
     oncely_effects::resolve_effect(
         &store,
-        &*handler,
+        oncely_effects::Continue::ByRunner,
         &charge.id,
         &resolution,
         oncely_core::now_ms(),

@@ -3,6 +3,9 @@
 //!
 //! - this file: the HTTP service (keys, replays, limits, outages);
 //! - `billing`: the `billing` consumer of `order.created`;
+//! - `binary`: the `orders` binary as a process (and the `oncely` binary against it): S8,
+//!   migrations, SIGTERM, the consumers on every broker, import, the flows with chaos,
+//!   slow clients, the console in a browser, schemathesis, `/metrics`;
 //! - `console`: the operator console over HTTP (sign-in, pages, audited CSRF-checked actions);
 //! - `events`: every created order yields one `order.created` through the relay, on every
 //!   broker;
@@ -19,6 +22,7 @@
 //! - `verify`: `oncely verify` finds every check holding against the service.
 
 mod billing;
+mod binary;
 mod console;
 mod events;
 mod fault_space;

@@ -144,6 +144,23 @@ impl Reconciler {
         }
     }
 
+    /// A reconciler of `provider` against the effects in `effects` whose completions are
+    /// left to the service's runner ([`crate::Continue::ByRunner`]): for a process that is
+    /// not the service (`oncely reconcile`).
+    pub fn by_runner(
+        provider: Arc<dyn Provider>,
+        effects: EffectStore,
+        config: ReconcileConfig,
+    ) -> Self {
+        let store = DiscrepancyStore::new(effects.database().clone());
+        Self {
+            provider,
+            sources: vec![Arc::new(EffectsSource::by_runner(effects))],
+            store,
+            config,
+        }
+    }
+
     /// Adds a second source of local intents (asked after the ones before it).
     #[must_use]
     pub fn with_source(mut self, source: Arc<dyn LocalSource>) -> Self {

@@ -6,6 +6,8 @@ use oncely_sql::{
 };
 use serde_json::json;
 
+use crate::Continue;
+
 /// An operator's action on a discrepancy ([`resolve`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -15,7 +17,8 @@ pub enum ResolveAction {
     Acknowledge,
     /// `status_mismatch` of an effect in `needs_review` (or `unknown`, `absent`) whose
     /// record is live at the provider: the effect is resolved as succeeded with that record
-    /// (`provider_id`, or the one live record the run found).
+    /// (`provider_id`, or the one live record the run found) and continued as
+    /// [`crate::resolve_effect`] continues it.
     MarkSucceeded {
         /// The provider's object id; needed when the run found more than one.
         provider_id: Option<String>,
@@ -42,7 +45,8 @@ impl ResolveAction {
 }
 
 /// Resolves open discrepancy `id` by `action`, audited (actor, reason, what was done) — the
-/// action's change and the discrepancy's closing commit together.
+/// action's change and the discrepancy's closing commit together; an effect resolved as
+/// succeeded is continued as `how` says ([`Continue`]), in that transaction too.
 ///
 /// # Errors
 /// [`StoreError::NotFound`] for an unknown id; [`StoreError::Conflict`] when it is resolved
@@ -50,6 +54,7 @@ impl ResolveAction {
 /// other [`StoreError`]s when the database fails.
 pub async fn resolve(
     store: &DiscrepancyStore,
+    how: Continue<'_>,
     id: &str,
     action: &ResolveAction,
     actor: &str,
@@ -69,6 +74,7 @@ pub async fn resolve(
             mark_succeeded(
                 &effects,
                 &mut tx,
+                how,
                 &d,
                 provider_id.as_deref(),
                 actor,
@@ -108,9 +114,11 @@ fn one_of(ids: &[String], chosen: Option<&str>, what: &str) -> Result<String, St
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the resolution's parts, each named at the call
 async fn mark_succeeded(
     effects: &EffectStore,
     tx: &mut oncely_sql::Tx,
+    how: Continue<'_>,
     d: &Discrepancy,
     provider_id: Option<&str>,
     actor: &str,
@@ -148,7 +156,7 @@ async fn mark_succeeded(
         actor,
         reason,
     };
-    let effect = effects.resolve(tx, effect_id, &resolution, now).await?;
+    let effect = crate::operator::resolve_in(effects, tx, how, effect_id, &resolution, now).await?;
     Ok(format!(
         "effect {} resolved as succeeded with {pid}",
         effect.id

@@ -6,7 +6,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use oncely_sql::{Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, StoreError};
 
-use crate::{EffectHandler, ObjectState, RemoteObject, Settled};
+use crate::runner::{continue_outcome, Outcome};
+use crate::{Continue, EffectHandler, ObjectState, RemoteObject, Settled};
 
 /// Where a local intent stands, as reconciliation reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,10 +108,12 @@ pub trait LocalSource: Send + Sync + std::fmt::Debug {
 
 /// The effect store as a [`LocalSource`]: effects by provider, operation and creation time;
 /// an unknown one completed under a lease, as the runner would, with its handler's business
-/// update in the same transaction.
+/// update in the same transaction — or, without the service's handler
+/// ([`EffectsSource::by_runner`]), with the mark its runner continues from
+/// ([`Continue::ByRunner`]).
 pub struct EffectsSource {
     store: EffectStore,
-    handler: Arc<dyn EffectHandler>,
+    handler: Option<Arc<dyn EffectHandler>>,
     runner_id: String,
     lease: Duration,
 }
@@ -126,6 +129,16 @@ impl std::fmt::Debug for EffectsSource {
 impl EffectsSource {
     /// The effects in `store`; completions go through `handler` (as the runner's do).
     pub fn new(store: EffectStore, handler: Arc<dyn EffectHandler>) -> Self {
+        Self::with(store, Some(handler))
+    }
+
+    /// The effects in `store`; completions are left to the service's runner
+    /// ([`Continue::ByRunner`]).
+    pub fn by_runner(store: EffectStore) -> Self {
+        Self::with(store, None)
+    }
+
+    fn with(store: EffectStore, handler: Option<Arc<dyn EffectHandler>>) -> Self {
         Self {
             store,
             handler,
@@ -218,7 +231,11 @@ impl EffectsSource {
             Some((false, error)) => Settled::Failed { error },
             Some((true, error)) => Settled::NeedsReview { error },
         };
-        self.handler.settled(&mut tx, effect, settled).await?;
+        let how = match &self.handler {
+            Some(handler) => Continue::Here(&**handler),
+            None => Continue::ByRunner,
+        };
+        continue_outcome(&mut tx, effect, &Outcome::from(settled), how, now).await?;
         tx.commit().await
     }
 

@@ -99,11 +99,7 @@ impl EffectRunner {
             effect: effect.clone(),
             settle: settle.clone(),
             evidence: evidence.clone(),
-            outcome: settled.map(|o| match o {
-                Settled::Succeeded(object) => Outcome::Succeeded(object.clone()),
-                Settled::Failed { error } => Outcome::Failed(error.to_owned()),
-                Settled::NeedsReview { error } => Outcome::NeedsReview(error.to_owned()),
-            }),
+            outcome: settled.map(Outcome::from),
         }
     }
 }

@@ -1,5 +1,6 @@
 mod call;
 mod check;
+mod continuation;
 mod decide;
 mod pipeline;
 mod settle;
@@ -16,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics as metric;
 use crate::{Provider, RemoteObject};
+pub(crate) use continuation::continue_outcome;
+pub use continuation::Continue;
 
 /// How an effect ended, handed to [`EffectHandler::settled`].
 #[derive(Debug, Clone, Copy)]
@@ -192,20 +195,40 @@ struct Pending {
     outcome: Option<Outcome>,
 }
 
-/// [`Settled`], owned, while its outcome waits in the settle stage.
-enum Outcome {
+/// [`Settled`], owned: while its outcome waits in the settle stage, and as a continuation
+/// recorded for the service's runner (JSON in `oncely_effects.continuation`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Outcome {
     Succeeded(RemoteObject),
     Failed(String),
     NeedsReview(String),
 }
 
+impl Outcome {
+    /// The outcome as the handler takes it.
+    pub(crate) fn settled(&self) -> Settled<'_> {
+        match self {
+            Self::Succeeded(object) => Settled::Succeeded(object),
+            Self::Failed(error) => Settled::Failed { error },
+            Self::NeedsReview(error) => Settled::NeedsReview { error },
+        }
+    }
+}
+
+impl From<Settled<'_>> for Outcome {
+    fn from(settled: Settled<'_>) -> Self {
+        match settled {
+            Settled::Succeeded(object) => Self::Succeeded(object.clone()),
+            Settled::Failed { error } => Self::Failed(error.to_owned()),
+            Settled::NeedsReview { error } => Self::NeedsReview(error.to_owned()),
+        }
+    }
+}
+
 impl Pending {
     fn settled(&self) -> Option<Settled<'_>> {
-        self.outcome.as_ref().map(|o| match o {
-            Outcome::Succeeded(object) => Settled::Succeeded(object),
-            Outcome::Failed(error) => Settled::Failed { error },
-            Outcome::NeedsReview(error) => Settled::NeedsReview { error },
-        })
+        self.outcome.as_ref().map(Outcome::settled)
     }
 
     fn item(&self) -> SettleItem<'_> {
@@ -366,6 +389,9 @@ impl EffectRunner {
                     tracing::warn!(error = %e, "effect gauges not refreshed");
                 }
             }
+            if let Err(e) = self.continue_owed().await {
+                tracing::warn!(error = %e, "continuations not read; the store may be down");
+            }
             let started = match self.claim_round(&tasks, &settle_tx, true).await {
                 Ok(n) => n,
                 Err(e) => {
@@ -393,13 +419,15 @@ impl EffectRunner {
         }
     }
 
-    /// One round: claims what each provider has room for and runs it to completion, its
-    /// outcomes settled. Returns how many effects were processed (for tests and one-shot
-    /// operator runs).
+    /// One round: continues the outcomes decided elsewhere that this runner's handler owes
+    /// ([`EffectRunner::continue_owed`]), then claims what each provider has room for and
+    /// runs it to completion, its outcomes settled. Returns how many effects were processed
+    /// (for tests and one-shot operator runs).
     ///
     /// # Errors
-    /// [`StoreError`] when a claim fails.
+    /// [`StoreError`] when reading the continuations or a claim fails.
     pub async fn run_once(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let continued = self.continue_owed().await?;
         let tasks = tokio_util::task::TaskTracker::new();
         let (settle_tx, settler) = self.start_settler();
         let claimed = self.claim_round(&tasks, &settle_tx, false).await;
@@ -409,7 +437,7 @@ impl EffectRunner {
         if let Err(e) = settler.await {
             tracing::warn!(error = %e, "the effect settle stage ended abnormally");
         }
-        claimed
+        Ok(continued + claimed?)
     }
 
     /// The most effects a lane holds unsettled.

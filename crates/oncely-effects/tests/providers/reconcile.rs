@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use oncely_effects::{
-    metrics, resolve, EffectRunner, NoHandler, Provider, ReconcileConfig, ReconcileReport,
-    Reconciler, ResolveAction, RunnerConfig, ShippingClient, ShippingConfig, StripeConfig,
-    StripePayments,
+    metrics, resolve, Continue, EffectRunner, NoHandler, Provider, ReconcileConfig,
+    ReconcileReport, Reconciler, ResolveAction, RunnerConfig, ShippingClient, ShippingConfig,
+    StripeConfig, StripePayments,
 };
 use oncely_sim::{serve, ShippingSim};
 use oncely_sql::{DiscrepancyStore, EffectState, EffectStore, Enqueued, NewEffect, StoreError};
@@ -518,6 +518,7 @@ async fn assert_unfit_actions_refused(
 ) {
     let wrong = resolve(
         ds,
+        Continue::Here(&NoHandler),
         stranger_d,
         &ResolveAction::MarkSucceeded { provider_id: None },
         "ops",
@@ -527,6 +528,7 @@ async fn assert_unfit_actions_refused(
     assert!(matches!(wrong, Err(StoreError::Conflict(_))), "{wrong:?}");
     let recorded_refund = resolve(
         ds,
+        Continue::Here(&NoHandler),
         dup_d,
         &ResolveAction::Refund {
             provider_id: Some(recorded.to_owned()),
@@ -578,6 +580,10 @@ async fn assert_refund_sent_once(
 /// record; `acknowledge` keeps the same discrepancy from being reported again; `refund`
 /// enqueues one refund effect of the extra charge (never of the recorded one), which the
 /// runner sends; an action that does not fit the kind, or a second resolution, is refused.
+#[allow(
+    clippy::too_many_lines,
+    reason = "every action on one set of discrepancies, read top to bottom"
+)]
 pub(crate) async fn resolving_discrepancies_is_audited_and_acts_once(t: TestDb) {
     t.db.migrate().await.unwrap();
     let store = EffectStore::new(t.db.clone());
@@ -619,6 +625,7 @@ pub(crate) async fn resolving_discrepancies_is_audited_and_acts_once(t: TestDb) 
 
     let done = resolve(
         ds,
+        Continue::Here(&NoHandler),
         &review_d,
         &ResolveAction::MarkSucceeded { provider_id: None },
         "ops",
@@ -635,6 +642,7 @@ pub(crate) async fn resolving_discrepancies_is_audited_and_acts_once(t: TestDb) 
     assert_eq!(store.audit_trail(&review).await.unwrap().len(), 1);
     resolve(
         ds,
+        Continue::Here(&NoHandler),
         &stranger_d,
         &ResolveAction::Acknowledge,
         "ops",
@@ -644,6 +652,7 @@ pub(crate) async fn resolving_discrepancies_is_audited_and_acts_once(t: TestDb) 
     .unwrap();
     resolve(
         ds,
+        Continue::Here(&NoHandler),
         &dup_d,
         &ResolveAction::Refund { provider_id: None },
         "ops",
@@ -667,7 +676,15 @@ pub(crate) async fn resolving_discrepancies_is_audited_and_acts_once(t: TestDb) 
             (action, "ops", reason)
         );
     }
-    let again = resolve(ds, &dup_d, &ResolveAction::Acknowledge, "ops", "twice").await;
+    let again = resolve(
+        ds,
+        Continue::Here(&NoHandler),
+        &dup_d,
+        &ResolveAction::Acknowledge,
+        "ops",
+        "twice",
+    )
+    .await;
     assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
 
     assert_refund_sent_once(&store, stripe, &sim, &extra).await;

@@ -6,9 +6,12 @@
 //! - `settle` — settling claimed effects, with the evidence of each attempt in
 //!   `oncely_effect_attempts`.
 //! - `resolve` — operator resolutions (retry, resolve by hand) and their audit trail.
+//! - `continuation` — [`Continuation`]: an outcome decided outside the service's runner,
+//!   marked for the service's runner to continue (migration 0031).
 //! - `driver` — `EffectsBackend`, what `sqlite/`, `postgres/` and `mysql/` implement, with
 //!   the columns and SQL texts they share; it names no backend.
 
+mod continuation;
 pub(crate) mod driver;
 mod resolve;
 mod settle;
@@ -18,6 +21,7 @@ use std::time::Duration;
 
 use crate::backend::with_store;
 use crate::{query, Database, StoreError, Tx};
+pub use continuation::Continuation;
 use driver::{Claim, EffectsBackend};
 pub use types::{
     Effect, EffectState, Enqueued, Evidence, EvidenceKind, EvidenceRow, NewEffect, Resolution,

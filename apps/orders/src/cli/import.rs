@@ -1,4 +1,4 @@
-//! `oncely orders import FILE --tenant T`: the manual fallback (docs/ACCEPTANCE.md S8).
+//! `orders import FILE --tenant T`: the manual fallback (docs/ACCEPTANCE.md S8).
 //!
 //! Each line of an NDJSON file is one `POST /v1/orders` body, sent as a request — never
 //! written to the tables directly — so it goes through exactly the rules a client's request
@@ -8,7 +8,7 @@
 //! Two ways to send it, the same code on the other side:
 //! - `--url` + `--api-key`: to a running service over HTTP (the API key decides the tenant;
 //!   `--tenant` must name it, as it enters the derived keys);
-//! - `--database-url` alone: the service's own router ([`orders::router`]), in this process,
+//! - `--database-url` alone: the service's own router ([`crate::router`]), in this process,
 //!   on the database — for when the service cannot be reached. It coordinates with running
 //!   services through the same idempotency records and unique index.
 //!
@@ -25,23 +25,17 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::body::Body;
-use clap::{Args, Subcommand};
+use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tower::ServiceExt as _;
 
-/// `oncely orders …`.
-#[derive(Debug, Subcommand)]
-pub(crate) enum OrdersCommand {
-    /// Import an NDJSON file of order bodies (the manual fallback): each line created,
-    /// existing, conflict or invalid. Exit status 1 when any line was not imported.
-    Import(ImportArgs),
-}
-
-/// `oncely orders import`.
+/// `orders import`.
 #[derive(Debug, Args)]
-pub(crate) struct ImportArgs {
+pub(super) struct ImportArgs {
+    #[command(flatten)]
+    db: oncely_cli::DbArgs,
     /// The NDJSON file: one `POST /v1/orders` body per line, optionally with a string `key`
     /// member (its idempotency key). Blank lines are skipped.
     file: PathBuf,
@@ -57,7 +51,7 @@ pub(crate) struct ImportArgs {
     api_key: Option<String>,
     /// Topic of the `order.created` events (in-process only; the service's
     /// `--events-topic`).
-    #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = orders::ORDERS_TOPIC)]
+    #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = crate::ORDERS_TOPIC)]
     events_topic: String,
     /// Print each line's outcome and the summary as JSON objects, one a line.
     #[arg(long)]
@@ -194,7 +188,8 @@ fn derived_key(tenant: &str, body: &Value) -> anyhow::Result<String> {
         h.update(part);
     }
     let digest = h.finalize();
-    Ok(format!("import-{}", hex(&digest[..16])))
+    let prefix = uuid::Uuid::from_slice(&digest[..16]).context("a 16-byte digest prefix")?;
+    Ok(format!("import-{}", prefix.simple()))
 }
 
 /// The line's key and body, or why it is invalid.
@@ -320,16 +315,11 @@ fn print_line(r: &LineReport, as_json: bool) {
     }
 }
 
-/// Runs `oncely orders …`. `db` is connected only for the in-process path.
+/// Runs `orders import`; the database is connected only for the in-process path.
 ///
 /// # Errors
 /// The file cannot be read, the tenant is invalid, or the database cannot be reached.
-pub(crate) async fn run<F, Fut>(cmd: OrdersCommand, connect: F) -> anyhow::Result<()>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<oncely_sql::Database>>,
-{
-    let OrdersCommand::Import(args) = cmd;
+pub(super) async fn run(args: ImportArgs) -> anyhow::Result<()> {
     oncely_core::TenantId::parse(&args.tenant).context("invalid --tenant")?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
@@ -340,15 +330,16 @@ where
             api_key: api_key.clone(),
         }
     } else {
-        let db = connect().await?;
-        let api_key = format!("import-{}", uuid_like());
-        let config = orders::AppConfig {
-            api_keys: orders::parse_api_keys(&format!("{api_key}={}", args.tenant))?,
+        let db = super::connect(&args.db).await?;
+        // A process-local random API key for the in-process router (never leaves it).
+        let api_key = format!("import-{}", uuid::Uuid::new_v4().simple());
+        let config = crate::AppConfig {
+            api_keys: crate::parse_api_keys(&format!("{api_key}={}", args.tenant))?,
             events_topic: args.events_topic.clone(),
-            ..orders::AppConfig::default()
+            ..crate::AppConfig::default()
         };
         Target::InProcess {
-            router: orders::router(db, &config),
+            router: crate::router(db, &config),
             api_key,
         }
     };
@@ -384,21 +375,4 @@ where
         std::process::exit(1);
     }
     Ok(())
-}
-
-/// A process-local random API key for the in-process router (never leaves the process).
-fn uuid_like() -> String {
-    let mut h = Sha256::new();
-    h.update(std::process::id().to_be_bytes());
-    h.update(format!("{:?}", std::time::SystemTime::now()).as_bytes());
-    hex(&h.finalize()[..16])
-}
-
-/// `bytes` as lower-case hex digits.
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }

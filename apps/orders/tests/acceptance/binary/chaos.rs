@@ -1,8 +1,8 @@
 //! The payment and shipping flow as processes under fire (issue 16's 1,000-order run, and
 //! the runner killed at the exact point).
 //!
-//! `one_thousand_orders_…`: `oncely serve` takes the orders; separate `oncely relay`,
-//! `oncely consume billing`, `oncely consume shipping` and `oncely effects run` processes
+//! `one_thousand_orders_…`: `orders serve` takes the orders; separate `oncely relay`,
+//! `orders consume billing`, `orders consume shipping` and `orders effects run` processes
 //! carry them to the payments and shipping simulators (`oncely sim …`, every fault at 5%),
 //! and are SIGKILLed at random and restarted throughout. At the end, counted at the
 //! providers: exactly one succeeded charge and one shipment per order; no effect left
@@ -106,7 +106,7 @@ impl Slot {
         let log =
             std::fs::File::create(logs.join(format!("{}-{:04}.log", self.name, self.started)))
                 .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        let child = Command::new(super::binary_for(&self.args))
             .args(&self.args)
             .env("ONCELY_DATABASE_URL", url)
             .env("ONCELY_LOG", "info")
@@ -472,7 +472,7 @@ async fn assert_counted_at_the_providers(
 /// but for a `status_mismatch` of an effect left in `needs_review` whose record is live at
 /// the provider, which is what reconciliation is to report about it (each printed).
 async fn reconcile_reports_nothing(t: &TestDb, provider: &str, providers: &[String]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let out = Command::new(super::ORDERS)
         .args([
             "reconcile",
             "--provider",
@@ -567,7 +567,7 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         "50",
     ]));
     args.extend(providers.iter().cloned());
-    let mut aborted = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let mut aborted = Command::new(super::ORDERS)
         .args(&args)
         .env("ONCELY_DATABASE_URL", &t.url)
         .env("ONCELY_FAULT", "runner-abort-after-call")
@@ -586,7 +586,7 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         "nothing recorded after the call: {states:?}"
     );
 
-    let mut second = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let mut second = Command::new(super::ORDERS)
         .args(&args)
         .env("ONCELY_DATABASE_URL", &t.url)
         .stdout(Stdio::null())

@@ -1,4 +1,4 @@
-//! README's table of the metrics to alert on, against a running `oncely serve` (PostgreSQL,
+//! README's table of the metrics to alert on, against a running `orders serve` (PostgreSQL,
 //! SQL transport, the payments and shipping simulators): every metric of the table is on
 //! `/metrics` with `# HELP`, and each moves under the traffic that should move it — a
 //! replay, a key reused with another body, a key still in flight, a missing key, an invalid
@@ -19,7 +19,7 @@ use super::{order, post, serve_with, sim, API_KEY};
 
 /// The metric names of README's "metrics to alert on" table (its first column).
 fn readme_metrics() -> Vec<String> {
-    let readme = include_str!("../../../../README.md");
+    let readme = include_str!("../../../../../README.md");
     let section = readme
         .split("## Operating the service")
         .nth(1)

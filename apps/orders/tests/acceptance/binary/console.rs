@@ -1,5 +1,5 @@
 //! The operator console in a real browser: headless Chromium driven through chromedriver
-//! (W3C WebDriver over HTTP) against a running `oncely serve`. A person's path through it —
+//! (W3C WebDriver over HTTP) against a running `orders serve`. A person's path through it —
 //! sign in, find a dead letter, requeue it and see the order's invoice appear, resolve an
 //! effect in review — plus the refusals: a tenant API key, a form without its CSRF token,
 //! the console off without an admin token.
@@ -299,7 +299,7 @@ async fn dead_lettered_order(t: &TestDb) -> (String, String) {
     (order_id, delivery.message.id.to_string())
 }
 
-/// Headless Chromium against `oncely serve --admin-token`: a tenant key is refused at sign-in
+/// Headless Chromium against `orders serve --admin-token`: a tenant key is refused at sign-in
 /// and on the console's URLs (403 problem), the admin token signs in (HttpOnly, SameSite=Strict
 /// cookie); the overview counts the dead letter; it is requeued from the dead-letter page and
 /// the billing consumer delivers it — the invoice appears on the order's lineage page; an

@@ -1,7 +1,7 @@
 //! The fulfilment saga as processes under fire (issue 18's 1,000-order run).
 //!
-//! `oncely serve --fulfilment saga` takes the orders, the stock (`PUT /v1/stock/{sku}`) and
-//! the cancels; separate `oncely relay`, `oncely consume fulfilment` and `oncely effects run
+//! `orders serve --fulfilment saga` takes the orders, the stock (`PUT /v1/stock/{sku}`) and
+//! the cancels; separate `oncely relay`, `orders consume fulfilment` and `orders effects run
 //! --fulfilment saga` processes (two of each) carry the sagas to the payments and shipping
 //! simulators (`oncely sim …`, every fault at 5%, on calls and compensations alike) and are
 //! SIGKILLed at random and restarted throughout. The orders mix a plain line, a scarce SKU

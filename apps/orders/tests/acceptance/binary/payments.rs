@@ -1,4 +1,4 @@
-//! `POST /v1/orders/{id}/payments` (multi-phase) through `oncely serve` processes, on every
+//! `POST /v1/orders/{id}/payments` (multi-phase) through `orders serve` processes, on every
 //! backend: a serve process aborted (`ONCELY_FAULT=payment-abort-after-call`, as a SIGKILL
 //! would end it) after the provider committed and before the outcome was stored, or
 //! (`payment-abort-before-call`) before it called; a second serve process on the same

@@ -1,18 +1,17 @@
-//! `oncely relay`'s arguments, the broker and relay arguments `oncely serve` shares, and
-//! `oncely outbox …`.
+//! [`BrokerArgs`] and [`RelayArgs`]: which broker, how to reach it, and the outbox relay's
+//! settings (`oncely relay`, a service's in-process relay, the consumers' subscriber).
 
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use oncely_core::RetryPolicy;
 use oncely_outbox::RelayConfig;
 use oncely_runtime::{BrokerConfig, BrokerKind, RelaySupervisor};
-use oncely_sql::{Database, OutboxStore, RequeueTarget};
 
 /// Which broker, and how to reach it (shared by the relay's publisher and the inbox
 /// consumers' subscriber).
 #[derive(Debug, Clone, Args)]
-pub(crate) struct BrokerArgs {
+pub struct BrokerArgs {
     /// Broker the relay publishes to and the inbox consumers read from.
     #[arg(long, env = "ONCELY_BROKER", value_enum, default_value_t = BrokerKind::Sql)]
     broker: BrokerKind,
@@ -70,7 +69,7 @@ pub(crate) struct BrokerArgs {
 
 impl BrokerArgs {
     /// The broker configuration these arguments describe.
-    pub(crate) fn config(&self) -> BrokerConfig {
+    pub fn config(&self) -> BrokerConfig {
         BrokerConfig {
             kind: self.broker,
             amqp_url: self.amqp_url.clone(),
@@ -90,9 +89,10 @@ impl BrokerArgs {
 
 /// Broker and relay settings (shared by `serve` and `relay`).
 #[derive(Debug, Clone, Args)]
-pub(crate) struct RelayArgs {
+pub struct RelayArgs {
     #[command(flatten)]
-    pub(crate) broker: BrokerArgs,
+    /// The broker the relay publishes to.
+    pub broker: BrokerArgs,
     /// Rows claimed and published per round (the confirmation window).
     #[arg(long, env = "ONCELY_RELAY_BATCH", default_value_t = 256)]
     relay_batch: u32,
@@ -149,7 +149,7 @@ impl RelayArgs {
     /// The supervised relay these arguments describe. `ONCELY_FAULT=relay-abort-after-confirm`
     /// (tests and chaos drills only) aborts the process right after the broker confirmed a
     /// batch and before the outbox records it.
-    pub(crate) fn supervisor(&self) -> RelaySupervisor {
+    pub fn supervisor(&self) -> RelaySupervisor {
         RelaySupervisor {
             broker: self.broker.config(),
             relay: self.config(),
@@ -157,82 +157,4 @@ impl RelayArgs {
                 == Ok("relay-abort-after-confirm"),
         }
     }
-}
-
-/// `oncely outbox …`: operator commands.
-#[derive(Debug, Subcommand)]
-pub(crate) enum OutboxCommand {
-    /// Depth, oldest pending age and dead count.
-    Stats,
-    /// Dead events.
-    #[command(subcommand)]
-    Dead(DeadCommand),
-}
-
-/// `oncely outbox dead …`.
-#[derive(Debug, Subcommand)]
-pub(crate) enum DeadCommand {
-    /// Lists dead events (id, message id, topic, partition key, type, attempts, last error).
-    List {
-        /// Most rows to print.
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-    },
-    /// Puts dead events back to pending (attempts reset).
-    Requeue {
-        /// The outbox row id to requeue.
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
-        id: Option<i64>,
-        /// Requeue every dead event.
-        #[arg(long)]
-        all: bool,
-    },
-}
-
-/// Runs an `oncely outbox` command, printing to stdout.
-pub(crate) async fn outbox(db: Database, cmd: OutboxCommand) -> anyhow::Result<()> {
-    let store = OutboxStore::new(db);
-    match cmd {
-        OutboxCommand::Stats => {
-            let s = store.stats().await?;
-            let age_ms = s.oldest_pending_age_ms(oncely_core::now_ms());
-            println!(
-                "{}",
-                serde_json::json!({
-                    "pending": s.pending,
-                    "oldest_pending_age_seconds": age_ms as f64 / 1000.0,
-                    "dead": s.dead,
-                })
-            );
-        }
-        OutboxCommand::Dead(DeadCommand::List { limit }) => {
-            let rows = store.dead(0, limit).await?;
-            println!("id\tmessage_id\ttopic\tpartition_key\tevent_type\tattempts\tlast_error");
-            for r in rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    r.id,
-                    r.event.message_id,
-                    r.event.topic,
-                    r.event.partition_key,
-                    r.event.event_type,
-                    r.attempts,
-                    r.last_error.unwrap_or_default().replace(['\t', '\n'], " "),
-                );
-            }
-        }
-        OutboxCommand::Dead(DeadCommand::Requeue { id, all }) => {
-            let target = match (id, all) {
-                (_, true) => RequeueTarget::All,
-                (Some(id), false) => RequeueTarget::Id(id),
-                (None, false) => anyhow::bail!("give an id or --all"),
-            };
-            let n = store.requeue_dead(target, oncely_core::now_ms()).await?;
-            if let (RequeueTarget::Id(id), 0) = (target, n) {
-                anyhow::bail!("no dead event with id {id}");
-            }
-            println!("requeued {n}");
-        }
-    }
-    Ok(())
 }

@@ -19,7 +19,7 @@ fn ns() -> String {
 }
 
 fn inbox(args: &[String]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncely"))
+    Command::new(super::oncely_bin())
         .args(["inbox", "dead"])
         .args(args)
         .stderr(Stdio::piped())
@@ -218,7 +218,7 @@ async fn inbox_dead_commands_list_and_requeue_on_kafka() {
     list_and_requeue_through_the_command(&sub, &publisher, &topic, "billing", &broker).await;
 }
 
-/// The operator console of `oncely serve --broker rabbitmq` (`--no-consumer`, so nothing
+/// The operator console of `orders serve --broker rabbitmq` (`--no-consumer`, so nothing
 /// but the test takes the group's messages) lists a dead letter of the broker's
 /// `billing` group — counted on the overview, a row on the dead-letter page — and its
 /// requeue form sends it back to that group with attempts reset, after which the page lists

@@ -1,33 +1,38 @@
-//! `oncely reconcile …`: one reconciliation run of a provider over a window, printed as a
-//! table or JSON, and the operator's resolution of a discrepancy (logic in
+//! [`ReconcileArgs`] and [`reconcile`]: one reconciliation run of a provider over a window,
+//! printed as a table or JSON, and the operator's resolution of a discrepancy (logic in
 //! `oncely_effects::Reconciler` and `oncely_effects::resolve`). Every resolution writes an
-//! audit row.
+//! audit row. `oncely reconcile` runs it with the effect store alone, its completions left
+//! to the service's runner; a service's own binary adds its local sources and handler
+//! ([`Service`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Subcommand, ValueEnum};
 use oncely_effects::{
-    Provider, ReconcileConfig, ReconcileReport, Reconciler, ResolveAction, ShippingClient,
-    StripePayments,
+    Continue, EffectHandler, LocalSource, Provider, ReconcileConfig, ReconcileReport, Reconciler,
+    ResolveAction, ShippingClient, StripePayments,
 };
-use oncely_sql::{Discrepancy, DiscrepancyStore, EffectStore};
+use oncely_sql::{Database, Discrepancy, DiscrepancyStore, EffectStore};
 use serde_json::json;
 
-/// `oncely reconcile …`.
+/// `reconcile …`: a run (`--provider …`) or `reconcile resolve ID`.
 #[derive(Debug, Args)]
-pub(crate) struct ReconcileArgs {
+pub struct ReconcileArgs {
+    /// The database.
     #[command(flatten)]
-    db: crate::DbArgs,
+    pub db: crate::DbArgs,
+    /// `resolve`, or none for a run.
     #[command(subcommand)]
-    command: Option<ReconcileCommand>,
+    pub command: Option<ReconcileCommand>,
+    /// The run's flags.
     #[command(flatten)]
-    run: RunArgs,
+    pub run: RunArgs,
 }
 
-/// The run's flags (`oncely reconcile --provider …`).
+/// The run's flags (`reconcile --provider …`).
 #[derive(Debug, Args)]
-pub(crate) struct RunArgs {
+pub struct RunArgs {
     /// The provider to reconcile (its `charge`s, its `book`ings).
     #[arg(long, value_enum)]
     provider: Option<ProviderName>,
@@ -41,25 +46,23 @@ pub(crate) struct RunArgs {
     /// Page size of the provider's listing, 1–100.
     #[arg(long, default_value_t = 100)]
     page_limit: u8,
-    /// Topic of the service's events (`invoice.paid` when an unknown charge is completed);
-    /// the service's `--events-topic`.
-    #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = orders::ORDERS_TOPIC)]
-    events_topic: String,
-    /// Where the providers are (the flags of `serve` and `oncely effects run`).
+    /// Where the providers are (the flags of a service's `serve` and `effects run`).
     #[command(flatten)]
-    providers: crate::effects_cmd::ProviderArgs,
+    pub providers: crate::ProviderArgs,
 }
 
 /// A provider on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum ProviderName {
+pub enum ProviderName {
+    /// `payments` (Stripe API v1).
     Payments,
+    /// `shipping`.
     Shipping,
 }
 
-/// `oncely reconcile resolve …`.
+/// `reconcile resolve …`.
 #[derive(Debug, Subcommand)]
-pub(crate) enum ReconcileCommand {
+pub enum ReconcileCommand {
     /// Resolves an open discrepancy (audited). `acknowledge`: any kind, not reported again;
     /// `mark-succeeded`: a status_mismatch of an effect in review whose record is live;
     /// `refund`: a payments duplicate_remote or missing_local, refunded through an effect.
@@ -83,9 +86,12 @@ pub(crate) enum ReconcileCommand {
 
 /// An operator's action on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Action {
+pub enum Action {
+    /// [`ResolveAction::Acknowledge`].
     Acknowledge,
+    /// [`ResolveAction::MarkSucceeded`].
     MarkSucceeded,
+    /// [`ResolveAction::Refund`].
     Refund,
 }
 
@@ -238,37 +244,54 @@ fn print_table(report: &ReconcileReport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One reconciler per provider `effects` configures (for `serve --reconcile-every`): the
-/// effects and the payments endpoint's charges as local intents, completions through the
-/// order service's handler (events to `events_topic`).
-///
-/// # Errors
-/// As `EffectsConfig::providers`.
-pub(crate) fn reconcilers(
-    db: &oncely_sql::Database,
-    effects: &oncely_runtime::EffectsConfig,
-    events_topic: &str,
-) -> anyhow::Result<Vec<Reconciler>> {
-    let handler = orders::resolution_handler(db.clone(), events_topic);
-    Ok(effects
-        .providers()?
-        .into_iter()
-        .map(|provider| {
-            let operation = oncely_effects::default_operation(provider.name()).unwrap_or("charge");
-            Reconciler::new(
-                provider,
-                EffectStore::new(db.clone()),
-                handler.clone(),
-                ReconcileConfig::new(operation),
-            )
-            .with_source(Arc::new(orders::PaymentsSource::new(db.clone())))
-        })
-        .collect())
+/// What a service's own binary adds to a reconciliation: its handler, which completes
+/// effects in process ([`Continue::Here`]; without it, [`Continue::ByRunner`]), and its
+/// further sources of local intents.
+#[derive(Default)]
+pub struct Service {
+    /// The service's handler (its events topic and configuration), `None` outside it.
+    pub handler: Option<Arc<dyn EffectHandler>>,
+    /// Further sources of local intents, asked after the effect store.
+    pub sources: Vec<Arc<dyn LocalSource>>,
 }
 
-/// Runs an `oncely reconcile` command on the database a service set up, printing to stdout.
-pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("handler", &self.handler.is_some())
+            .field("sources", &self.sources)
+            .finish()
+    }
+}
+
+impl Service {
+    /// A reconciler of `provider` over `db` with this service's handler and sources.
+    pub fn reconciler(&self, db: &Database, provider: Arc<dyn Provider>) -> Reconciler {
+        let operation = oncely_effects::default_operation(provider.name()).unwrap_or("charge");
+        let config = ReconcileConfig::new(operation);
+        let effects = EffectStore::new(db.clone());
+        let reconciler = match &self.handler {
+            Some(handler) => Reconciler::new(provider, effects, handler.clone(), config),
+            None => Reconciler::by_runner(provider, effects, config),
+        };
+        self.sources
+            .iter()
+            .fold(reconciler, |r, source| r.with_source(source.clone()))
+    }
+}
+
+/// Runs a `reconcile` command on the database a service set up, printing to stdout;
+/// `service` builds what the service adds ([`Service::default`] for `oncely reconcile`).
+///
+/// # Errors
+/// The database cannot be reached; a provider is not configured; the run or the
+/// resolution fails.
+pub async fn reconcile(
+    args: ReconcileArgs,
+    service: impl FnOnce(&Database) -> Service,
+) -> anyhow::Result<()> {
     let db = args.db.connect_existing().await?;
+    let service = service(&db);
     if let Some(ReconcileCommand::Resolve {
         id,
         action,
@@ -282,8 +305,12 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
             Action::MarkSucceeded => ResolveAction::MarkSucceeded { provider_id },
             Action::Refund => ResolveAction::Refund { provider_id },
         };
+        let how = match &service.handler {
+            Some(handler) => Continue::Here(&**handler),
+            None => Continue::ByRunner,
+        };
         let store = DiscrepancyStore::new(db);
-        let d = oncely_effects::resolve(&store, &id, &action, &actor, &reason).await?;
+        let d = oncely_effects::resolve(&store, how, &id, &action, &actor, &reason).await?;
         println!("{}", row(&d)?);
         return Ok(());
     }
@@ -292,17 +319,7 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
         .provider
         .ok_or_else(|| anyhow::anyhow!("--provider payments|shipping is required"))?;
     let since = parse_since(&run.since, SystemTime::now())?;
-    let provider = provider(name, run)?;
-    let operation = oncely_effects::default_operation(provider.name()).unwrap_or("charge");
-    // A completed charge marks its invoice paid, as the runner's settle would.
-    let handler = orders::resolution_handler(db.clone(), &run.events_topic);
-    let reconciler = Reconciler::new(
-        provider,
-        EffectStore::new(db.clone()),
-        handler,
-        ReconcileConfig::new(operation),
-    )
-    .with_source(Arc::new(orders::PaymentsSource::new(db)));
+    let reconciler = service.reconciler(&db, provider(name, run)?);
     let report = reconciler.run(since).await?;
     if run.json {
         let discrepancies = report

@@ -1,4 +1,4 @@
-//! schemathesis (PyPI) against a running `oncely serve` on SQLite, with the payments and
+//! schemathesis (PyPI) against a running `orders serve` on SQLite, with the payments and
 //! shipping simulators as its providers: it reads the service's
 //! own `/openapi.json`, generates requests for every operation (valid and invalid ones) and
 //! fails on any 5xx or any response outside the document's schema.

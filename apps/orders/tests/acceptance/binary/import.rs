@@ -1,8 +1,8 @@
-//! `oncely orders import` (S8, the manual fallback) on every backend: a file imported twice
+//! `orders import` (S8, the manual fallback) on every backend: a file imported twice
 //! and an overlapping file give each order once — counted in the database and through
 //! `GET /v1/orders` — each with exactly one `order.created` event; a conflicting line is
 //! reported and not applied; an invalid line is reported with its number and the rest is
-//! still imported. Both paths: in-process on `--database-url`, and `--url` to `oncely serve`.
+//! still imported. Both paths: in-process on `--database-url`, and `--url` to `orders serve`.
 
 use std::process::{Command, Output};
 
@@ -21,14 +21,14 @@ fn line(external_ref: &str, amount: i64) -> String {
     )
 }
 
-/// Runs `oncely orders import FILE --tenant cli --json` with `extra`; the per-line reports
+/// Runs `orders import FILE --tenant cli --json` with `extra`; the per-line reports
 /// by line number, the summary, the exit code.
 async fn import(db_url: &str, file: &std::path::Path, extra: &[&str]) -> (Vec<Value>, Value, i32) {
     let (db_url, file) = (db_url.to_owned(), file.to_owned());
     let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
     let out: Output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_oncely"))
-            .args(["orders", "import"])
+        Command::new(super::ORDERS)
+            .arg("import")
             .arg(&file)
             .args(["--tenant", "cli", "--json", "--database-url", &db_url])
             .args(&extra)

@@ -1,0 +1,36 @@
+//! The command-line front of oncely's libraries, shared by the `oncely` binary (the tool for
+//! any service using oncely's tables) and a service's own binary (the reference order
+//! service's `orders`): the argument groups every command line needs, each turned into its
+//! library's configuration, and the generic reconciliation command. Binaries stay thin:
+//! they choose commands and wire these to their own code.
+//!
+//! # Layout
+//! - `db` — [`DbArgs`]: the database URL and pool settings, and the three ways to connect
+//!   (unmigrated, with oncely's migrations, an existing database).
+//! - `broker` — [`BrokerArgs`] (which broker and how to reach it) and [`RelayArgs`] (the
+//!   outbox relay's settings, a [`oncely_runtime::RelaySupervisor`]).
+//! - `consumer` — [`ConsumerArgs`]: an inbox consumer's settings.
+//! - `command` — [`Cli`]: a binary's command line, its [`LogArgs`] and its subcommands.
+//! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder.
+//! - `providers` — [`ProviderArgs`]: the payments and shipping providers and the effect
+//!   runner's settings, an [`oncely_runtime::EffectsConfig`].
+//! - `reconcile` — [`ReconcileArgs`] and [`reconcile`]: a reconciliation run or the
+//!   resolution of a discrepancy, with what a service adds ([`Service`]).
+
+mod broker;
+mod command;
+mod consumer;
+mod db;
+mod metrics;
+mod providers;
+mod reconcile;
+
+pub use broker::{BrokerArgs, RelayArgs};
+pub use command::{Cli, LogArgs};
+pub use consumer::ConsumerArgs;
+pub use db::DbArgs;
+pub use metrics::metrics_handle;
+pub use providers::ProviderArgs;
+pub use reconcile::{
+    reconcile, Action, ProviderName, ReconcileArgs, ReconcileCommand, RunArgs, Service,
+};

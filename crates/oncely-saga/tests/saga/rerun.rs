@@ -1,0 +1,107 @@
+//! An operator's retry of a parked local step from outside the service
+//! (`SagaOperator::retry`, as `oncely saga retry` makes it): recorded, not run; the
+//! service's orchestrator runs the step in its sweep (`Orchestrator::rerun_due`), once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use oncely_core::RetryPolicy;
+use oncely_saga::{
+    NewSaga, Orchestrator, OrchestratorConfig, SagaDefinition, SagaOperator, SagaState, Step,
+    StepError,
+};
+use oncely_testkit::TestDb;
+use serde_json::{json, Value};
+
+const KIND: &str = "rerun";
+
+/// ship (local pivot) → note (local, retriable, one attempt): refused while `refuse` is set.
+fn definition(refuse: Arc<AtomicBool>) -> SagaDefinition {
+    SagaDefinition::builder(KIND)
+        .pivot(Step::local("ship", |_tx, _ctx| {
+            Box::pin(async { Ok(Value::Null) })
+        }))
+        .retriable(
+            Step::local("note", move |_tx, _ctx| {
+                let refused = refuse.load(Ordering::SeqCst);
+                Box::pin(async move {
+                    if refused {
+                        Err(StepError::Refused("not yet".to_owned()))
+                    } else {
+                        Ok(json!({"noted": true}))
+                    }
+                })
+            })
+            .retry(RetryPolicy {
+                max_attempts: 1,
+                ..RetryPolicy::default()
+            }),
+        )
+        .build()
+        .unwrap()
+}
+
+/// The local step refused and parked; the operator view records the retry (the saga stays
+/// in review, nothing runs); two orchestrators sweep at once: the step runs once and the
+/// saga completes; the request is gone.
+pub(crate) async fn a_local_step_retried_from_outside_the_service_is_run_once_by_its_orchestrator(
+    t: TestDb,
+) {
+    t.db.migrate().await.unwrap();
+    let refuse = Arc::new(AtomicBool::new(true));
+    let orchestrator = |refuse: &Arc<AtomicBool>| {
+        Orchestrator::new(
+            t.db.clone(),
+            vec![definition(refuse.clone())],
+            OrchestratorConfig::default(),
+        )
+        .unwrap()
+    };
+    let (first, second) = (orchestrator(&refuse), orchestrator(&refuse));
+    let mut tx = t.db.begin().await.unwrap();
+    let input = json!({});
+    let new = NewSaga {
+        id: "saga-rerun",
+        tenant: "acme",
+        kind: KIND,
+        input: &input,
+    };
+    first.start(&mut tx, &new).await.unwrap();
+    tx.commit().await.unwrap();
+    let sagas = SagaOperator::new(t.db.clone());
+    let state = |s: Option<oncely_saga::Saga>| s.expect("the saga").state;
+    assert_eq!(
+        state(sagas.get("saga-rerun").await.unwrap()),
+        SagaState::NeedsReview
+    );
+    refuse.store(false, Ordering::SeqCst);
+    let retried = sagas.retry("saga-rerun", "ops@acme").await.unwrap();
+    assert_eq!(retried.step, "note");
+    assert_eq!(
+        retried.saga.state,
+        SagaState::NeedsReview,
+        "recorded, not run"
+    );
+    assert!(
+        retried.detail.contains("orchestrator"),
+        "{}",
+        retried.detail
+    );
+    let (a, b) = tokio::join!(first.rerun_due(), second.rerun_due());
+    assert_eq!(a.unwrap() + b.unwrap(), 1, "one orchestrator ran the step");
+    assert_eq!(
+        state(sagas.get("saga-rerun").await.unwrap()),
+        SagaState::Completed
+    );
+    assert_eq!(first.rerun_due().await.unwrap(), 0, "the request is gone");
+    let audit = sagas.audit("saga-rerun").await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (audit[0].actor.as_str(), audit[0].step.as_str()),
+        ("ops@acme", "note")
+    );
+}
+
+oncely_testkit::matrix! {
+    tests: [a_local_step_retried_from_outside_the_service_is_run_once_by_its_orchestrator],
+}
