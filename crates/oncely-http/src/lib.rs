@@ -70,7 +70,7 @@ pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
 pub use lease::{record_lease_gauges, run_lease_sweep, sweep_leases};
 pub use multiphase::{
-    ContextRejection, MultiPhase, OperationContext, Resolution, ResolveQuery, Resolver,
+    status_url, ContextRejection, MultiPhase, OperationContext, Resolution, ResolveQuery, Resolver,
 };
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
 pub use tenant::{Tenant, TenantLayer};

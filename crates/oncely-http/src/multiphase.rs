@@ -101,9 +101,7 @@ impl MultiPhase {
     }
 
     fn status_url(&self, key: &IdempotencyKey) -> Option<String> {
-        let template = self.status_link.as_ref()?;
-        let key = utf8_percent_encode(key.as_str(), NOT_UNRESERVED).to_string();
-        Some(template.replace("{key}", &key))
+        Some(status_url(self.status_link.as_ref()?, key.as_str()))
     }
 
     /// `problem` with the status link, as a response.
@@ -142,6 +140,17 @@ impl MultiPhase {
         ));
         self.with_link(key, problem)
     }
+}
+
+/// An operation's status URL: `template` (e.g. `/v1/operations/{key}`) with `{key}`
+/// replaced by `key`, every character of it but RFC 3986's unreserved ones (§2.3)
+/// percent-encoded (§2.1). The one encoding of a key in a link: the layer's 409s and a
+/// handler's own answers (the order service's payments endpoint) use it.
+pub fn status_url(template: &str, key: &str) -> String {
+    template.replace(
+        "{key}",
+        &utf8_percent_encode(key, NOT_UNRESERVED).to_string(),
+    )
 }
 
 /// What is percent-encoded in a key put in the status link: every character but RFC

@@ -99,22 +99,8 @@ pub(crate) fn in_progress(order_id: &str, row: Option<&PaymentRow>) -> Response 
     .with("order_id", order_id)
     .retry_after(1);
     if let Some(row) = row {
-        let url = OPERATIONS_ROUTE.replace("{key}", &percent_encode(&row.idempotency_key));
+        let url = oncely_http::status_url(OPERATIONS_ROUTE, &row.idempotency_key);
         p = p.with("status_url", url).with("state", row.state.as_str());
     }
     not_stored(p.into_response())
-}
-
-/// `s` with every character but RFC 3986's unreserved ones percent-encoded.
-pub(crate) fn percent_encode(s: &str) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
 }

@@ -351,7 +351,7 @@ impl EffectRunner {
     pub async fn record_gauges(&self) -> Result<(), StoreError> {
         let counts = self.store.counts().await?;
         for name in self.lanes.keys() {
-            for state in EffectState::ALL {
+            for &state in EffectState::ALL {
                 let n = counts
                     .iter()
                     .find(|(p, s, _)| p == name && s == state.as_str())

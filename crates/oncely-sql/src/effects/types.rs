@@ -2,79 +2,39 @@
 
 use crate::StoreError;
 
-/// The states of an outgoing effect (docs/DESIGN.md "External effects"):
-/// `pending` → `in_flight` (attempt n, under a lease) → `succeeded` | `failed` |
-/// `unknown` → resolution by status check → `succeeded` | `absent` (sent again with the
-/// same key) | still `unknown` → `needs_review`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum EffectState {
-    /// Recorded, not attempted yet (or waiting out a provider's unavailability).
-    Pending,
-    /// An attempt was started under a lease: the request may be on its way.
-    InFlight,
-    /// The provider made the object (its id is recorded).
-    Succeeded,
-    /// The provider refused for good (a declined card, an undeliverable shipment).
-    Failed,
-    /// The request may have reached the provider: its status must be checked before
-    /// anything is sent again.
-    Unknown,
-    /// A status check proved the provider has no such object: it may be sent again with
-    /// the same key.
-    Absent,
-    /// The resolution budget is spent and the outcome is still not known: a person decides,
-    /// with the evidence.
-    NeedsReview,
+oncely_core::stored_words! {
+    /// The states of an outgoing effect (docs/DESIGN.md "External effects"):
+    /// `pending` → `in_flight` (attempt n, under a lease) → `succeeded` | `failed` |
+    /// `unknown` → resolution by status check → `succeeded` | `absent` (sent again with the
+    /// same key) | still `unknown` → `needs_review`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum EffectState {
+        /// Recorded, not attempted yet (or waiting out a provider's unavailability).
+        Pending => "pending",
+        /// An attempt was started under a lease: the request may be on its way.
+        InFlight => "in_flight",
+        /// The provider made the object (its id is recorded).
+        Succeeded => "succeeded",
+        /// The provider refused for good (a declined card, an undeliverable shipment).
+        Failed => "failed",
+        /// The request may have reached the provider: its status must be checked before
+        /// anything is sent again.
+        Unknown => "unknown",
+        /// A status check proved the provider has no such object: it may be sent again with
+        /// the same key.
+        Absent => "absent",
+        /// The resolution budget is spent and the outcome is still not known: a person decides,
+        /// with the evidence.
+        NeedsReview => "needs_review",
+    }
 }
 
 impl EffectState {
-    /// Every state, in the order above.
-    pub const ALL: [EffectState; 7] = [
-        Self::Pending,
-        Self::InFlight,
-        Self::Succeeded,
-        Self::Failed,
-        Self::Unknown,
-        Self::Absent,
-        Self::NeedsReview,
-    ];
-
-    /// The stored word: `pending`, `in_flight`, `succeeded`, `failed`, `unknown`, `absent`,
-    /// `needs_review`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::InFlight => "in_flight",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-            Self::Absent => "absent",
-            Self::NeedsReview => "needs_review",
-        }
-    }
-
-    /// The state a stored word names.
-    ///
-    /// # Errors
-    /// [`StoreError::Corrupt`] for another word.
-    pub fn parse(s: &str) -> Result<Self, StoreError> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown effect state {s:?}")))
-    }
-
     /// `true` for the states no runner touches again (succeeded, failed; needs_review until
     /// a person acts).
     pub fn is_settled(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed | Self::NeedsReview)
-    }
-}
-
-impl std::fmt::Display for EffectState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -156,7 +116,7 @@ impl Effect {
     /// # Errors
     /// [`StoreError::Corrupt`] for a word no state has.
     pub fn state(&self) -> Result<EffectState, StoreError> {
-        EffectState::parse(&self.state_word)
+        Ok(EffectState::parse(&self.state_word)?)
     }
 
     /// The parameters, parsed.
