@@ -175,34 +175,49 @@ impl Orchestrator {
     /// # Errors
     /// [`StoreError`] when the database fails (steps run before stay run).
     pub async fn rerun_due(&self) -> Result<usize, StoreError> {
+        let kinds: Vec<&str> = self.definitions.keys().map(String::as_str).collect();
         let mut n = 0;
-        for id in store::reruns_due(&self.db, self.config.batch).await? {
-            let now = oncely_core::now_ms();
-            let mut tx = self.db.begin().await?;
-            let Some(saga) = store::claim(&mut tx, &id).await? else {
-                continue;
-            };
-            if !self.definitions.contains_key(&saga.kind)
-                || !store::take_rerun(&mut tx, &id).await?
-            {
-                continue;
+        for id in store::reruns_due(&self.db, &kinds, self.config.batch).await? {
+            // One saga's failing step must not hold back the others: it is logged, its
+            // request goes to the back of the queue, and the sweep goes on.
+            match self.rerun_one(&id).await {
+                Ok(ran) => n += usize::from(ran),
+                Err(e) => {
+                    tracing::warn!(saga = %id, error = %e, "a step an operator retried failed again");
+                    store::defer_rerun(&self.db, &id, oncely_core::now_ms()).await?;
+                }
             }
-            let rows = store::steps_in(&mut tx, &id).await?;
-            let parked = (saga.state()? == SagaState::NeedsReview)
-                .then(|| parked(&rows, saga.step).cloned())
-                .flatten()
-                .filter(|row| row.effect_id.is_none());
-            if let Some(row) = parked {
-                let (saga, detail) = self
-                    .rerun_local(&mut tx, saga, &row, now)
-                    .await
-                    .map_err(|e| StoreError::Conflict(e.to_string()))?;
-                tracing::info!(saga = %saga.id, %detail, "ran a step an operator retried");
-                n += 1;
-            }
-            tx.commit().await?;
         }
         Ok(n)
+    }
+
+    /// Runs saga `id`'s requested rerun, if this transaction takes the request and the
+    /// saga still waits on a parked local step: `true` when a step ran.
+    async fn rerun_one(&self, id: &str) -> Result<bool, StoreError> {
+        let now = oncely_core::now_ms();
+        let mut tx = self.db.begin().await?;
+        let Some(saga) = store::claim(&mut tx, id).await? else {
+            return Ok(false);
+        };
+        if !store::take_rerun(&mut tx, id).await? {
+            return Ok(false);
+        }
+        let rows = store::steps_in(&mut tx, id).await?;
+        let parked = (saga.state()? == SagaState::NeedsReview)
+            .then(|| parked(&rows, saga.step).cloned())
+            .flatten()
+            .filter(|row| row.effect_id.is_none());
+        let mut ran = false;
+        if let Some(row) = parked {
+            let (saga, detail) = self
+                .rerun_local(&mut tx, saga, &row, now)
+                .await
+                .map_err(|e| StoreError::Conflict(e.to_string()))?;
+            tracing::info!(saga = %saga.id, %detail, "ran a step an operator retried");
+            ran = true;
+        }
+        tx.commit().await?;
+        Ok(ran)
     }
 }
 
@@ -230,6 +245,11 @@ async fn retry(
     let row = parked(&rows, saga.step)
         .cloned()
         .ok_or_else(|| SagaError::NothingToRetry(id.to_owned()))?;
+    if orchestrator.is_some() || row.effect_id.is_some() {
+        // Retried now: an earlier request recorded for the service's orchestrator is
+        // spent, or it would run whatever step the saga parks at next.
+        store::take_rerun(&mut tx, id).await?;
+    }
     let (saga, detail) = match (row.effect_id.clone(), orchestrator) {
         (Some(effect), _) => retry_effect(db, &mut tx, saga, &row, &effect, actor, now).await?,
         (None, Some(o)) => o.rerun_local(&mut tx, saga, &row, now).await?,

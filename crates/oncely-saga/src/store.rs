@@ -426,18 +426,43 @@ pub(crate) async fn take_rerun(tx: &mut Tx, id: &str) -> Result<bool, StoreError
     Ok(n == 1)
 }
 
-/// Ids of up to `limit` sagas with a rerun request, oldest request first.
-pub(crate) async fn reruns_due(db: &Database, limit: u32) -> Result<Vec<String>, StoreError> {
-    let rows: Vec<(String,)> = db
-        .fetch_all(
-            query(
-                "SELECT id FROM oncely_sagas WHERE rerun_at IS NOT NULL \
-                 ORDER BY rerun_at LIMIT $1",
-            )
-            .bind(i64::from(limit.max(1))),
-        )
-        .await?;
+/// Ids of up to `limit` sagas of one of `kinds` (the orchestrator's definitions) with a
+/// rerun request, oldest request first. A kind another service defines is left to it.
+pub(crate) async fn reruns_due(
+    db: &Database,
+    kinds: &[&str],
+    limit: u32,
+) -> Result<Vec<String>, StoreError> {
+    if kinds.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Placeholders in text order, as the portable query API wants them.
+    let list: Vec<String> = (1..=kinds.len()).map(|i| format!("${i}")).collect();
+    let sql = format!(
+        "SELECT id FROM oncely_sagas WHERE rerun_at IS NOT NULL AND kind IN ({}) \
+         ORDER BY rerun_at LIMIT ${}",
+        list.join(", "),
+        kinds.len() + 1
+    );
+    let mut q = query(sql);
+    for kind in kinds {
+        q = q.bind(*kind);
+    }
+    let q = q.bind(i64::from(limit.max(1)));
+    let rows: Vec<(String,)> = db.fetch_all(q).await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+/// Puts saga `id`'s rerun request, whose step failed, behind the others: its time becomes
+/// `now` (Unix ms). A request already taken stays taken.
+pub(crate) async fn defer_rerun(db: &Database, id: &str, now: i64) -> Result<(), StoreError> {
+    db.execute(
+        query("UPDATE oncely_sagas SET rerun_at = $1 WHERE id = $2 AND rerun_at IS NOT NULL")
+            .bind(now)
+            .bind(id),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Saga `id` of `tenant`.

@@ -53,10 +53,10 @@ pub(super) struct RunArgs {
 }
 
 /// The order service's completion of its effects (an invoice marked paid and `invoice.paid`
-/// for a succeeded charge), in the transaction that settles each: the runners' handler under
-/// the choreography (under the saga, the orchestrator's inner one). Resolutions and
-/// reconcilers in this process use [`crate::resolution_handler`], which also continues a
-/// saga's step.
+/// for a succeeded charge), in the transaction that settles each: the saga orchestrator's
+/// inner handler. Under the choreography the runners, resolutions and reconcilers use
+/// [`crate::resolution_handler`], which also continues a saga's step (a continuation owed
+/// after a change of fulfilment mode).
 pub(super) fn service_handler(events_topic: &str) -> Arc<dyn EffectHandler> {
     Arc::new(crate::OrderEffects::new(events_topic))
 }
@@ -69,10 +69,11 @@ async fn run(db: &oncely_cli::DbArgs, run: &RunArgs) -> anyhow::Result<()> {
     let order_effects = service_handler(&run.events_topic);
     let effects = run.providers.config();
     if !run.fulfilment.saga() {
+        // As `orders serve`'s runner: a saga step's continuation continues its saga.
         return Ok(oncely_runtime::run_effects(
             &db,
             &effects,
-            order_effects,
+            crate::resolution_handler(db.clone(), &run.events_topic),
             metrics,
             shutdown_signal(),
         )

@@ -268,7 +268,11 @@ async fn spawn_workers(
     if !args.no_runner && !effects.is_empty() {
         let handler: Arc<dyn oncely_effects::EffectHandler> = match &saga {
             Some(orchestrator) => orchestrator.clone(),
-            None => order_effects,
+            // Under the choreography too a runner may be owed a saga step's continuation
+            // (recorded by `oncely effects resolve` after a change of fulfilment mode):
+            // the resolution handler continues the saga and completes every other effect
+            // as `OrderEffects` would.
+            None => crate::resolution_handler(db.clone(), &args.events_topic),
         };
         workers.push(effects.spawn(db, handler, stop.clone())?);
     }

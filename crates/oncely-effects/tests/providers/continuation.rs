@@ -164,7 +164,73 @@ pub(crate) async fn a_continuation_is_run_once_when_two_runners_race(t: TestDb) 
     );
 }
 
+/// An effect resolved as failed for the runner is not tried again before the runner has
+/// continued that outcome: a retry first would let the stale "failed" land on the new
+/// attempt's step (a saga compensating an order whose retried charge then succeeds). Once
+/// continued, the retry goes through; and an owed outcome is never overwritten.
+pub(crate) async fn an_effect_that_owes_a_continuation_is_retried_only_after_it_is_continued(
+    t: TestDb,
+) {
+    t.db.migrate().await.unwrap();
+    t.db.execute(query(
+        "CREATE TABLE continued (effect_id VARCHAR(64) NOT NULL)",
+    ))
+    .await
+    .unwrap();
+    let store = EffectStore::new(t.db.clone());
+    let id = super::enqueue_effect(
+        &t.db,
+        ("payments", "charge"),
+        "r-1",
+        &json!({"amount": 100, "currency": "eur"}),
+    )
+    .await;
+    t.db.execute(
+        query("UPDATE oncely_effects SET state = 'unknown' WHERE id = $1").bind(id.as_str()),
+    )
+    .await
+    .unwrap();
+    let failed = Resolution {
+        to: EffectState::Failed,
+        provider_id: None,
+        actor: "ops",
+        reason: "declined at the provider",
+    };
+    let now = oncely_core::now_ms();
+    oncely_effects::resolve_effect(&store, Continue::ByRunner, &id, &failed, now)
+        .await
+        .unwrap();
+    let early = oncely_effects::retry_effect(&store, &id, "ops", now).await;
+    assert!(
+        matches!(early, Err(StoreError::Conflict(_))),
+        "retried while its outcome is owed: {early:?}"
+    );
+    let mut tx = t.db.begin().await.unwrap();
+    let again = EffectStore::mark_continuation(&mut tx, &id, "{}", now).await;
+    assert!(
+        matches!(again, Err(StoreError::Conflict(_))),
+        "an owed outcome was overwritten: {again:?}"
+    );
+    drop(tx);
+    let handler = Arc::new(Recording::default());
+    assert_eq!(
+        runner(&store, handler.clone())
+            .continue_owed()
+            .await
+            .unwrap(),
+        1
+    );
+    let retried = oncely_effects::retry_effect(&store, &id, "ops", now + 1)
+        .await
+        .unwrap();
+    assert_eq!(retried.state().unwrap(), EffectState::Absent);
+    assert_eq!(handler.outcomes.lock().unwrap().len(), 1);
+}
+
 oncely_testkit::matrix! {
-    tests: [a_continuation_is_run_once_when_two_runners_race],
+    tests: [
+        a_continuation_is_run_once_when_two_runners_race,
+        an_effect_that_owes_a_continuation_is_retried_only_after_it_is_continued,
+    ],
     cannot_apply: [],
 }

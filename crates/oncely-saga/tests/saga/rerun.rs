@@ -2,7 +2,7 @@
 //! (`SagaOperator::retry`, as `oncely saga retry` makes it): recorded, not run; the
 //! service's orchestrator runs the step in its sweep (`Orchestrator::rerun_due`), once.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use oncely_core::RetryPolicy;
@@ -15,14 +15,16 @@ use serde_json::{json, Value};
 
 const KIND: &str = "rerun";
 
-/// ship (local pivot) → note (local, retriable, one attempt): refused while `refuse` is set.
-fn definition(refuse: Arc<AtomicBool>) -> SagaDefinition {
+/// ship (local pivot) → note (local, retriable, one attempt): refused while `refuse` is set;
+/// each run of `note` counted in `runs`.
+fn definition(refuse: Arc<AtomicBool>, runs: Arc<AtomicUsize>) -> SagaDefinition {
     SagaDefinition::builder(KIND)
         .pivot(Step::local("ship", |_tx, _ctx| {
             Box::pin(async { Ok(Value::Null) })
         }))
         .retriable(
             Step::local("note", move |_tx, _ctx| {
+                runs.fetch_add(1, Ordering::SeqCst);
                 let refused = refuse.load(Ordering::SeqCst);
                 Box::pin(async move {
                     if refused {
@@ -49,10 +51,11 @@ pub(crate) async fn a_local_step_retried_from_outside_the_service_is_run_once_by
 ) {
     t.db.migrate().await.unwrap();
     let refuse = Arc::new(AtomicBool::new(true));
+    let runs = Arc::new(AtomicUsize::new(0));
     let orchestrator = |refuse: &Arc<AtomicBool>| {
         Orchestrator::new(
             t.db.clone(),
-            vec![definition(refuse.clone())],
+            vec![definition(refuse.clone(), runs.clone())],
             OrchestratorConfig::default(),
         )
         .unwrap()
@@ -94,6 +97,11 @@ pub(crate) async fn a_local_step_retried_from_outside_the_service_is_run_once_by
         SagaState::Completed
     );
     assert_eq!(first.rerun_due().await.unwrap(), 0, "the request is gone");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "note ran twice: refused, then once on the request"
+    );
     let audit = sagas.audit("saga-rerun").await.unwrap();
     assert_eq!(audit.len(), 1);
     assert_eq!(
@@ -102,6 +110,72 @@ pub(crate) async fn a_local_step_retried_from_outside_the_service_is_run_once_by
     );
 }
 
+/// A request recorded from outside the service is spent when the step is retried inside it
+/// (the console's `Orchestrator::retry`): left standing, it would run whatever step the saga
+/// parked at next. And a service whose orchestrator defines another kind leaves the request
+/// to the service that defines it.
+pub(crate) async fn a_retry_in_the_service_spends_a_request_recorded_from_outside(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let refuse = Arc::new(AtomicBool::new(true));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = Orchestrator::new(
+        t.db.clone(),
+        vec![definition(refuse.clone(), runs.clone())],
+        OrchestratorConfig::default(),
+    )
+    .unwrap();
+    let other_kind = SagaDefinition::builder("other")
+        .pivot(Step::local("only", |_tx, _ctx| {
+            Box::pin(async { Ok(Value::Null) })
+        }))
+        .build()
+        .unwrap();
+    let other = Orchestrator::new(
+        t.db.clone(),
+        vec![other_kind],
+        OrchestratorConfig::default(),
+    )
+    .unwrap();
+    let mut tx = t.db.begin().await.unwrap();
+    let input = json!({});
+    let new = NewSaga {
+        id: "saga-spent",
+        tenant: "acme",
+        kind: KIND,
+        input: &input,
+    };
+    service.start(&mut tx, &new).await.unwrap();
+    tx.commit().await.unwrap();
+    let sagas = SagaOperator::new(t.db.clone());
+    sagas.retry("saga-spent", "ops@acme").await.unwrap();
+    let requested = || async {
+        let (at,): (Option<i64>,) =
+            t.db.fetch_optional(
+                oncely_sql::query("SELECT rerun_at FROM oncely_sagas WHERE id = $1")
+                    .bind("saga-spent"),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        at.is_some()
+    };
+    assert!(requested().await, "recorded for the service");
+    assert_eq!(other.rerun_due().await.unwrap(), 0);
+    assert!(requested().await, "another kind's orchestrator leaves it");
+    refuse.store(false, Ordering::SeqCst);
+    let done = service.retry("saga-spent", "console@acme").await.unwrap();
+    assert_eq!(done.saga.state, SagaState::Completed);
+    assert!(
+        !requested().await,
+        "the retry in the service spent the request"
+    );
+    assert_eq!(service.rerun_due().await.unwrap(), 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "refused once, run once");
+}
+
 oncely_testkit::matrix! {
-    tests: [a_local_step_retried_from_outside_the_service_is_run_once_by_its_orchestrator],
+    tests: [
+        a_local_step_retried_from_outside_the_service_is_run_once_by_its_orchestrator,
+        a_retry_in_the_service_spends_a_request_recorded_from_outside,
+    ],
 }

@@ -24,7 +24,8 @@ impl EffectStore {
     /// outcome, so the decision and the mark commit together.
     ///
     /// # Errors
-    /// [`StoreError::NotFound`] for an unknown id; other [`StoreError`]s when the database
+    /// [`StoreError::Conflict`] for an unknown id or one that already owes a continuation
+    /// (an owed outcome is never overwritten); other [`StoreError`]s when the database
     /// fails (the caller rolls back).
     pub async fn mark_continuation(
         tx: &mut Tx,
@@ -36,7 +37,7 @@ impl EffectStore {
             .execute(
                 query(
                     "UPDATE oncely_effects SET continuation = $1, continuation_at = $2 \
-                     WHERE id = $3",
+                     WHERE id = $3 AND continuation_at IS NULL",
                 )
                 .bind(outcome)
                 .bind(now_ms)
@@ -44,7 +45,11 @@ impl EffectStore {
             )
             .await?;
         if n == 0 {
-            return Err(StoreError::NotFound(id.to_owned()));
+            // Its row was found and locked by the resolution that marks it: an outcome
+            // already owed is never overwritten (it would be lost).
+            return Err(StoreError::Conflict(format!(
+                "effect {id} is unknown or already owes its service a continuation"
+            )));
         }
         Ok(())
     }

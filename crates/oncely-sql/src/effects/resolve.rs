@@ -54,13 +54,14 @@ impl EffectStore {
                 EffectState::Unknown,
                 "UPDATE oncely_effects SET state = 'unknown', checks = 0, \
                  unavailable_streak = 0, available_at = $1, updated_at = $2, \
-                 lease_version = lease_version + 1 WHERE id = $3",
+                 lease_version = lease_version + 1 WHERE id = $3 AND continuation_at IS NULL",
             ),
             EffectState::Failed => (
                 EffectState::Absent,
                 "UPDATE oncely_effects SET state = 'absent', unavailable_streak = 0, \
                  available_at = $1, updated_at = $2, lease_version = lease_version + 1, \
-                 key_generation = key_generation + 1, idem_key = $3 WHERE id = $4",
+                 key_generation = key_generation + 1, idem_key = $3 \
+                 WHERE id = $4 AND continuation_at IS NULL",
             ),
             other => {
                 return Err(StoreError::Conflict(format!(
@@ -74,7 +75,14 @@ impl EffectStore {
         } else {
             q.bind(id)
         };
-        tx.execute(q).await?;
+        if tx.execute(q).await? == 0 {
+            // A decision recorded for the service's runner and not yet continued: trying the
+            // effect again now would let that stale outcome land on the new attempt's step.
+            return Err(StoreError::Conflict(format!(
+                "effect {id} owes its service the continuation of a decision; retry it once \
+                 the service's runner has continued it"
+            )));
+        }
         let detail = format!("retry: {from} -> {to}");
         Self::audit(tx, id, now_ms, actor, "retry", from, to, &detail).await?;
         Ok((from, to))
