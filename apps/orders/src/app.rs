@@ -5,13 +5,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use http::StatusCode;
-use oncely_http::{IdempotencyLayer, Problem, TransactionLayer};
+use oncely_http::{ApiKeys, IdempotencyLayer, Problem, TenantLayer, TransactionLayer};
 use oncely_sql::{Database, IdempotencyStore, Migrations, StoreError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::probes::{healthz, metrics, metrics_handle};
-use crate::{auth, limits, orders, spawn_collector, AppConfig};
+use crate::{limits, orders, spawn_collector, AppConfig};
 
 /// Applies oncely's migrations and the order service's own (tables `orders`, `invoices`,
 /// `stock`, `stock_reservations`).
@@ -64,7 +64,7 @@ where
         + 'static,
     <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
 {
-    let keys = Arc::new(config.api_keys.clone());
+    let keys = ApiKeys::new(config.api_keys.clone());
     let (db_console, keys_console) = (db.clone(), keys.clone());
     let api = Router::new()
         // The idempotency layer bounds the body (413 before any reservation); axum's own
@@ -92,10 +92,7 @@ where
             limits::BodyLimits::new(config),
             limits::read_body,
         ))
-        .route_layer(middleware::from_fn_with_state(
-            keys.clone(),
-            auth::authenticate,
-        ))
+        .route_layer(TenantLayer::new(keys.clone()))
         .layer(axum::Extension(crate::events::EventSettings {
             topic: config.events_topic.clone(),
         }))

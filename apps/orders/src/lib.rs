@@ -10,7 +10,8 @@
 //! # Layout
 //! - `config` — [`AppConfig`]: API keys → tenants, retention, idempotency settings.
 //! - `app` — [`router`], [`migrate`], [`serve`]: wiring, start-up and graceful shutdown.
-//! - `auth` — `Authorization: Bearer <api key>` → [`oncely_core::TenantId`].
+//! - authentication is `oncely_http::TenantLayer` with the service's `oncely_http::ApiKeys`
+//!   (`Authorization: Bearer <api key>` → [`oncely_core::TenantId`]), wired in `app`.
 //! - `problem` — the service's own problem kinds (the layer's are `oncely_http::kind`).
 //! - `orders` — the handlers, input validation and the business-key rule.
 //! - `list` — `GET /v1/orders`: the tenant's orders newest first, cursor pagination.
@@ -62,7 +63,6 @@
 //!   `import`.
 
 mod app;
-mod auth;
 mod billing;
 pub mod cli;
 mod collector;

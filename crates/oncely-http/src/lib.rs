@@ -46,8 +46,9 @@
 //! - `lease` — the lease sweep of multi-phase records with its gauges ([`sweep_leases`],
 //!   [`run_lease_sweep`], [`record_lease_gauges`]).
 //! - `metrics` — the names of the metrics the layer records.
-//! - `tenant` — [`TenantLayer`]: the service's own tenant extraction, which puts the
-//!   [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
+//! - `tenant` — [`TenantLayer`]: the service's own tenant extraction
+//!   ([`TenantExtractor`]: a function of the request head, or bearer [`ApiKeys`]), which
+//!   puts the [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 
@@ -73,4 +74,4 @@ pub use multiphase::{
     status_url, ContextRejection, MultiPhase, OperationContext, Resolution, ResolveQuery, Resolver,
 };
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
-pub use tenant::{Tenant, TenantLayer};
+pub use tenant::{bearer, ApiKeys, Tenant, TenantExtractor, TenantLayer};

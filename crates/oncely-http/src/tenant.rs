@@ -8,18 +8,48 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::{header, HeaderValue, Request, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use oncely_core::TenantId;
+use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
 use crate::problem::kind;
 use crate::Problem;
 
+/// How a [`TenantLayer`] finds a request's tenant in its head, and how it refuses a request
+/// without one.
+///
+/// Any `Fn(&http::request::Parts) -> Option<TenantId>` is one (refusing with the default
+/// 401); [`ApiKeys`] is one for bearer API keys.
+pub trait TenantExtractor: Send + Sync + 'static {
+    /// The tenant `parts` authenticate as; `None` refuses the request.
+    fn tenant(&self, parts: &http::request::Parts) -> Option<TenantId>;
+
+    /// The answer to a request without a tenant: by default 401 (RFC 9110 §15.5.2) with an
+    /// `unauthenticated` problem body and `WWW-Authenticate: Bearer`.
+    fn refusal(&self) -> Response {
+        unauthenticated(
+            "Authentication required",
+            "the request carries no credential this service knows",
+        )
+    }
+}
+
+impl<F> TenantExtractor for F
+where
+    F: Fn(&http::request::Parts) -> Option<TenantId> + Send + Sync + 'static,
+{
+    fn tenant(&self, parts: &http::request::Parts) -> Option<TenantId> {
+        self(parts)
+    }
+}
+
 /// Puts the request's [`TenantId`] into its extensions, where
-/// [`IdempotencyLayer`](crate::IdempotencyLayer) reads it, using a function of the request
-/// head that the service supplies — typically "which tenant does this credential belong
-/// to". When it answers `None` the request is refused with a 401 problem
-/// (`urn:oncely:problem:unauthenticated`, RFC 9457) and the inner service is not called.
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) reads it, using a [`TenantExtractor`] the
+/// service supplies — a function of the request head (typically "which tenant does this
+/// credential belong to") or [`ApiKeys`]. When it answers `None` the request is refused
+/// ([`TenantExtractor::refusal`]: by default a 401 problem,
+/// `urn:oncely:problem:unauthenticated`, RFC 9457) and the inner service is not called.
 ///
 /// Apply it *outside* the idempotency layer (in axum: the later `.layer` /
 /// `.route_layer` call), so authentication runs first and an unauthenticated request never
@@ -36,14 +66,22 @@ use crate::Problem;
 /// });
 /// # let _ = layer;
 /// ```
+///
+/// With bearer API keys, each naming its tenant:
+///
+/// ```
+/// use oncely_core::TenantId;
+/// use oncely_http::{ApiKeys, TenantLayer};
+///
+/// let keys = ApiKeys::new([("key-of-acme-0123456789".to_owned(), TenantId::parse("acme").unwrap())]);
+/// let layer = TenantLayer::new(keys);
+/// # let _ = layer;
+/// ```
 pub struct TenantLayer<F> {
     extract: Arc<F>,
 }
 
-impl<F> TenantLayer<F>
-where
-    F: Fn(&http::request::Parts) -> Option<TenantId> + Send + Sync + 'static,
-{
+impl<F: TenantExtractor> TenantLayer<F> {
     /// A layer that asks `extract` for each request's tenant.
     pub fn new(extract: F) -> Self {
         Self {
@@ -101,7 +139,7 @@ impl<S, F> Service<Request<Body>> for Tenant<S, F>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible>,
     S::Future: Send + 'static,
-    F: Fn(&http::request::Parts) -> Option<TenantId> + Send + Sync + 'static,
+    F: TenantExtractor,
 {
     type Response = Response;
     type Error = Infallible;
@@ -113,26 +151,147 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        match (self.extract)(&parts) {
+        match self.extract.tenant(&parts) {
             Some(tenant) => {
                 parts.extensions.insert(tenant);
                 Box::pin(self.inner.call(Request::from_parts(parts, body)))
             }
-            None => Box::pin(std::future::ready(Ok(unauthenticated()))),
+            None => Box::pin(std::future::ready(Ok(self.extract.refusal()))),
         }
     }
 }
 
-/// The refusal of a request without a tenant: 401 (RFC 9110 §15.5.2) with a problem body.
-fn unauthenticated() -> Response {
-    let mut res = Problem::new(
-        StatusCode::UNAUTHORIZED,
-        kind::UNAUTHENTICATED,
-        "Authentication required",
-    )
-    .detail("the request carries no credential this service knows")
-    .into_response();
+/// The refusal of a request without a tenant: 401 (RFC 9110 §15.5.2) with an
+/// `unauthenticated` problem body titled `title`, and `WWW-Authenticate: Bearer`.
+fn unauthenticated(title: &str, detail: &str) -> Response {
+    let mut res = Problem::new(StatusCode::UNAUTHORIZED, kind::UNAUTHENTICATED, title)
+        .detail(detail)
+        .into_response();
     res.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     res
+}
+
+/// Bearer API keys (RFC 6750 §2.1, `Authorization: Bearer <key>`), each naming the tenant
+/// it authenticates: a [`TenantExtractor`] for [`TenantLayer`].
+///
+/// A request authenticates when it carries exactly one `Authorization` header (with two,
+/// which credential counts is ambiguous), its scheme is `Bearer` (any case) and its token
+/// is one of the keys. Keys are kept as their SHA-256 digests and a token is compared with
+/// every one of them in constant time, so the answer's timing says nothing about how much
+/// of a key a guess got right. A request without a known key gets 401 `unauthenticated`
+/// ("A valid API key is required") with `WWW-Authenticate: Bearer`. Cloning is cheap (the
+/// keys are shared); `Debug` shows how many keys there are, never a key.
+#[derive(Clone)]
+pub struct ApiKeys {
+    /// (SHA-256 of the key, its tenant).
+    keys: Arc<[([u8; 32], TenantId)]>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKeys")
+            .field("len", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+impl ApiKeys {
+    /// The keys `keys`, each `(key, tenant)`.
+    pub fn new(keys: impl IntoIterator<Item = (String, TenantId)>) -> Self {
+        Self {
+            keys: keys.into_iter().map(|(k, t)| (digest(&k), t)).collect(),
+        }
+    }
+
+    /// The tenant of API key `key`, `None` when it is not one of the keys. Compares `key`'s
+    /// digest with every key's, each in constant time, without stopping at a match.
+    pub fn tenant_of(&self, key: &str) -> Option<TenantId> {
+        let candidate = digest(key);
+        let mut found = None;
+        for (d, tenant) in self.keys.iter() {
+            let diff = d
+                .iter()
+                .zip(candidate.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            if std::hint::black_box(diff) == 0 {
+                found = Some(tenant);
+            }
+        }
+        found.cloned()
+    }
+
+    /// How many keys there are.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// `true` when there are no keys (every request is refused).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value (scheme in any case,
+/// token trimmed); `None` for another scheme or a value that is not visible ASCII.
+pub fn bearer(value: &HeaderValue) -> Option<&str> {
+    let (scheme, token) = value.to_str().ok()?.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The bearer token of `headers` when they carry exactly one `Authorization` header.
+fn only_bearer(headers: &HeaderMap) -> Option<&str> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => bearer(v),
+        _ => None,
+    }
+}
+
+impl TenantExtractor for ApiKeys {
+    fn tenant(&self, parts: &http::request::Parts) -> Option<TenantId> {
+        self.tenant_of(only_bearer(&parts.headers)?)
+    }
+
+    fn refusal(&self) -> Response {
+        unauthenticated(
+            "A valid API key is required",
+            "send Authorization: Bearer <api key>",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(auth: &[&str]) -> http::request::Parts {
+        let mut b = Request::builder();
+        for a in auth {
+            b = b.header(header::AUTHORIZATION, *a);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn api_keys_name_their_tenant_only_for_one_bearer_header() {
+        let acme = TenantId::parse("acme").unwrap();
+        let keys = ApiKeys::new([("key-of-acme-0123456789".to_owned(), acme.clone())]);
+        assert_eq!(keys.tenant_of("key-of-acme-0123456789"), Some(acme.clone()));
+        assert_eq!(keys.tenant_of("key-of-acme-012345678"), None);
+        assert_eq!(
+            keys.tenant(&parts(&["bearer  key-of-acme-0123456789 "])),
+            Some(acme)
+        );
+        assert_eq!(keys.tenant(&parts(&["Basic key-of-acme-0123456789"])), None);
+        let twice = "Bearer key-of-acme-0123456789";
+        assert_eq!(keys.tenant(&parts(&[twice, twice])), None, "two headers");
+        assert_eq!(keys.tenant(&parts(&[])), None);
+        assert!(!format!("{keys:?}").contains("acme"));
+        assert_eq!(keys.refusal().status(), StatusCode::UNAUTHORIZED);
+    }
 }

@@ -21,7 +21,6 @@ mod data;
 mod pages;
 mod session;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
@@ -32,9 +31,9 @@ use axum::{Extension, Form, Router};
 use http::{header, HeaderValue, Method, StatusCode};
 use maud::Markup;
 use oncely_broker::{DeadLetterError, DeadLetters};
-use oncely_core::{MessageId, TenantId};
+use oncely_core::MessageId;
 use oncely_effects::{Continue, ResolveAction};
-use oncely_http::Problem;
+use oncely_http::{bearer, ApiKeys, Problem};
 use oncely_sql::{Database, DiscrepancyStore, EffectState, EffectStore, OperatorAudit, StoreError};
 use serde::Deserialize;
 
@@ -47,7 +46,7 @@ const MAX_FORM_BYTES: usize = 16 * 1024;
 struct Console {
     db: Database,
     keys: Keys,
-    tenants: Arc<HashMap<String, TenantId>>,
+    tenants: ApiKeys,
     /// The broker's dead letters (the SQL transport's by default).
     dead_letters: Arc<dyn DeadLetters>,
     /// What a resolution completes an effect with ([`crate::resolution_handler`]): a
@@ -62,7 +61,7 @@ struct Console {
 pub(crate) fn router(
     db: Database,
     admin_token: &str,
-    tenants: Arc<HashMap<String, TenantId>>,
+    tenants: ApiKeys,
     config: &crate::AppConfig,
 ) -> Router {
     let letters = config.dead_letters.clone().unwrap_or_else(|| {
@@ -117,16 +116,11 @@ fn forbidden(kind: &str, title: &str, detail: &str) -> Response {
         .into_response()
 }
 
-fn bearer(value: &HeaderValue) -> Option<&str> {
-    let (scheme, token) = value.to_str().ok()?.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
 /// Lets through a request with a valid session (a `POST` also with its CSRF token), and
 /// refuses everything else; see the module documentation.
 async fn guard(State(c): State<Console>, mut req: Request, next: Next) -> Response {
     if let Some(auth) = req.headers().get(header::AUTHORIZATION) {
-        if bearer(auth).is_some_and(|t| c.tenants.contains_key(t)) {
+        if bearer(auth).is_some_and(|t| c.tenants.tenant_of(t).is_some()) {
             return forbidden(
                 crate::problem::FORBIDDEN,
                 "A tenant API key cannot open the console",
@@ -233,7 +227,7 @@ async fn sign_in(State(c): State<Console>, Form(f): Form<SignIn>) -> Response {
         }
         return res;
     }
-    if c.tenants.contains_key(f.token.trim()) {
+    if c.tenants.tenant_of(f.token.trim()).is_some() {
         return html(
             StatusCode::FORBIDDEN,
             pages::sign_in(Some("A tenant API key cannot open the console.")),

@@ -15,7 +15,6 @@ mod answers;
 mod charge;
 mod status;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +25,6 @@ use axum::{middleware, Router};
 use bytes::Bytes;
 use http::request::Parts;
 use http::StatusCode;
-use oncely_core::TenantId;
 use oncely_effects::{EffectRequest, Provider};
 use oncely_http::{IdempotencyLayer, MultiPhase, OperationContext, Problem, StoreFailure};
 use oncely_sql::{query, Database, IdempotencyStore, StoreError};
@@ -84,11 +82,7 @@ pub(crate) fn reference(order_id: &str) -> String {
 
 /// The routes `POST /v1/orders/{id}/payments` and `GET /v1/operations/{key}`, each behind
 /// authentication (and the body guard for the `POST`).
-pub(crate) fn routes(
-    db: &Database,
-    config: &AppConfig,
-    keys: Arc<HashMap<String, TenantId>>,
-) -> Router {
+pub(crate) fn routes(db: &Database, config: &AppConfig, keys: oncely_http::ApiKeys) -> Router {
     let pay = match &config.payments {
         Some(settings) => {
             let store = IdempotencyStore::new(db.clone(), config.retention);
@@ -124,10 +118,7 @@ pub(crate) fn routes(
         OPERATIONS_ROUTE,
         axum::routing::get(crate::operations::get_operation),
     )
-    .route_layer(middleware::from_fn_with_state(
-        keys,
-        crate::auth::authenticate,
-    ))
+    .route_layer(oncely_http::TenantLayer::new(keys))
     .with_state(db.clone())
 }
 
