@@ -55,7 +55,7 @@ pub use definition::{
     Action, DefinitionError, EffectStep, LocalFn, ParamsFn, Role, SagaBuilder, SagaDefinition,
     Step, StepContext, StepError,
 };
-pub use operator::{Retried, SagaAudit, SagaOperator};
+pub use operator::{Retried, SagaAudit, SagaOperator, StepInReview};
 pub use orchestrator::{Cancelled, NewSaga, Orchestrator, OrchestratorConfig, SagaError, Started};
 
 oncely_core::stored_words! {

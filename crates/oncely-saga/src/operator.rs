@@ -32,6 +32,28 @@ pub struct SagaAudit {
     pub detail: String,
 }
 
+/// A saga step parked in `needs_review`, with its saga's kind and tenant
+/// ([`SagaOperator::steps_in_review`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StepInReview {
+    /// The saga's id.
+    pub saga_id: String,
+    /// The saga's kind (its definition's name).
+    pub kind: String,
+    /// The saga's tenant.
+    pub tenant: String,
+    /// The step's index in the definition (0-based).
+    pub step: i64,
+    /// `forward` or `compensate`, as stored.
+    pub phase: String,
+    /// The step's name.
+    pub name: String,
+    /// How many times the step ran.
+    pub attempts: i64,
+    /// The effect the step waits on, when it has one.
+    pub effect_id: Option<String>,
+}
+
 /// What [`Orchestrator::retry`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Retried {
@@ -89,6 +111,53 @@ impl SagaOperator {
             .await?
             .into_iter()
             .map(StepRow::into_record)
+            .collect()
+    }
+
+    /// How many sagas of every tenant are in each state: `(state, count)`, by state, only
+    /// states that have sagas.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn state_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut by_state = std::collections::BTreeMap::<String, i64>::new();
+        for (_, state, n) in store::counts(&self.db).await? {
+            *by_state.entry(state).or_default() += n;
+        }
+        Ok(by_state.into_iter().collect())
+    }
+
+    /// How many steps of every tenant's sagas are in `needs_review`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn steps_in_review_count(&self) -> Result<i64, StoreError> {
+        Ok(store::review_counts(&self.db)
+            .await?
+            .iter()
+            .map(|(_, n)| n)
+            .sum())
+    }
+
+    /// Up to `limit` steps of every tenant's sagas in `needs_review`, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn steps_in_review(&self, limit: u32) -> Result<Vec<StepInReview>, StoreError> {
+        store::steps_in_review(&self.db, limit).await
+    }
+
+    /// The sagas of every tenant whose input (as stored, JSON text) contains `text` — for
+    /// an order's lineage, the sagas that name the order — oldest first. `%` and `_` in
+    /// `text` match as SQL `LIKE` wildcards.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn input_containing(&self, text: &str) -> Result<Vec<Saga>, StoreError> {
+        store::input_containing(&self.db, text)
+            .await?
+            .into_iter()
+            .map(SagaRow::into_saga)
             .collect()
     }
 

@@ -540,6 +540,42 @@ pub(crate) async fn review_counts(db: &Database) -> Result<Vec<(String, i64)>, S
     .await
 }
 
+/// Up to `limit` steps in `needs_review` of every tenant, oldest first, each with its
+/// saga's kind and tenant.
+pub(crate) async fn steps_in_review(
+    db: &Database,
+    limit: u32,
+) -> Result<Vec<crate::StepInReview>, StoreError> {
+    db.fetch_all(
+        query(format!(
+            "SELECT saga_id, kind, {}, step, phase, name, attempts, effect_id FROM \
+             (SELECT t.saga_id AS saga_id, s.kind AS kind, s.tenant AS tenant, t.step AS step, \
+             t.phase AS phase, t.name AS name, t.attempts AS attempts, \
+             t.effect_id AS effect_id, t.started_at AS started_at \
+             FROM oncely_saga_steps t JOIN oncely_sagas s ON s.id = t.saga_id \
+             WHERE t.state = 'needs_review') r ORDER BY started_at LIMIT $1",
+            db.backend().text_column("tenant")
+        ))
+        .bind(i64::from(limit)),
+    )
+    .await
+}
+
+/// Sagas of every tenant whose input's JSON text contains `text`, oldest first.
+pub(crate) async fn input_containing(
+    db: &Database,
+    text: &str,
+) -> Result<Vec<SagaRow>, StoreError> {
+    let columns = saga_columns(db.backend());
+    db.fetch_all(
+        query(format!(
+            "SELECT {columns} FROM oncely_sagas WHERE input LIKE $1 ORDER BY created_at"
+        ))
+        .bind(format!("%{text}%")),
+    )
+    .await
+}
+
 /// Up to `limit` sagas of every tenant (or of `tenant`), in `state` when given, newest
 /// first: the operator's list.
 pub(crate) async fn list_any(

@@ -5,6 +5,7 @@
 
 use oncely_broker::{DeadLetterError, DeadLetters};
 use oncely_core::RecordState;
+use oncely_saga::{Saga, SagaOperator, StepInReview};
 use oncely_sql::{
     query, Database, Discrepancy, DiscrepancyStore, Effect, EffectState, EffectStore,
     IdempotencyStore, OutboxStore, RecordSummary, StoreError,
@@ -76,6 +77,7 @@ pub(crate) async fn overview(db: &Database, now: i64) -> Result<Overview, StoreE
         .lease_report(now)
         .await?;
     let outbox = OutboxStore::new(db.clone()).stats().await?;
+    let sagas = SagaOperator::new(db.clone());
     let label = |c: &str| as_text(db, c, "label");
     Ok(Overview {
         orders: count(db, query("SELECT COUNT(*) AS n FROM orders")).await?,
@@ -93,19 +95,13 @@ pub(crate) async fn overview(db: &Database, now: i64) -> Result<Overview, StoreE
         // Filled from the broker by the caller ([`dead_letter_counts`]).
         dead_letters: Ok(Vec::new()),
         effects: EffectStore::new(db.clone()).counts().await?,
-        sagas: groups(
-            db,
-            format!(
-                "SELECT {}, COUNT(*) AS n FROM oncely_sagas GROUP BY state ORDER BY state",
-                label("state")
-            ),
-        )
-        .await?,
-        saga_steps_in_review: count(
-            db,
-            query("SELECT COUNT(*) AS n FROM oncely_saga_steps WHERE state = 'needs_review'"),
-        )
-        .await?,
+        sagas: sagas
+            .state_counts()
+            .await?
+            .into_iter()
+            .map(|(label, n)| Group { label, n })
+            .collect(),
+        saga_steps_in_review: sagas.steps_in_review_count().await?,
         discrepancies: groups(
             db,
             format!(
@@ -254,33 +250,9 @@ pub(crate) async fn dead_letter_counts(
     Ok(out)
 }
 
-/// A saga step in `needs_review`.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct ReviewStep {
-    pub(crate) saga_id: String,
-    pub(crate) kind: String,
-    pub(crate) tenant: String,
-    pub(crate) step: i64,
-    pub(crate) phase: String,
-    pub(crate) name: String,
-    pub(crate) attempts: i64,
-    pub(crate) effect_id: Option<String>,
-}
-
 /// Saga steps in `needs_review`, oldest first.
-pub(crate) async fn steps_in_review(db: &Database) -> Result<Vec<ReviewStep>, StoreError> {
-    db.fetch_all(query(format!(
-        "SELECT {}, {}, {}, t.step, {}, {}, t.attempts, {} \
-         FROM oncely_saga_steps t JOIN oncely_sagas s ON s.id = t.saga_id \
-         WHERE t.state = 'needs_review' ORDER BY t.started_at LIMIT {LIMIT}",
-        as_text(db, "t.saga_id", "saga_id"),
-        as_text(db, "s.kind", "kind"),
-        as_text(db, "s.tenant", "tenant"),
-        as_text(db, "t.phase", "phase"),
-        as_text(db, "t.name", "name"),
-        as_text(db, "t.effect_id", "effect_id"),
-    )))
-    .await
+pub(crate) async fn steps_in_review(db: &Database) -> Result<Vec<StepInReview>, StoreError> {
+    SagaOperator::new(db.clone()).steps_in_review(LIMIT).await
 }
 
 /// Open discrepancies, newest first.
@@ -336,16 +308,6 @@ pub(crate) struct InvoiceLine {
     pub(crate) created_at: i64,
 }
 
-/// A saga that names the order in its input.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct SagaLine {
-    pub(crate) id: String,
-    pub(crate) kind: String,
-    pub(crate) state: String,
-    pub(crate) step: i64,
-    pub(crate) error: Option<String>,
-}
-
 /// Everything the service holds about one order: key → order → events → deliveries →
 /// invoice → payment → shipment → saga.
 #[derive(Debug)]
@@ -358,7 +320,8 @@ pub(crate) struct Lineage {
     pub(crate) invoices: Vec<InvoiceLine>,
     pub(crate) payments: Vec<Effect>,
     pub(crate) shipment: Option<Effect>,
-    pub(crate) sagas: Vec<SagaLine>,
+    /// The sagas that name the order in their input.
+    pub(crate) sagas: Vec<Saga>,
 }
 
 /// The lineage of order `id`; `None` when there is no such order.
@@ -430,15 +393,7 @@ pub(crate) async fn lineage(db: &Database, id: &str) -> Result<Option<Lineage>, 
         }
     }
     let shipment = effects.find(SHIPPING, BOOK, id).await?;
-    let sagas = db
-        .fetch_all(
-            query(format!(
-                "SELECT {}, step FROM oncely_sagas WHERE input LIKE $1 ORDER BY created_at",
-                text(db, &["id", "kind", "state", "error"])
-            ))
-            .bind(format!("%{id}%")),
-        )
-        .await?;
+    let sagas = SagaOperator::new(db.clone()).input_containing(id).await?;
     Ok(Some(Lineage {
         order,
         keys,

@@ -3,9 +3,10 @@
 //! session's CSRF token.
 
 use maud::{html, Markup, DOCTYPE};
+use oncely_saga::StepInReview;
 use oncely_sql::{Discrepancy, Effect, RecordSummary};
 
-use super::data::{DeadLetter, EffectLine, Lineage, Overview, ReviewStep};
+use super::data::{DeadLetter, EffectLine, Lineage, Overview};
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
 nav{background:#223;padding:.6em 1em}nav a{color:#fff;margin-right:1.2em;text-decoration:none}\
@@ -245,7 +246,7 @@ fn resolve_form(e: &Effect, csrf: &str) -> Markup {
 /// Effects and saga steps in review.
 pub(crate) fn review(
     effects: &[EffectLine],
-    steps: &[ReviewStep],
+    steps: &[StepInReview],
     csrf: &str,
     msg: Option<&str>,
 ) -> Markup {
@@ -361,7 +362,7 @@ pub(crate) fn lineage(l: &Lineage, csrf: &str) -> Markup {
         table id="sagas" {
             tr { th { "Saga" } th { "Kind" } th { "State" } th { "Step" } th { "Error" } }
             @for s in &l.sagas {
-                tr { td { (s.id) } td { (s.kind) } td { (s.state) } td { (s.step) } td { (s.error.as_deref().unwrap_or("")) } }
+                tr { td { (s.id) } td { (s.kind) } td { (s.state.as_str()) } td { (s.step) } td { (s.error.as_deref().unwrap_or("")) } }
             }
         }
     };

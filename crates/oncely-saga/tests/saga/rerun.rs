@@ -77,6 +77,21 @@ pub(crate) async fn a_local_step_retried_from_outside_the_service_is_run_once_by
         state(sagas.get("saga-rerun").await.unwrap()),
         SagaState::NeedsReview
     );
+    // The operator's reads across tenants (the console's overview, review and lineage).
+    assert_eq!(
+        sagas.state_counts().await.unwrap(),
+        vec![("needs_review".to_owned(), 1)]
+    );
+    let in_review = sagas.steps_in_review(10).await.unwrap();
+    assert_eq!(
+        i64::try_from(in_review.len()).unwrap(),
+        sagas.steps_in_review_count().await.unwrap()
+    );
+    assert!(in_review
+        .iter()
+        .all(|s| s.tenant == "acme" && s.kind == KIND));
+    assert_eq!(sagas.input_containing("{").await.unwrap().len(), 1);
+    assert!(sagas.input_containing("order-x").await.unwrap().is_empty());
     refuse.store(false, Ordering::SeqCst);
     let retried = sagas.retry("saga-rerun", "ops@acme").await.unwrap();
     assert_eq!(retried.step, "note");
