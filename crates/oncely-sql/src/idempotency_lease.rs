@@ -498,6 +498,20 @@ impl IdempotencyStore {
         })
     }
 
+    /// How many records of every tenant are in each state: `(state word, count)`, by state,
+    /// only states that have records — for operators (not a tenant-facing view).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn state_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let db = self.database();
+        db.fetch_all(query(format!(
+            "SELECT {}, COUNT(*) AS n FROM oncely_idempotency GROUP BY state ORDER BY state",
+            db.backend().text_column("state")
+        )))
+        .await
+    }
+
     /// Up to `limit` records, oldest first, in `state` when given — for operators (every
     /// tenant's; this is not a tenant-facing view).
     ///

@@ -378,6 +378,21 @@ impl DiscrepancyStore {
         self.db.fetch_all(q).await
     }
 
+    /// Open discrepancies per provider: `(provider, count)`, by provider (providers without
+    /// any are absent).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn open_counts_by_provider(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.db
+            .fetch_all(query(format!(
+                "SELECT {}, COUNT(*) AS n FROM oncely_discrepancies WHERE resolved_at IS NULL \
+                 GROUP BY provider ORDER BY provider",
+                self.db.backend().text_column("provider")
+            )))
+            .await
+    }
+
     /// Open discrepancies of `provider` per kind (kinds without any are absent).
     ///
     /// # Errors

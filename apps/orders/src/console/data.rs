@@ -63,8 +63,12 @@ pub(crate) struct Overview {
     pub(crate) discrepancies: Vec<Group>,
 }
 
-async fn groups(db: &Database, sql: String) -> Result<Vec<Group>, StoreError> {
-    db.fetch_all(query(sql)).await
+/// `(label, count)` pairs as the overview's groups.
+fn groups(counts: Vec<(String, i64)>) -> Vec<Group> {
+    counts
+        .into_iter()
+        .map(|(label, n)| Group { label, n })
+        .collect()
 }
 
 async fn count(db: &Database, q: oncely_sql::Query) -> Result<i64, StoreError> {
@@ -73,44 +77,26 @@ async fn count(db: &Database, q: oncely_sql::Query) -> Result<i64, StoreError> {
 
 /// Reads the overview's counts at `now` (Unix ms).
 pub(crate) async fn overview(db: &Database, now: i64) -> Result<Overview, StoreError> {
-    let lease = IdempotencyStore::new(db.clone(), std::time::Duration::ZERO)
-        .lease_report(now)
-        .await?;
+    let records = IdempotencyStore::new(db.clone(), std::time::Duration::ZERO);
+    let lease = records.lease_report(now).await?;
     let outbox = OutboxStore::new(db.clone()).stats().await?;
     let sagas = SagaOperator::new(db.clone());
-    let label = |c: &str| as_text(db, c, "label");
     Ok(Overview {
         orders: count(db, query("SELECT COUNT(*) AS n FROM orders")).await?,
-        idempotency: groups(
-            db,
-            format!(
-                "SELECT {}, COUNT(*) AS n FROM oncely_idempotency GROUP BY state ORDER BY state",
-                label("state")
-            ),
-        )
-        .await?,
+        idempotency: groups(records.state_counts().await?),
         processing_past_lease: lease.processing_past_lease,
         outbox_pending: outbox.pending,
         outbox_dead: outbox.dead,
         // Filled from the broker by the caller ([`dead_letter_counts`]).
         dead_letters: Ok(Vec::new()),
         effects: EffectStore::new(db.clone()).counts().await?,
-        sagas: sagas
-            .state_counts()
-            .await?
-            .into_iter()
-            .map(|(label, n)| Group { label, n })
-            .collect(),
+        sagas: groups(sagas.state_counts().await?),
         saga_steps_in_review: sagas.steps_in_review_count().await?,
         discrepancies: groups(
-            db,
-            format!(
-                "SELECT {}, COUNT(*) AS n FROM oncely_discrepancies WHERE resolved_at IS NULL \
-                 GROUP BY provider ORDER BY provider",
-                label("provider")
-            ),
-        )
-        .await?,
+            DiscrepancyStore::new(db.clone())
+                .open_counts_by_provider()
+                .await?,
+        ),
     })
 }
 

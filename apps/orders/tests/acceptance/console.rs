@@ -211,6 +211,9 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
     );
     assert!(overview.contains("id=\"count-effects-payments-needs_review\">1<"));
     assert!(overview.contains("id=\"count-discrepancies-payments\">1<"));
+    // Read through the stores: IdempotencyStore::state_counts, SagaOperator's counts.
+    assert!(overview.contains("id=\"count-idempotency-succeeded\">"));
+    assert!(overview.contains("id=\"count-saga-steps-review\">0<"));
     let stuck = page(&client, &s.base, &cookie, "/console/stuck").await;
     assert!(stuck.contains(&format!("id=\"stuck-{effect_id}\"")));
     let lineage = page(
