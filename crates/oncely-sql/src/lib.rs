@@ -138,8 +138,8 @@ pub use postgres::PgStore;
 pub use query::row as __row;
 pub use query::{query, FromBackendRow, Query, Value};
 pub use queue::{
-    ClaimedDelivery, DeadQueueDelivery, NewQueueMessage, QueueMessage, QueueStore, TakenMessage,
-    DEAD_PREVIEW_BYTES,
+    ClaimedDelivery, DeadQueueDelivery, DeliverySummary, NewQueueMessage, QueueMessage, QueueStore,
+    TakenMessage, DEAD_PREVIEW_BYTES,
 };
 pub use reconcile::{
     Discrepancy, DiscrepancyAudit, DiscrepancyKind, DiscrepancyStore, NewDiscrepancy, ReconcileRun,

@@ -75,6 +75,25 @@ pub struct ClaimedDelivery {
     pub message: QueueMessage,
 }
 
+/// A delivery not yet acknowledged (an acknowledged one is deleted), as an operator lists
+/// it ([`QueueStore::partition_deliveries`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct DeliverySummary {
+    /// The consumer group.
+    pub consumer: String,
+    /// The message id.
+    pub message_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// The stored state word (`pending`, `dead`).
+    pub state: String,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// The last handler error.
+    pub last_error: Option<String>,
+}
+
 /// A delivery parked in state `dead` ([`QueueStore::dead_deliveries`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -446,6 +465,37 @@ impl QueueStore {
         limit: u32,
     ) -> Result<Vec<DeadQueueDelivery>, StoreError> {
         self.dead_deliveries_after(consumer, None, limit).await
+    }
+
+    /// The deliveries of partition `partition_key`'s messages to every consumer group not
+    /// yet acknowledged, in row-id order — for operators following one aggregate's events.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn partition_deliveries(
+        &self,
+        partition_key: &str,
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
+        let text: Vec<_> = [
+            "consumer",
+            "message_id",
+            "event_type",
+            "state",
+            "last_error",
+        ]
+        .iter()
+        .map(|c| self.db.backend().text_column(c).into_owned())
+        .collect();
+        self.db
+            .fetch_all(
+                query(format!(
+                    "SELECT {}, attempts FROM oncely_deliveries WHERE partition_key = $1 \
+                     ORDER BY id",
+                    text.join(", ")
+                ))
+                .bind(partition_key),
+            )
+            .await
     }
 
     /// Up to `limit` dead deliveries of `consumer` whose row id is above `after` (all with

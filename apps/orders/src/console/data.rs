@@ -1,14 +1,16 @@
-//! What the console's pages read. Every query is portable SQL through
-//! [`oncely_sql::query`]; text columns are selected through
-//! [`Backend::text_column`](oncely_sql::Backend::text_column) (MySQL's binary-collated
-//! columns otherwise decode as bytes).
+//! What the console's pages read. oncely's tables are read through their stores
+//! (`IdempotencyStore`, `OutboxStore`, `QueueStore`, `EffectStore`, `DiscrepancyStore`,
+//! `oncely_saga::SagaOperator`), as the `oncely` CLI reads them; the service's own tables
+//! (`orders`, `invoices`) with portable SQL through [`oncely_sql::query`], text columns
+//! selected through [`Backend::text_column`](oncely_sql::Backend::text_column) (MySQL's
+//! binary-collated columns otherwise decode as bytes).
 
 use oncely_broker::{DeadLetterError, DeadLetters};
 use oncely_core::RecordState;
 use oncely_saga::{Saga, SagaOperator, StepInReview};
 use oncely_sql::{
-    query, Database, Discrepancy, DiscrepancyStore, Effect, EffectState, EffectStore,
-    IdempotencyStore, OutboxStore, RecordSummary, StoreError,
+    query, Database, DeliverySummary, Discrepancy, DiscrepancyStore, Effect, EffectState,
+    EffectStore, IdempotencyStore, OutboxRow, OutboxStore, QueueStore, RecordSummary, StoreError,
 };
 
 use crate::{
@@ -258,30 +260,6 @@ pub(crate) struct OrderLine {
     pub(crate) created_at: i64,
 }
 
-/// An outbox event of the order.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct EventLine {
-    pub(crate) message_id: String,
-    pub(crate) event_type: String,
-    pub(crate) state: String,
-    pub(crate) attempts: i32,
-    pub(crate) headers: String,
-    pub(crate) created_at: i64,
-    pub(crate) published_at: Option<i64>,
-}
-
-/// A delivery of one of the order's messages to a consumer (SQL transport; an acknowledged
-/// delivery is deleted, so what is listed is pending or dead).
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct DeliveryLine {
-    pub(crate) consumer: String,
-    pub(crate) message_id: String,
-    pub(crate) event_type: String,
-    pub(crate) state: String,
-    pub(crate) attempts: i32,
-    pub(crate) last_error: Option<String>,
-}
-
 /// An invoice of the order.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct InvoiceLine {
@@ -301,8 +279,10 @@ pub(crate) struct Lineage {
     pub(crate) order: OrderLine,
     /// The idempotency keys its events carry (`idempotency-key` header).
     pub(crate) keys: Vec<String>,
-    pub(crate) events: Vec<EventLine>,
-    pub(crate) deliveries: Vec<DeliveryLine>,
+    /// Its outbox rows (partition key = the order id).
+    pub(crate) events: Vec<OutboxRow>,
+    /// Deliveries of its messages not yet acknowledged (SQL transport).
+    pub(crate) deliveries: Vec<DeliverySummary>,
     pub(crate) invoices: Vec<InvoiceLine>,
     pub(crate) payments: Vec<Effect>,
     pub(crate) shipment: Option<Effect>,
@@ -325,42 +305,12 @@ pub(crate) async fn lineage(db: &Database, id: &str) -> Result<Option<Lineage>, 
     let Some(order) = order else {
         return Ok(None);
     };
-    let events: Vec<EventLine> = db
-        .fetch_all(
-            query(format!(
-                "SELECT {}, attempts, created_at, published_at FROM oncely_outbox \
-                 WHERE partition_key = $1 ORDER BY id",
-                text(db, &["message_id", "event_type", "state", "headers"])
-            ))
-            .bind(id),
-        )
-        .await?;
+    let events = OutboxStore::new(db.clone()).partition(id).await?;
     let keys = events
         .iter()
-        .filter_map(|e| {
-            let h: serde_json::Value = serde_json::from_str(&e.headers).ok()?;
-            h.get("idempotency-key")?.as_str().map(str::to_owned)
-        })
+        .filter_map(|e| e.event.headers.get("idempotency-key").cloned())
         .collect();
-    let deliveries = db
-        .fetch_all(
-            query(format!(
-                "SELECT {}, attempts FROM oncely_deliveries WHERE partition_key = $1 \
-                 ORDER BY id",
-                text(
-                    db,
-                    &[
-                        "consumer",
-                        "message_id",
-                        "event_type",
-                        "state",
-                        "last_error"
-                    ]
-                )
-            ))
-            .bind(id),
-        )
-        .await?;
+    let deliveries = QueueStore::new(db.clone()).partition_deliveries(id).await?;
     let invoices: Vec<InvoiceLine> = db
         .fetch_all(
             query(format!(

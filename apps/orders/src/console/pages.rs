@@ -328,7 +328,7 @@ pub(crate) fn lineage(l: &Lineage, csrf: &str) -> Markup {
         table id="events" {
             tr { th { "Message" } th { "Type" } th { "State" } th { "Attempts" } th { "Created" } th { "Published" } }
             @for e in &l.events {
-                tr { td { (e.message_id) } td { (e.event_type) } td { (e.state) } td { (e.attempts) }
+                tr { td { (e.event.message_id) } td { (e.event.event_type) } td { (e.state.as_str()) } td { (e.attempts) }
                      td { (ts(e.created_at)) } td { (opt_ts(e.published_at)) } }
             }
         }

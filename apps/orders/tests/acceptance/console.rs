@@ -193,9 +193,8 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
         },
     )
     .await;
-    let created = s
-        .post(KEY_A, &unique("k"), &order(&unique("ext"), 700))
-        .await;
+    let key = unique("k");
+    let created = s.post(KEY_A, &key, &order(&unique("ext"), 700)).await;
     let order_id = created.id();
     let message_id = dead_letter(&t, &order_id).await;
     let effect_id = oncely_testkit::park_effect(&t.db, "tenant-a", &unique("inv")).await;
@@ -224,6 +223,15 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
     )
     .await;
     assert!(lineage.contains("order.created") && lineage.contains("700 EUR"));
+    // The outbox rows' key and the dead delivery, read through OutboxStore / QueueStore.
+    assert!(
+        lineage.contains(&format!("class=\"key\">{key}<")),
+        "{lineage}"
+    );
+    assert!(
+        lineage.contains(&message_id),
+        "the dead delivery: {lineage}"
+    );
     let dead = page(&client, &s.base, &cookie, "/console/dead-letters").await;
     assert!(dead.contains(&message_id));
     assert!(

@@ -333,6 +333,24 @@ impl OutboxStore {
         rows.into_iter().map(Row::into_row).collect()
     }
 
+    /// The rows of partition `partition_key` still in `oncely_outbox` (pending, dead, and
+    /// published ones not yet collected), in id order — for operators following one
+    /// aggregate's events.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or a row is corrupt.
+    pub async fn partition(&self, partition_key: &str) -> Result<Vec<OutboxRow>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM oncely_outbox WHERE partition_key = $1 ORDER BY id",
+            self.columns()
+        );
+        let rows: Vec<Row> = on_pool!(&self.db, |p| sqlx::query_as(&sql_text(p, &sql))
+            .bind(partition_key)
+            .fetch_all(p)
+            .await)?;
+        rows.into_iter().map(Row::into_row).collect()
+    }
+
     /// Puts dead rows back to `pending` with `attempts = 0`, available at `now_ms`
     /// (`last_error` is kept for the record). Returns how many rows were requeued. A
     /// requeued row is published after the rows of its partition that overtook it while it
