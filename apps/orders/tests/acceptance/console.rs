@@ -102,6 +102,20 @@ async fn dead_letter(t: &TestDb, order_id: &str) -> String {
     id.to_string()
 }
 
+/// What the console reads through oncely's stores: idempotency records by state and saga
+/// counts (`IdempotencyStore`, `SagaOperator`) on the overview; the order's outbox rows
+/// (their idempotency key) and its dead delivery (`OutboxStore`, `QueueStore`) on its
+/// lineage.
+fn read_through_the_stores(overview: &str, lineage: &str, key: &str, message_id: &str) {
+    assert!(overview.contains("id=\"count-idempotency-succeeded\">"));
+    assert!(overview.contains("id=\"count-saga-steps-review\">0<"));
+    assert!(
+        lineage.contains(&format!("class=\"key\">{key}<")),
+        "{lineage}"
+    );
+    assert!(lineage.contains(message_id), "the dead delivery: {lineage}");
+}
+
 async fn open_discrepancy(t: &TestDb) -> String {
     let store = oncely_sql::DiscrepancyStore::new(t.db.clone());
     let new = oncely_sql::NewDiscrepancy {
@@ -210,9 +224,6 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
     );
     assert!(overview.contains("id=\"count-effects-payments-needs_review\">1<"));
     assert!(overview.contains("id=\"count-discrepancies-payments\">1<"));
-    // Read through the stores: IdempotencyStore::state_counts, SagaOperator's counts.
-    assert!(overview.contains("id=\"count-idempotency-succeeded\">"));
-    assert!(overview.contains("id=\"count-saga-steps-review\">0<"));
     let stuck = page(&client, &s.base, &cookie, "/console/stuck").await;
     assert!(stuck.contains(&format!("id=\"stuck-{effect_id}\"")));
     let lineage = page(
@@ -223,15 +234,7 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
     )
     .await;
     assert!(lineage.contains("order.created") && lineage.contains("700 EUR"));
-    // The outbox rows' key and the dead delivery, read through OutboxStore / QueueStore.
-    assert!(
-        lineage.contains(&format!("class=\"key\">{key}<")),
-        "{lineage}"
-    );
-    assert!(
-        lineage.contains(&message_id),
-        "the dead delivery: {lineage}"
-    );
+    read_through_the_stores(&overview, &lineage, &key, &message_id);
     let dead = page(&client, &s.base, &cookie, "/console/dead-letters").await;
     assert!(dead.contains(&message_id));
     assert!(
