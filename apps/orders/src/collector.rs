@@ -15,7 +15,7 @@ pub fn collector_sweep(store: IdempotencyStore, interval: Duration, batch: u32) 
         async move {
             let n = store.collect_expired(now_ms, batch).await?;
             metrics::counter!(crate::metrics::IDEMPOTENCY_COLLECTED_TOTAL).increment(n);
-            Ok(n)
+            Ok::<_, oncely_sql::StoreError>(n)
         }
     })
     .pausing(Duration::from_millis(20))

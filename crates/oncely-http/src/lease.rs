@@ -48,7 +48,7 @@ pub fn lease_sweep(store: IdempotencyStore, every: Duration) -> RetentionSweep {
     const BATCH: u32 = 500;
     RetentionSweep::new("lease", every, BATCH, move |now_ms, batch| {
         let store = store.clone();
-        async move { Ok(sweep_leases(&store, now_ms, batch).await?.1) }
+        async move { Ok::<_, StoreError>(sweep_leases(&store, now_ms, batch).await?.1) }
     })
     .at_once()
 }

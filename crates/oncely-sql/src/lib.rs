@@ -149,7 +149,7 @@ pub use reconcile::{
     Discrepancy, DiscrepancyAudit, DiscrepancyKind, DiscrepancyStore, NewDiscrepancy, ReconcileRun,
     Recorded, ACKNOWLEDGE, REFUND,
 };
-pub use retention::{BatchFuture, Retention, RetentionSweep};
+pub use retention::{BatchFuture, Retention, RetentionSweep, SweepError};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 

@@ -8,10 +8,12 @@ use std::time::Duration;
 use oncely_core::RetryPolicy;
 use tokio_util::sync::CancellationToken;
 
-use crate::StoreError;
+/// Why a batch of a sweep failed: a [`StoreError`](crate::StoreError) or any error whose source chain may hold
+/// one (a broker's error over the SQL transport).
+pub type SweepError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The future of one batch of a sweep: how many rows it deleted (or turned), or why not.
-pub type BatchFuture = Pin<Box<dyn Future<Output = Result<u64, StoreError>> + Send>>;
+pub type BatchFuture = Pin<Box<dyn Future<Output = Result<u64, SweepError>> + Send>>;
 
 type Batch = Box<dyn Fn(i64, u32) -> BatchFuture + Send + Sync>;
 
@@ -34,10 +36,11 @@ impl RetentionSweep {
     /// A sweep named `name` (the `sweep` field of its log lines) whose rounds start `every`
     /// apart (at least 1 ms; the first one interval after start-up), each running `run(now_ms,
     /// batch)` until it returns fewer than `batch` rows, back to back.
-    pub fn new<F, Fut>(name: impl Into<String>, every: Duration, batch: u32, run: F) -> Self
+    pub fn new<F, Fut, E>(name: impl Into<String>, every: Duration, batch: u32, run: F) -> Self
     where
         F: Fn(i64, u32) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<u64, StoreError>> + Send + 'static,
+        Fut: Future<Output = Result<u64, E>> + Send + 'static,
+        E: Into<SweepError>,
     {
         Self {
             name: name.into(),
@@ -45,7 +48,10 @@ impl RetentionSweep {
             batch: batch.max(1),
             pause: Duration::ZERO,
             at_once: false,
-            run: Box::new(move |now, batch| Box::pin(run(now, batch))),
+            run: Box::new(move |now, batch| {
+                let round = run(now, batch);
+                Box::pin(async move { round.await.map_err(Into::into) })
+            }),
         }
     }
 
@@ -72,9 +78,9 @@ impl RetentionSweep {
     /// cancelled between two). Returns the rows of the whole round.
     ///
     /// # Errors
-    /// The first batch's [`StoreError`]; the rows of the batches before it are lost to the
+    /// The first failed batch's error; the rows of the batches before it are lost to the
     /// count, not to the database.
-    pub async fn round(&self, shutdown: &CancellationToken) -> Result<u64, StoreError> {
+    pub async fn round(&self, shutdown: &CancellationToken) -> Result<u64, SweepError> {
         let mut rows = 0_u64;
         loop {
             let n = (self.run)(oncely_core::now_ms(), self.batch).await?;
@@ -176,7 +182,7 @@ async fn run_sweep(sweep: RetentionSweep, outage: RetryPolicy, shutdown: Cancell
                 sweep.every
             }
             Err(e) => {
-                let down = crate::is_outage(&e);
+                let down = crate::is_outage(&*e);
                 let next = if down {
                     outage_rounds = outage_rounds.saturating_add(1);
                     let unit = rand::random::<f64>();
@@ -216,6 +222,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::StoreError;
 
     #[tokio::test]
     async fn a_sweep_finding_the_store_down_is_retried_by_the_outage_policy_and_the_others_keep_running(
@@ -243,7 +250,7 @@ mod tests {
                 10,
                 move |_, _| {
                     s.fetch_add(1, Ordering::SeqCst);
-                    async { Ok(3) }
+                    async { Ok::<_, StoreError>(3) }
                 },
             ));
         let stop = CancellationToken::new();
@@ -268,7 +275,7 @@ mod tests {
         let sweep = RetentionSweep::new("batches", Duration::from_secs(1), 2, move |now, batch| {
             assert!(now > 0);
             let n = c.fetch_add(1, Ordering::SeqCst);
-            async move { Ok(if n < 2 { u64::from(batch) } else { 1 }) }
+            async move { Ok::<_, StoreError>(if n < 2 { u64::from(batch) } else { 1 }) }
         })
         .pausing(Duration::from_millis(1));
         let rows = sweep.round(&CancellationToken::new()).await.unwrap();

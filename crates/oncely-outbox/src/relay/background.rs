@@ -183,7 +183,7 @@ pub(super) fn published_sweep(store: OutboxStore, config: &RelayConfig) -> Reten
                 let before = now_ms.saturating_sub(retention);
                 let n = store.delete_published(before, batch).await?;
                 metrics::counter!(m::DELETED_TOTAL).increment(n);
-                Ok(n)
+                Ok::<_, oncely_sql::StoreError>(n)
             }
         },
     )
