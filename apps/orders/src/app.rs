@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::probes::{healthz, metrics, metrics_handle};
-use crate::{limits, orders, spawn_collector, AppConfig};
+use crate::{limits, orders, AppConfig};
 
 /// Applies oncely's migrations and the order service's own (tables `orders`, `invoices`,
 /// `stock`, `stock_reservations`).
@@ -145,7 +145,8 @@ where
 }
 
 /// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight
-/// requests. Runs the retention collector alongside.
+/// requests. Runs the retention runner alongside ([`crate::retention`]: the collector and
+/// the lease sweep).
 ///
 /// Slow or stalled clients are bounded three ways ([`AppConfig`]): a request head must
 /// arrive within `header_read_timeout`, its whole body within `body_read_timeout` (a total
@@ -165,23 +166,15 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let _ = metrics_handle();
     let token = CancellationToken::new();
-    let collector = spawn_collector(
-        IdempotencyStore::new(db.clone(), config.retention),
-        config.collector_interval,
-        config.collector_batch,
-        token.clone(),
-    );
-    // Multi-phase records whose holder died turn `unknown` without waiting for a retry.
-    let sweep = tokio::spawn(oncely_http::run_lease_sweep(
-        IdempotencyStore::new(db.clone(), config.retention),
-        config.lease_sweep_interval,
-        token.clone().cancelled_owned(),
-    ));
+    let retention = crate::retention(
+        &IdempotencyStore::new(db.clone(), config.retention),
+        &config,
+    )
+    .spawn(token.clone());
     let app = router(db, &config);
     let result = serve_http(listener, app, &config, shutdown).await;
     token.cancel();
-    drop(collector.await);
-    drop(sweep.await);
+    drop(retention.await);
     result
 }
 

@@ -55,7 +55,7 @@ pub struct AppConfig {
     /// the route answers 503 `payments-not-configured`.
     pub payments: Option<crate::PaymentsSettings>,
     /// How often [`crate::serve`] sweeps multi-phase records whose lease ran out into
-    /// `unknown` and sets the lease gauges (`oncely_http::run_lease_sweep`). Default 10 s.
+    /// `unknown` and sets the lease gauges (`oncely_http::lease_sweep`). Default 10 s.
     pub lease_sweep_interval: Duration,
     /// The operator console's admin token (`/console`, signed in once per browser). `None`:
     /// the console is off and `/console` is a 404. Default `None`.

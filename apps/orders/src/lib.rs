@@ -47,7 +47,8 @@
 //! - `console` — the operator console at `/console` (with [`AppConfig::admin_token`]):
 //!   counts, stuck operations with their lineage, dead letters with requeue, effects and
 //!   discrepancies with their audited actions.
-//! - `collector` — [`spawn_collector`]: deletes expired idempotency records in batches.
+//! - `collector` — [`retention`]: the service's one retention runner, with
+//!   [`collector_sweep`] (expired idempotency records deleted in batches) and the lease sweep.
 //! - `payments` — `POST /v1/orders/{id}/payments` in multi-phase mode ([`PaymentsSettings`]):
 //!   the order's charge, synchronously at the provider, with its status check. A folder:
 //!   `charge` (the call and its answer), `status` (the resolver's status check), `answers`.
@@ -93,7 +94,7 @@ pub use app::{migrate, router, router_without_idempotency, serve};
 pub use billing::{
     billing_consumer, billing_consumer_with, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER,
 };
-pub use collector::spawn_collector;
+pub use collector::{collector_sweep, retention};
 pub use config::{parse_api_keys, AppConfig, ConfigError};
 pub use events::{INVOICE_PAID, ORDERS_TOPIC, ORDER_CREATED};
 pub use flow::{OrderEffects, BOOK, CHARGE, PAYMENTS, SHIPPING};

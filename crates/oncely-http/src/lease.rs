@@ -2,11 +2,9 @@
 //! `unknown`, and the turning of records past their lease to `unknown` without waiting for
 //! a retry.
 
-use std::future::Future;
 use std::time::Duration;
 
-use oncely_core::now_ms;
-use oncely_sql::{IdempotencyStore, LeaseReport, StoreError, UNKNOWN_AGE_BUCKETS};
+use oncely_sql::{IdempotencyStore, LeaseReport, RetentionSweep, StoreError, UNKNOWN_AGE_BUCKETS};
 
 use crate::metrics as metric;
 
@@ -40,31 +38,17 @@ pub async fn sweep_leases(
     Ok((report, turned))
 }
 
-/// Runs [`sweep_leases`] every `every` (batches of 500, repeated while full) until
-/// `shutdown` completes. A failed round is logged and retried at the next tick: a database
-/// that is down is not the records' fault.
-pub async fn run_lease_sweep(
-    store: IdempotencyStore,
-    every: Duration,
-    shutdown: impl Future<Output = ()> + Send,
-) {
+/// The lease sweep as a [`RetentionSweep`] named `lease` for a [`Retention`] runner: a
+/// round at start-up, then every `every`, of [`sweep_leases`] in batches of 500 repeated
+/// while full. A failed round is retried by the runner's policy: a database that is down is
+/// not the records' fault.
+///
+/// [`Retention`]: oncely_sql::Retention
+pub fn lease_sweep(store: IdempotencyStore, every: Duration) -> RetentionSweep {
     const BATCH: u32 = 500;
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = tick.tick() => {}
-        }
-        loop {
-            match sweep_leases(&store, now_ms(), BATCH).await {
-                Ok((_, turned)) if turned == u64::from(BATCH) => {}
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "lease sweep failed; retrying at the next tick");
-                    break;
-                }
-            }
-        }
-    }
+    RetentionSweep::new("lease", every, BATCH, move |now_ms, batch| {
+        let store = store.clone();
+        async move { Ok::<_, StoreError>(sweep_leases(&store, now_ms, batch).await?.1) }
+    })
+    .at_once()
 }

@@ -44,7 +44,7 @@
 //! - `layer` — [`IdempotencyLayer`] / [`Idempotency`] (the service: parse, cached outcome,
 //!   then the mode) and [`TransactionLayer`] (the same transaction handling without keys).
 //! - `lease` — the lease sweep of multi-phase records with its gauges ([`sweep_leases`],
-//!   [`run_lease_sweep`], [`record_lease_gauges`]).
+//!   [`lease_sweep`] for a `Retention` runner, [`record_lease_gauges`]).
 //! - `metrics` — the names of the metrics the layer records.
 //! - `tenant` — [`TenantLayer`]: the service's own tenant extraction
 //!   ([`TenantExtractor`]: a function of the request head, or bearer [`ApiKeys`]), which
@@ -69,7 +69,7 @@ pub use answer::{NotStored, IDEMPOTENT_REPLAYED};
 pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
-pub use lease::{record_lease_gauges, run_lease_sweep, sweep_leases};
+pub use lease::{lease_sweep, record_lease_gauges, sweep_leases};
 pub use multiphase::{
     status_url, ContextRejection, MultiPhase, OperationContext, Resolution, ResolveQuery, Resolver,
 };

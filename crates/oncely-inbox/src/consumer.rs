@@ -10,7 +10,7 @@ use oncely_broker::{
     Subscriber,
 };
 use oncely_core::{Failure, MessageId, OutcomeClass, RetryBudget, RetryDecision, RetryPolicy};
-use oncely_sql::{Database, InboxOutcome, InboxStore, Tx};
+use oncely_sql::{Database, InboxOutcome, InboxStore, Retention, RetentionSweep, Tx};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -532,12 +532,14 @@ impl<S: Subscriber> Consumer<S> {
         let this = Arc::new(this);
         let slots = Arc::new(Semaphore::new(this.config.concurrency.max(1)));
         let tracker = TaskTracker::new();
-        tracker.spawn(collect_loop(
-            InboxStore::new(this.db.clone()),
-            this.subscriber.clone(),
-            this.config.clone(),
-            shutdown.clone(),
-        ));
+        tracker.spawn(
+            retention(
+                InboxStore::new(this.db.clone()),
+                this.subscriber.clone(),
+                &this.config,
+            )
+            .run(shutdown.clone()),
+        );
         // Consecutive receive failures (broker down).
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
@@ -601,46 +603,45 @@ async fn idle(shutdown: &CancellationToken, poll: Duration) {
     }
 }
 
-async fn collect_loop<S: Subscriber>(
+/// The consumer's retention, two [`RetentionSweep`]s from start-up and every
+/// `collect_interval`, 500 rows per statement: `inbox:<consumer>` deletes inbox rows past
+/// `inbox_retention` (counted in `oncely_inbox_collected_total{consumer}`), `queue:<consumer>`
+/// the SQL transport's fanned-out queue rows past `queue_retention`.
+fn retention<S: Subscriber>(
     inbox: InboxStore,
     subscriber: Arc<S>,
-    config: ConsumerConfig,
-    shutdown: CancellationToken,
-) {
+    config: &ConsumerConfig,
+) -> Retention {
     const BATCH: u32 = 500;
     let name = subscriber.consumer().to_owned();
-    loop {
-        let retention = oncely_core::millis(config.inbox_retention);
-        let before = oncely_core::now_ms().saturating_sub(retention);
-        loop {
-            match inbox.collect(before, BATCH).await {
-                Ok(n) => {
-                    metrics::counter!(m::COLLECTED_TOTAL, "consumer" => name.clone()).increment(n);
-                    if n < u64::from(BATCH) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(consumer = %name, error = %e, "inbox collection failed");
-                    break;
-                }
+    let inbox_retention = oncely_core::millis(config.inbox_retention);
+    let consumer = name.clone();
+    let inbox_sweep = RetentionSweep::new(
+        format!("inbox:{name}"),
+        config.collect_interval,
+        BATCH,
+        move |now_ms, batch| {
+            let (inbox, consumer) = (inbox.clone(), consumer.clone());
+            async move {
+                let n = inbox
+                    .collect(now_ms.saturating_sub(inbox_retention), batch)
+                    .await?;
+                metrics::counter!(m::COLLECTED_TOTAL, "consumer" => consumer).increment(n);
+                Ok::<_, oncely_sql::StoreError>(n)
             }
-        }
-        let keep = oncely_core::millis(config.queue_retention);
-        let before = oncely_core::now_ms().saturating_sub(keep);
-        loop {
-            match subscriber.collect(before, BATCH).await {
-                Ok(n) if n < u64::from(BATCH) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(consumer = %name, error = %e, "queue collection failed");
-                    break;
-                }
-            }
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(config.collect_interval) => {}
-        }
-    }
+        },
+    );
+    let keep = oncely_core::millis(config.queue_retention);
+    let queue_sweep = RetentionSweep::new(
+        format!("queue:{name}"),
+        config.collect_interval,
+        BATCH,
+        move |now_ms, batch| {
+            let subscriber = subscriber.clone();
+            async move { subscriber.collect(now_ms.saturating_sub(keep), batch).await }
+        },
+    );
+    Retention::new()
+        .sweep(inbox_sweep.at_once())
+        .sweep(queue_sweep.at_once())
 }

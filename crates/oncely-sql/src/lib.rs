@@ -49,6 +49,9 @@
 //! - `outage` — [`is_outage`]: does an error (chain) say the database could not be reached
 //!   (not "refused this transaction")? Consumers hold a message through an outage instead
 //!   of counting an attempt.
+//! - `retention` — [`Retention`], [`RetentionSweep`]: the one runner of background
+//!   retention sweeps (old rows deleted or turned on an interval, one outage backoff, stopped
+//!   by a `CancellationToken`).
 //! - `queue` — [`QueueStore`]: the SQL transport's queue over tables `oncely_queue`,
 //!   `oncely_subscriptions` and `oncely_deliveries` (enqueue with fan-out to consumer
 //!   groups, take, claim with a lease, settle, dead deliveries, collection).
@@ -105,6 +108,7 @@ mod postgres;
 mod query;
 mod queue;
 mod reconcile;
+mod retention;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -145,6 +149,7 @@ pub use reconcile::{
     Discrepancy, DiscrepancyAudit, DiscrepancyKind, DiscrepancyStore, NewDiscrepancy, ReconcileRun,
     Recorded, ACKNOWLEDGE, REFUND,
 };
+pub use retention::{BatchFuture, Retention, RetentionSweep, SweepError};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_sql::OutboxStore;
+use oncely_sql::{OutboxStore, Retention, RetentionSweep};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -59,11 +59,11 @@ impl Relay {
             self.config.stats_interval,
             shutdown.clone(),
         ));
-        tracker.spawn(cleanup_loop(
-            self.store.clone(),
-            self.config.clone(),
-            shutdown.clone(),
-        ));
+        tracker.spawn(
+            Retention::new()
+                .sweep(published_sweep(self.store.clone(), &self.config))
+                .run(shutdown.clone()),
+        );
         tracker.close();
         tracing::info!(relay = %self.config.relay_id, broker = self.publisher.name(), "relay running");
         // Rounds in a row that found the broker or the database unavailable.
@@ -168,32 +168,24 @@ pub(super) async fn stats_loop(
     }
 }
 
-pub(super) async fn cleanup_loop(
-    store: OutboxStore,
-    config: RelayConfig,
-    shutdown: CancellationToken,
-) {
+/// The deletion of published rows past `retention` as a [`RetentionSweep`] named
+/// `outbox`: every `cleanup_interval`, `cleanup_batch` rows per statement with a short pause
+/// between statements, counted in `oncely_outbox_deleted_total`.
+pub(super) fn published_sweep(store: OutboxStore, config: &RelayConfig) -> RetentionSweep {
     let retention = oncely_core::millis(config.retention);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(config.cleanup_interval) => {}
-        }
-        loop {
-            let before = oncely_core::now_ms().saturating_sub(retention);
-            match store.delete_published(before, config.cleanup_batch).await {
-                Ok(n) => {
-                    metrics::counter!(m::DELETED_TOTAL).increment(n);
-                    if n < u64::from(config.cleanup_batch) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "deleting published outbox rows failed");
-                    break;
-                }
+    RetentionSweep::new(
+        "outbox",
+        config.cleanup_interval,
+        config.cleanup_batch,
+        move |now_ms, batch| {
+            let store = store.clone();
+            async move {
+                let before = now_ms.saturating_sub(retention);
+                let n = store.delete_published(before, batch).await?;
+                metrics::counter!(m::DELETED_TOTAL).increment(n);
+                Ok::<_, oncely_sql::StoreError>(n)
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+        },
+    )
+    .pausing(Duration::from_millis(20))
 }
