@@ -31,12 +31,30 @@ impl Drop for Driver {
 }
 
 /// Starts chromedriver; `None` (after printing SKIPPED) when it is not installed, a panic
-/// instead under `ONCELY_TEST_REQUIRE_SERVICES=1`.
+/// instead under `ONCELY_TEST_REQUIRE_SERVICES=1`. A chromedriver that exits before it
+/// listens (seen once in CI with three of these tests starting at once) is started again, up
+/// to three times; the panic then carries what it printed on stderr.
 fn chromedriver() -> Option<Driver> {
+    let mut why = String::new();
+    for attempt in 1..=3 {
+        match start_chromedriver() {
+            Ok(driver) => return driver,
+            Err(exited) => {
+                eprintln!("chromedriver exited before listening (attempt {attempt}): {exited}");
+                why = exited;
+            }
+        }
+    }
+    panic!("chromedriver exited before listening, three times: {why}");
+}
+
+/// One start: `Ok(None)` when it is not installed, `Err` with its exit status and stderr
+/// when it exits before listening.
+fn start_chromedriver() -> Result<Option<Driver>, String> {
     let spawned = Command::new("chromedriver")
         .arg("--port=0")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn();
     let mut child = match spawned {
         Ok(c) => c,
@@ -46,24 +64,28 @@ fn chromedriver() -> Option<Driver> {
                 "chromedriver is not installed (apt-get install chromium chromium-driver): {e}"
             );
             eprintln!("SKIPPED: chromedriver is not installed: {e}");
-            return None;
+            return Ok(None);
         }
     };
+    let mut stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let port = loop {
-        let line = lines
-            .next()
-            .expect("chromedriver exited before listening")
-            .unwrap();
+        let Some(line) = lines.next().and_then(Result::ok) else {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            let mut printed = String::new();
+            drop(std::io::Read::read_to_string(&mut stderr, &mut printed));
+            return Err(format!("{status}: {}", printed.trim()));
+        };
         if let Some(rest) = line.split("started successfully on port ").nth(1) {
             break rest.trim_end_matches('.').trim().to_owned();
         }
     };
     std::thread::spawn(move || for _ in lines {});
-    Some(Driver {
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Ok(Some(Driver {
         child,
         url: format!("http://127.0.0.1:{port}"),
-    })
+    }))
 }
 
 /// One WebDriver session (W3C WebDriver, the commands this test needs) in headless
