@@ -1,0 +1,19 @@
+//! `oncely gateway` over real HTTP on `127.0.0.1:0`, in front of a real upstream: a
+//! deliberately non-idempotent order service in Python (`upstream.py`, stdlib
+//! `http.server` inserting a row per `POST` into SQLite), on a real store (SQLite,
+//! PostgreSQL, MariaDB).
+//!
+//! - `forwarding` — keys, replays, headers, 422, 409, tenant scope, pass-through.
+//! - `faults` — the upstream's faults: 5xx, connection refused, a dropped answer, a
+//!   timeout, and the probe that resolves them.
+//! - `burst` — 64 requests with one key over two gateway instances reach the upstream
+//!   once (PostgreSQL, MariaDB; SQLite with one instance).
+//! - `verify` — `oncely verify` passes behind the gateway and fails directly.
+//! - `config` — the TOML file and the command-line routes.
+
+mod burst;
+mod config;
+mod faults;
+mod forwarding;
+mod support;
+mod verify;
