@@ -189,10 +189,19 @@ async fn in_transaction<S: Route>(inner: S, db: Database, req: Request<Body>) ->
 
 /// Runs a request's handling in its own task: once a request has been received, a client
 /// hanging up (which makes the server drop the service future) cannot cancel it between
-/// reservation and commit. A panic in the task becomes a 500 problem.
+/// reservation and commit. A panic in the task becomes a 500 problem. A task cancelled
+/// (the only canceller is the runtime shutting down: the process is going away) answers
+/// nothing: its outcome is not known here, so neither "failed" nor "nothing was stored" may
+/// be said, and the connection closes unanswered as it would in a kill.
 fn spawned(handling: impl Future<Output = Response> + Send + 'static) -> Handling {
     let task = tokio::spawn(handling);
-    Box::pin(async move { Ok(task.await.unwrap_or_else(|e| panicked(&e.to_string()))) })
+    Box::pin(async move {
+        match task.await {
+            Ok(answer) => Ok(answer),
+            Err(e) if e.is_cancelled() => std::future::pending().await,
+            Err(e) => Ok(panicked(&e.to_string())),
+        }
+    })
 }
 
 /// The layer's path for one request, in its named steps: tenant and route → key → body →

@@ -476,7 +476,15 @@ async fn a_holder_killed_before_the_call_runs_again_with_the_same_key(t: TestDb)
     });
     reached(&doomed.server.pay).await;
     doomed.kill();
-    assert!(request.await.unwrap().is_err());
+    // As above: the runtime shut down under the test is not a real kill, so an answer may
+    // slip out; it is never a success.
+    if let Ok(answer) = request.await.unwrap() {
+        assert!(
+            answer.status().is_server_error(),
+            "the killed server answered {}",
+            answer.status()
+        );
+    }
     assert_eq!(sim.stats().payment_intents, 0, "nothing was sent");
 
     let client = Client(reqwest::Client::new());
