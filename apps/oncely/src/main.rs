@@ -19,10 +19,13 @@
 //! - `oncely verify` — the idempotency acceptance checks against any HTTP endpoint
 //!   (logic in `oncely-verify`).
 //! - `oncely sim payments|shipping` — a provider simulator (logic in `oncely-sim`).
+//! - `oncely gateway` — an idempotency gateway in front of a service you cannot change
+//!   (logic in `oncely-gateway`).
 //!
 //! The benchmarks are their own binary: `cargo run --release -p oncely-bench -- intake|relay|inbox …`.
 
 mod effects_cmd;
+mod gateway_cmd;
 mod idempotency_cmd;
 mod inbox_cmd;
 mod outbox_cmd;
@@ -60,6 +63,9 @@ enum Command {
     Verify(verify_cmd::VerifyArgs),
     /// Run a provider simulator (Stripe v1 subset or keyless shipping) with fault injection.
     Sim(sim_cmd::SimArgs),
+    /// Run an idempotency gateway in front of an HTTP service (keys, replays, unknown
+    /// outcomes on the routes given; everything else passes through).
+    Gateway(gateway_cmd::GatewayArgs),
 }
 
 /// An operator command group: the database and the group's subcommand.
@@ -134,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Relay(args) => {
+            args.db.require_pool(&[oncely_cli::PoolUser::Relay]);
             let db = args.db.connect_oncely().await?;
             let metrics = args.metrics_listen.map(|listen| MetricsEndpoint {
                 listen,
@@ -168,6 +175,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Verify(args) => verify_cmd::run(&args).await,
         Command::Sim(args) => sim_cmd::run(args, shutdown_signal()).await,
+        Command::Gateway(args) => gateway_cmd::run(args).await,
     }
 }
 
@@ -178,5 +186,14 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         oncely_cli::Cli::<super::Command>::command().debug_assert();
+    }
+
+    #[test]
+    fn the_two_simulators_default_to_ports_of_their_own() {
+        use super::sim_cmd::SimApi;
+        assert_ne!(
+            SimApi::Payments.default_listen(),
+            SimApi::Shipping.default_listen()
+        );
     }
 }

@@ -17,14 +17,27 @@ pub(crate) enum SimApi {
     Shipping,
 }
 
+impl SimApi {
+    /// Where the simulator listens without `--listen`: each API on a port of its own.
+    pub(crate) fn default_listen(self) -> SocketAddr {
+        let port = match self {
+            SimApi::Payments => 12111,
+            SimApi::Shipping => 12112,
+        };
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
     /// Which API to simulate.
     #[arg(value_enum)]
     api: SimApi,
     /// Listen address (port 0: a free port; the bound address is printed on stdout).
-    #[arg(long, default_value = "127.0.0.1:12111")]
-    listen: SocketAddr,
+    /// Default: 127.0.0.1:12111 for payments, 127.0.0.1:12112 for shipping, so both run
+    /// side by side.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
     /// A fault rate, `kind=rate` with rate 0.0–1.0 (repeatable). Kinds: latency,
     /// error_before, error_after, drop_after, late_after, rate_limit.
     #[arg(long = "fault", value_name = "KIND=RATE")]
@@ -69,7 +82,8 @@ pub(crate) async fn run(
             .set_from_str(f)
             .with_context(|| format!("--fault {f}"))?;
     }
-    let (name, router) = match args.api {
+    let api = args.api;
+    let (name, router) = match api {
         SimApi::Payments => {
             let mut config = PaymentsConfig {
                 search_lag: std::time::Duration::from_millis(args.search_lag_ms),
@@ -90,9 +104,8 @@ pub(crate) async fn run(
             ("shipping", ShippingSim::new(config).router())
         }
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
+    let listen = args.listen.unwrap_or_else(|| api.default_listen());
+    let listener = oncely_cli::bind(listen, "--listen").await?;
     println!("{name} simulator listening on {}", listener.local_addr()?);
     oncely_sim::serve(listener, router, shutdown).await?;
     Ok(())

@@ -4,6 +4,7 @@
 //! The order service's binary (`orders serve`, its consumers, `orders import`) is tested
 //! in apps/orders's acceptance tests (module `binary`).
 
+use oncely_testkit::process::SpawnTied as _;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -15,6 +16,9 @@ use serde_json::Value;
 #[path = "cli/reconcile.rs"]
 mod reconcile;
 use reconcile::reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row;
+
+#[path = "cli/refusals.rs"]
+mod refusals;
 
 #[path = "cli/saga.rs"]
 mod saga;
@@ -98,7 +102,7 @@ async fn operator_commands_refuse_a_missing_sqlite_file() {
         &["outbox", "dead", "list"],
         &["inbox", "dead", "list"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        let out = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .args(args)
             .args(["--database-url", &url])
             .output()
@@ -146,7 +150,7 @@ async fn operator_commands_on_a_database_without_the_schema_fail_and_create_noth
         &["inbox", "dead", "requeue", "--all"],
     ];
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_oncely"))
+        oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .args(args)
             .args(["--database-url", &t.url])
             .env_remove("ONCELY_LOG")
@@ -168,7 +172,7 @@ async fn operator_commands_on_a_database_without_the_schema_fail_and_create_noth
         assert!(out.stdout.is_empty(), "{args:?} printed a result");
         assert_eq!(table_names(&t).await, Vec::<String>::new(), "{args:?}");
     }
-    let migrate = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let migrate = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
         .args(["migrate", "--database-url", &t.url])
         .output()
         .unwrap();
@@ -189,13 +193,13 @@ async fn operator_commands_on_a_database_without_the_schema_fail_and_create_noth
 /// PaymentIntent is created with the configured secret key and counted at the provider.
 #[tokio::test]
 async fn sim_payments_command_prints_its_address_and_creates_one_intent() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let mut child = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
         .args(["sim", "payments", "--listen", "127.0.0.1:0"])
         .args(["--secret-key", "sk_test_cli_sim", "--search-lag-ms", "0"])
         .args(["--fault", "error_after=0", "--seed", "7"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_tied()
         .expect("spawn oncely sim");
     let stdout = child.stdout.take().unwrap();
     let p = Proc { child };
@@ -270,7 +274,7 @@ async fn idempotency_list_shows_multi_phase_records_by_state(t: TestDb) {
     }
     assert_eq!(store.expire_leases(now + 1_000, 10).await.unwrap(), 1);
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        let out = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .args(["idempotency", "--database-url", &t.url, "list"])
             .args(args)
             .stderr(Stdio::null())
@@ -343,7 +347,7 @@ async fn outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_even
     store.release("op-test", &ids[1..]).await.unwrap();
     // `--database-url` after the leaf subcommand, where an operator types it.
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_oncely"))
+        oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .arg("outbox")
             .args(args)
             .args(["--database-url", &t.url])
@@ -420,11 +424,11 @@ async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 /// the order service's migrations: `oncely relay` on an empty database creates oncely's
 /// tables (outbox, queue), not `orders` or `invoices`, and drains at SIGTERM.
 async fn relay_command_applies_oncely_schema_and_not_the_order_services(t: TestDb) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let mut child = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
         .args(["relay", "--database-url", &t.url])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_tied()
         .unwrap();
     // Started (signal handlers installed, publisher connected) once it says so.
     let stderr = child.stderr.take().unwrap();
@@ -484,7 +488,7 @@ async fn relay_process_aborted_after_confirm_is_republished_with_the_same_ids_an
         .collect();
     let ids = enqueue(&t, &events).await;
     let relay = |fault: bool| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_oncely"));
+        let mut c = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"));
         c.args(["relay", "--database-url", &t.url, "--broker", "nats"])
             .args(["--nats-url", &nats_url, "--nats-stream", &stream])
             .args(["--nats-subjects", &topic, "--relay-lease-secs", "2"])
@@ -494,9 +498,9 @@ async fn relay_process_aborted_after_confirm_is_republished_with_the_same_ids_an
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if fault {
-            c.env("ONCELY_FAULT", "relay-abort-after-confirm");
+            c.env("FAILPOINTS", "relay.after_confirm=panic(abort)");
         }
-        c.spawn().expect("spawn oncely relay")
+        c.spawn_tied().expect("spawn oncely relay")
     };
     let mut first = relay(true);
     let status = wait_exit(&mut first).await;
@@ -642,7 +646,7 @@ async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_
         ],
     )
     .await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncely"))
+    let mut child = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
         .args(["relay", "--database-url", &t.url, "--broker", "rabbitmq"])
         .args(["--amqp-url", &proxied, "--amqp-exchange", &exchange])
         .args(["--relay-max-attempts", "2", "--relay-backoff-base-ms", "50"])
@@ -652,7 +656,7 @@ async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_
         .env_remove("ONCELY_LOG_FORMAT")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_tied()
         .expect("spawn oncely relay");
     let lines: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
     {
@@ -803,7 +807,9 @@ mod kill {
     // `$TMPDIR/oncely-kill-<suffix>/`.
 
     use std::collections::{BTreeMap, HashMap};
-    use std::process::{Child, Command, Stdio};
+    use std::process::{Child, Stdio};
+
+    use oncely_testkit::process::SpawnTied as _;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
@@ -898,7 +904,7 @@ mod kill {
         extra: &[String],
         log: std::fs::File,
     ) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_oncely"))
+        oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .args(["relay", "--database-url", url, "--broker", "nats"])
             .args([
                 "--nats-url",
@@ -919,12 +925,12 @@ mod kill {
             .env("ONCELY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
-            .spawn()
+            .spawn_tied()
             .expect("spawn oncely relay")
     }
 
     fn outbox_stats(url: &str) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_oncely"))
+        let out = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .args(["outbox", "stats", "--database-url", url])
             .stderr(Stdio::null())
             .output()

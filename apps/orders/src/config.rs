@@ -90,51 +90,17 @@ impl Default for AppConfig {
     }
 }
 
-/// A malformed API key list.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// An entry is not `api-key=tenant`.
-    #[error("API key entry {0} is not of the form <api-key>=<tenant>")]
-    ApiKeyEntry(usize),
-    /// An API key shorter than 16 characters.
-    #[error("API key entry {0} is shorter than 16 characters")]
-    ApiKeyTooShort(usize),
-    /// Two entries with the same API key: which tenant it authenticates would be whichever
-    /// came last. The key itself is not shown.
-    #[error("API key entry {1} repeats the API key of entry {0}; each key must name one tenant")]
-    DuplicateApiKey(usize, usize),
-    /// A tenant id that does not validate.
-    #[error("API key entry {0}: {1}")]
-    Tenant(usize, #[source] oncely_core::TenantError),
-}
+/// A malformed API key list: oncely-http's [`ApiKeysError`](oncely_http::ApiKeysError),
+/// the one reader of the `ONCELY_API_KEYS` form (shared with `oncely gateway`).
+pub type ConfigError = oncely_http::ApiKeysError;
 
 /// Parses `key1=tenant-a,key2=tenant-b` (entries separated by commas, whitespace
-/// trimmed). Entries are numbered from 1 in errors; key values never appear in errors.
+/// trimmed) with [`oncely_http::parse_api_keys`]. Entries are numbered from 1 in errors;
+/// key values never appear in errors.
 ///
 /// # Errors
 /// [`ConfigError`] for an entry without `=`, a key shorter than 16 characters, a key that
 /// appears twice or an invalid tenant id.
 pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError> {
-    // key → (tenant, entry number), so a repeat can name the entry it repeats.
-    let mut map: HashMap<String, (TenantId, usize)> = HashMap::new();
-    for (i, entry) in s
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .enumerate()
-    {
-        let n = i + 1;
-        let (key, tenant) = entry.split_once('=').ok_or(ConfigError::ApiKeyEntry(n))?;
-        let key = key.trim();
-        if key.len() < 16 {
-            return Err(ConfigError::ApiKeyTooShort(n));
-        }
-        let tenant = TenantId::parse(tenant.trim()).map_err(|e| ConfigError::Tenant(n, e))?;
-        if let Some((_, first)) = map.get(key) {
-            return Err(ConfigError::DuplicateApiKey(*first, n));
-        }
-        map.insert(key.to_owned(), (tenant, n));
-    }
-    Ok(map.into_iter().map(|(k, (t, _))| (k, t)).collect())
+    Ok(oncely_http::parse_api_keys(s)?.into_iter().collect())
 }

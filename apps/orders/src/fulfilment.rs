@@ -10,14 +10,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use http::StatusCode;
 use oncely_broker::{ReceivedMessage, Subscriber};
 use oncely_core::{RetryPolicy, TenantId};
 use oncely_effects::EffectHandler;
-use oncely_http::{Problem, StoreFailure};
+use oncely_http::{Path, Problem, StoreFailure};
 use oncely_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Rejected};
 use oncely_saga::{
     Action, Cancelled, NewSaga, Orchestrator, OrchestratorConfig, SagaDefinition, SagaError,
@@ -373,7 +373,12 @@ pub(crate) async fn cancel_order(
     }
     match cancel_in_tx(&db, &settings.orchestrator, tenant.as_str(), &id, &order).await {
         Ok(Ok(())) => {
-            crate::orders::get_order(State(db), axum::Extension(tenant), Ok(Path(id))).await
+            crate::orders::get_order(
+                State(db),
+                axum::Extension(tenant),
+                Ok(axum::extract::Path(id)),
+            )
+            .await
         }
         Ok(Err(state)) => not_cancellable(
             format!("its fulfilment is {state}: past the pivot, nothing is undone"),

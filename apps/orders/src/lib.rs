@@ -45,8 +45,14 @@
 //! - [`metrics`] — the service's metric names, the per-route request metrics and the
 //!   `# HELP` text of everything `/metrics` renders.
 //! - `console` — the operator console at `/console` (with [`AppConfig::admin_token`]):
-//!   counts, stuck operations with their lineage, dead letters with requeue, effects and
-//!   discrepancies with their audited actions.
+//!   counts, stuck operations, dead letters with requeue, effects and discrepancies with
+//!   their audited actions, the order search and each order's chain as a timeline;
+//!   sign-out revokes the session in the store.
+//! - `chain` — [`order_chain`], [`OrderChain`]: an order's whole chain (idempotency record,
+//!   order, events, deliveries, invoices, every effect of every path with its evidence,
+//!   saga) from the durable stores, and as a [`Step`] timeline; [`search_orders`] by id,
+//!   external ref or key within a tenant. The console's order page and `orders show`.
+//! - `status` — the order's `status`, one vocabulary for both fulfilment modes.
 //! - `collector` — [`retention`]: the service's one retention runner, with
 //!   [`collector_sweep`] (expired idempotency records deleted in batches) and the lease sweep.
 //! - `payments` — `POST /v1/orders/{id}/payments` in multi-phase mode ([`PaymentsSettings`]):
@@ -59,12 +65,13 @@
 //! - `payments_source` — [`PaymentsSource`]: the endpoint's payments as reconciliation's
 //!   local intents.
 //! - [`cli`] — the `orders` binary's commands (`serve`, `migrate`, `consume`, `import`,
-//!   `effects run`, `reconcile`): flags turned into the configuration above, with the
+//!   `effects run`, `reconcile`, `show`): flags turned into the configuration above, with the
 //!   shared argument groups of `oncely-cli`. A folder: `serve`, `consume`, `effects`,
-//!   `import`.
+//!   `import`, `show`.
 
 mod app;
 mod billing;
+mod chain;
 pub mod cli;
 mod collector;
 mod config;
@@ -88,11 +95,17 @@ mod routes;
 mod saga_view;
 mod schema;
 mod shipping;
+mod status;
 mod stock;
 
 pub use app::{migrate, router, router_without_idempotency, serve};
 pub use billing::{
     billing_consumer, billing_consumer_with, BillingHandler, BILLING_CONSUMER, INVOICE_KIND_ORDER,
+};
+pub use chain::{
+    order_chain, search_orders, ChainDelivery, ChainEffect, ChainEvent, ChainInvoice, ChainOrder,
+    ChainRecord, ChainSaga, ChainSagaStep, EffectPath, Evidence, OrderChain, OrderHit, Step,
+    StepState, Time, SEARCH_LIMIT,
 };
 pub use collector::{collector_sweep, retention};
 pub use config::{parse_api_keys, AppConfig, ConfigError};
@@ -106,7 +119,7 @@ pub use fulfilment::{
 pub use list::{DEFAULT_LIMIT, MAX_LIMIT};
 pub use openapi::document as openapi_document;
 pub use orders::{NewOrder, OrderItem};
-pub use payments::{PaymentFault, PaymentsSettings};
+pub use payments::PaymentsSettings;
 pub use payments_source::PaymentsSource;
 pub use probes::metrics_handle;
 pub use ready::{Dependency, CHECK_TIMEOUT};

@@ -5,6 +5,11 @@
 //! opaque token naming the last order of the page, `null` on the last page. Orders created
 //! while a client pages appear on no page it has not read yet only if they are newer than
 //! its cursor — i.e. paging never repeats or skips an order that existed when it began.
+//! The cursor is refused (400) unless it is exactly what this service issues — the
+//! canonical encoding, re-encoded byte for byte — and names an order of the caller's
+//! tenant that matches the page's filters: a hand-made cursor, another tenant's, or one
+//! whose time was edited names no such order. (Orders are never deleted, so a cursor the
+//! service issued stays valid.) `limit` is plain decimal digits: `+5` and `-0` are refused.
 //! `source` and `external_ref` filter by exact (byte-for-byte) match. `total` is the number
 //! of the tenant's orders matching the filters (so `oncely verify --count-url
 //! …/v1/orders` counts the tenant's orders).
@@ -70,7 +75,13 @@ impl Cursor {
             .encode(format!("{CURSOR_VERSION}:{}:{}", self.created_at, self.id))
     }
 
+    /// The cursor `s` names, when `s` is exactly the encoding [`Cursor::encode`] gives it
+    /// (so no second spelling of one cursor, e.g. `+` before its time, passes).
     fn decode(s: &str) -> Option<Self> {
+        Self::parse(s).filter(|c| c.encode() == s)
+    }
+
+    fn parse(s: &str) -> Option<Self> {
         let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(s)
             .ok()?;
@@ -133,10 +144,8 @@ pub(crate) async fn list_orders(
     let Ok(Query(q)) = q else {
         return bad_query("the parameters are limit, cursor, source and external_ref");
     };
-    let limit = match q.limit.as_deref().map(str::parse::<u32>) {
-        None => DEFAULT_LIMIT,
-        Some(Ok(n)) if (1..=MAX_LIMIT).contains(&n) => n,
-        Some(_) => return bad_query("limit must be an integer from 1 to 100"),
+    let Some(limit) = parse_limit(q.limit.as_deref()) else {
+        return bad_query("limit must be an integer from 1 to 100, in decimal digits");
     };
     // No order has a control character in these (the order's validation refuses them),
     // and PostgreSQL refuses a NUL in text with an error: a 400, never a 500.
@@ -152,6 +161,13 @@ pub(crate) async fn list_orders(
         Some(Some(c)) => Some(c),
         Some(None) => return bad_query("cursor is not a next_cursor this service issued"),
     };
+    if let Some(c) = &cursor {
+        match names_an_order(&db, &tenant, &q, c).await {
+            Ok(true) => {}
+            Ok(false) => return bad_query("cursor is not a next_cursor this service issued"),
+            Err(e) => return StoreFailure::from(e).into_response(),
+        }
+    }
     match page(&db, &tenant, &q, cursor.as_ref(), limit).await {
         Ok(Ok(page)) => Json(page).into_response(),
         Ok(Err(e)) => {
@@ -165,6 +181,43 @@ pub(crate) async fn list_orders(
         }
         Err(e) => StoreFailure::from(e).into_response(),
     }
+}
+
+/// `limit` (default [`DEFAULT_LIMIT`]) when it is 1 to [`MAX_LIMIT`] in plain decimal
+/// digits; `u32::from_str` would also take a sign (`+5`).
+fn parse_limit(limit: Option<&str>) -> Option<u32> {
+    let Some(limit) = limit else {
+        return Some(DEFAULT_LIMIT);
+    };
+    if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    limit.parse().ok().filter(|n| (1..=MAX_LIMIT).contains(n))
+}
+
+/// Whether `cursor` names an order of `tenant` that the filters of `q` select: the page
+/// that issued it ended on that order.
+async fn names_an_order(
+    db: &Database,
+    tenant: &TenantId,
+    q: &ListQuery,
+    cursor: &Cursor,
+) -> Result<bool, StoreError> {
+    let (filter, binds) = filter(q);
+    let next = binds.len() + 2;
+    let sql = format!(
+        "SELECT COUNT(*) AS n FROM orders WHERE {filter} AND id = ${next} AND created_at = ${}",
+        next + 1
+    );
+    let mut select = query(sql).bind(tenant.as_str());
+    for b in binds {
+        select = select.bind(b);
+    }
+    let select = select.bind(cursor.id.clone()).bind(cursor.created_at);
+    Ok(db
+        .fetch_optional::<CountRow>(select)
+        .await?
+        .is_some_and(|r| r.n > 0))
 }
 
 /// The filter after `WHERE` and its binds, `$1` being the tenant.
@@ -256,6 +309,8 @@ struct CountRow {
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+
     use super::Cursor;
 
     #[test]
@@ -264,8 +319,22 @@ mod tests {
             created_at: 1_700_000_000_000,
             id: "0192f0c4-8a4e-7cc0-9d4c-0a1b2c3d4e5f".to_owned(),
         };
+        // The same cursor spelled another way: a sign before its time.
+        let signed = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!("o1:+{}:{}", c.created_at, c.id));
+        assert_eq!(Cursor::decode(&signed), None);
         assert_eq!(Cursor::decode(&c.encode()), Some(c));
         assert_eq!(Cursor::decode("not-a-cursor!"), None);
         assert_eq!(Cursor::decode("bzE6MTIzOng"), None);
+    }
+
+    #[test]
+    fn a_limit_is_plain_decimal_digits_from_1_to_100() {
+        assert_eq!(super::parse_limit(None), Some(super::DEFAULT_LIMIT));
+        assert_eq!(super::parse_limit(Some("5")), Some(5));
+        assert_eq!(super::parse_limit(Some("100")), Some(100));
+        for bad in ["+5", "-0", " 5", "", "0", "101", "5.0", "ten"] {
+            assert_eq!(super::parse_limit(Some(bad)), None, "{bad}");
+        }
     }
 }

@@ -5,8 +5,10 @@ use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use oncely_core::TenantId;
 use oncely_http::{IdempotentTx, NotStored, Problem, StoreFailure};
-use oncely_sql::{query, Backend, Database, StoreError, Tx};
+use oncely_sql::{query, Backend, Database, EffectState, StoreError, Tx};
 use serde::{Deserialize, Serialize};
+
+use crate::status::OrderStatus;
 
 /// Body of `POST /v1/orders`. Text fields are compared byte for byte (the business key), so
 /// they refuse control and invisible characters and leading or trailing whitespace.
@@ -74,7 +76,10 @@ pub struct OrderItem {
 pub(crate) struct Order {
     /// The order's id (a UUIDv7), as in `Location: /v1/orders/{id}`.
     id: String,
-    /// Always `created` (the flow's progress is in the invoice, payment and shipment).
+    /// `created` when stored; `GET /v1/orders/{id}` follows the flow in both fulfilment
+    /// modes: `paid`, `fulfilled` (paid and shipped), `processing` (its saga runs),
+    /// `compensating`, `rejected`, `cancelled`, `needs_review`. The list shows `created`
+    /// (read the order for its progress).
     #[schema(value_type = String, example = "created")]
     status: &'static str,
     #[serde(flatten)]
@@ -204,8 +209,8 @@ pub(crate) fn select_order(backend: Backend) -> String {
 
 /// The order insert; its business key `(tenant, source, external_ref)` is UNIQUE.
 const INSERT_ORDER: &str = "INSERT INTO orders (id, tenant, source, external_ref, customer_id, \
-     items, amount_minor, currency, created_at, payment_method) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     items, amount_minor, currency, created_at, payment_method, idempotency_key) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 /// The business key, as the conflict target of [`INSERT_ORDER`].
 const BUSINESS_KEY: &str = "(tenant, source, external_ref)";
@@ -364,7 +369,11 @@ pub(crate) async fn create_order(
         details: order,
         created_at: oncely_core::now_ms(),
     };
-    match insert_order(tx, &tenant, &created, items).await {
+    let key = context
+        .as_ref()
+        .and_then(|c| c.key.as_ref())
+        .map(oncely_core::IdempotencyKey::as_str);
+    match insert_order(tx, (&tenant, key), &created, items).await {
         Ok(true) => {
             let announced = Announcement {
                 events: &events,
@@ -439,10 +448,11 @@ fn parse_order(request_headers: &http::HeaderMap, body: &[u8]) -> Result<NewOrde
 
 /// Inserts `order` in `tx` unless its business key is taken: the second guard after the
 /// idempotency key, the UNIQUE constraint (never SELECT-then-INSERT). `true` when inserted.
-/// `items` is the order's lines as JSON.
+/// `items` is the order's lines as JSON; `key` the request's `Idempotency-Key`, kept with the
+/// order for its chain (the console, `orders show`).
 async fn insert_order(
     tx: &mut Tx,
-    tenant: &TenantId,
+    (tenant, key): (&TenantId, Option<&str>),
     order: &Order,
     items: String,
 ) -> Result<bool, StoreError> {
@@ -457,7 +467,8 @@ async fn insert_order(
         .bind(d.amount_minor)
         .bind(&d.currency)
         .bind(order.created_at)
-        .bind(d.payment_method.as_deref());
+        .bind(d.payment_method.as_deref())
+        .bind(key);
     tx.insert_ignoring_duplicate(insert, BUSINESS_KEY).await
 }
 
@@ -620,9 +631,15 @@ async fn order_view(
     let shipment = effect_view(db, tenant, (crate::SHIPPING, crate::BOOK), &order.id).await?;
     let fulfilment = crate::saga_view::view(db, tenant.as_str(), &order.id).await?;
     let mut order = order;
-    if let Some(saga) = &fulfilment {
-        order.status = saga.order_status();
+    order.status = match &fulfilment {
+        Some(saga) => saga.order_status(),
+        None => OrderStatus::of_flow(
+            invoice.as_ref().is_some_and(|i| i.paid_at.is_some()),
+            state_of(payment.as_ref()),
+            state_of(shipment.as_ref()),
+        ),
     }
+    .as_str();
     Ok(OrderView {
         order,
         invoice: invoice.map(InvoiceView::from),
@@ -630,6 +647,12 @@ async fn order_view(
         shipment,
         fulfilment,
     })
+}
+
+/// The state of an effect as the order view shows it (`None` for none, or a word no state
+/// has).
+fn state_of(effect: Option<&EffectView>) -> Option<EffectState> {
+    effect.and_then(|e| EffectState::parse(&e.state).ok())
 }
 
 /// `tenant`'s order `id` as its `order.created` payload carries it (the fulfilment

@@ -17,11 +17,10 @@ pub const SERVER_BUSY: &str = "server-busy";
 pub const REQUEST_TIMEOUT: &str = "request-timeout";
 /// 500: an unexpected failure (never driver text).
 pub const INTERNAL: &str = "internal";
-/// 415: the order body is not `application/json`.
-pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported-media-type";
-/// 400: a `GET /v1/orders` query with a limit outside 1–100, a cursor the service did not
-/// issue, or an unknown parameter.
-pub const INVALID_QUERY: &str = "invalid-query";
+/// 415 (the order body is not `application/json`) and 400 (a `GET /v1/orders` query with
+/// a limit outside 1–100, a cursor the service did not issue, or an unknown parameter):
+/// the kinds of the layer's extractors, one name each.
+pub use oncely_http::kind::{INVALID_QUERY, UNSUPPORTED_MEDIA_TYPE};
 /// 503: `GET /readyz` found a dependency (database, broker or provider) unavailable; its
 /// `checks` member names which.
 pub const NOT_READY: &str = "not-ready";
@@ -68,8 +67,6 @@ pub const ALL: &[&str] = &[
     SERVER_BUSY,
     REQUEST_TIMEOUT,
     INTERNAL,
-    UNSUPPORTED_MEDIA_TYPE,
-    INVALID_QUERY,
     NOT_READY,
     INVALID_STOCK,
     ORDER_NOT_CANCELLABLE,

@@ -5,6 +5,8 @@ use oncely_saga::SagaOperator;
 use oncely_sql::{Database, StoreError};
 use serde::Serialize;
 
+use crate::status::OrderStatus;
+
 /// An order's saga as `GET /v1/orders/{id}` shows it (`fulfilment`).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct SagaView {
@@ -33,15 +35,8 @@ struct StepView {
 impl SagaView {
     /// The order's status the saga gives it: `processing`, `compensating`, `fulfilled`,
     /// `rejected`, `cancelled` or `needs_review`.
-    pub(crate) fn order_status(&self) -> &'static str {
-        match self.state {
-            "completed" => "fulfilled",
-            "compensating" => "compensating",
-            "compensated" if self.error.as_deref() == Some(CANCELLED) => "cancelled",
-            "compensated" => "rejected",
-            "needs_review" => "needs_review",
-            _ => "processing",
-        }
+    pub(crate) fn order_status(&self) -> OrderStatus {
+        OrderStatus::of_saga(self.state, self.error.as_deref() == Some(CANCELLED))
     }
 }
 

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use http::StatusCode;
 use oncely_core::TenantId;
-use oncely_http::{Problem, StoreFailure};
+use oncely_http::{Path, Problem, StoreFailure};
 use oncely_saga::StepError;
 use oncely_sql::{query, Database, StoreError, Tx};
 use serde::{Deserialize, Serialize};

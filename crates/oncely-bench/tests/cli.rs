@@ -1,9 +1,7 @@
 //! `oncely-bench` keeps the subcommands and flags of the former `oncely bench …`.
 
-use std::process::Command;
-
 fn help(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_oncely-bench"))
+    let out = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely-bench"))
         .args(args)
         .arg("--help")
         .output()

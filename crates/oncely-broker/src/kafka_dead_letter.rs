@@ -228,6 +228,11 @@ impl KafkaDeadLetters {
             .set("client.id", "oncely-dead-letters")
             .set("enable.idempotence", "true")
             .set("acks", "all")
+            // Requeued records are read by the groups from their committed offsets.
+            .set(
+                "batch.num.messages",
+                crate::kafka::SAFE_BATCH_RECORDS.to_string(),
+            )
             .set(
                 "message.timeout.ms",
                 self.config.delivery_timeout.as_millis().to_string(),

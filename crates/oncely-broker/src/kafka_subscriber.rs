@@ -240,6 +240,11 @@ impl KafkaSubscriber {
             .set("bootstrap.servers", &self.config.brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
+            // Retry records are read from wherever a paused partition resumes.
+            .set(
+                "batch.num.messages",
+                crate::kafka::SAFE_BATCH_RECORDS.to_string(),
+            )
             .set(
                 "message.timeout.ms",
                 self.config.delivery_timeout.as_millis().to_string(),

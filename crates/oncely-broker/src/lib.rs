@@ -84,7 +84,7 @@ pub use delivery::{DeliveryPosition, ReceivedMessage};
 pub use failure::{Cause, PermanentError, TransientError};
 pub use health::{describe_metrics, DependencyHealth, DEPENDENCY_UP};
 #[cfg(feature = "kafka")]
-pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher};
+pub use kafka::{ensure_topic, KafkaConfig, KafkaPublisher, SAFE_BATCH_RECORDS};
 #[cfg(feature = "kafka")]
 pub use kafka_dead_letter::{KafkaDeadLetters, KafkaDeadLettersConfig};
 #[cfg(feature = "kafka")]

@@ -743,6 +743,76 @@ mod kafka {
         async fn cleanup(&self) {}
     }
 
+    /// Regression (issue 28): a group's committed offset lies inside a record batch
+    /// whenever a member acknowledged part of what one publish call sent to a partition;
+    /// the member that resumes there (after a rebalance, a restart) must receive the rest.
+    /// tansu 0.6 serves a fetch only with batches that start at or after its offset, so
+    /// with multi-record batches the second member received none of the 15 records left
+    /// (see [`oncely_broker::SAFE_BATCH_RECORDS`]).
+    #[tokio::test]
+    async fn a_member_resuming_from_a_commit_inside_a_published_batch_receives_the_rest_of_it() {
+        use oncely_broker::Subscriber as _;
+        use std::collections::BTreeSet;
+
+        let Some(b) = KafkaBroker::new().await else {
+            return;
+        };
+        // One partition key: one partition, and one publish call (one batch unless the
+        // producer caps its batches).
+        let batch: Vec<Message> = (0..20)
+            .map(|i| message(&b.topic(), "p-1", &format!("m{i}")))
+            .collect();
+        for r in b.publisher.publish(&batch).await {
+            r.expect("published");
+        }
+        let ids: Vec<MessageId> = batch.iter().map(|m| m.id).collect();
+
+        let first = b.subscriber("resume", Duration::ZERO);
+        first.subscribe().await.expect("subscribe");
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while got.len() < ids.len() && std::time::Instant::now() < deadline {
+            got.extend(
+                first
+                    .receive(32, Duration::from_secs(1))
+                    .await
+                    .expect("receive"),
+            );
+        }
+        assert_eq!(got.len(), ids.len(), "the first member received the batch");
+        got.sort_by_key(|d| d.handle.offset());
+        // Settle the first five only: the group commits the offset of the sixth.
+        for d in &got[..5] {
+            first.ack(d).await.expect("ack");
+        }
+        // The commit is asynchronous; give it time to land before the member leaves.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        first.close().await;
+
+        let second = b.subscriber("resume", Duration::ZERO);
+        second.subscribe().await.expect("subscribe");
+        let want: BTreeSet<MessageId> = ids[5..].iter().copied().collect();
+        let mut seen = BTreeSet::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(45);
+        while !want.is_subset(&seen) && std::time::Instant::now() < deadline {
+            for d in second
+                .receive(32, Duration::from_secs(1))
+                .await
+                .expect("receive")
+            {
+                seen.insert(d.message.as_ref().expect("decodable").id);
+                second.ack(&d).await.expect("ack");
+            }
+        }
+        second.close().await;
+        let missing: Vec<_> = want.difference(&seen).collect();
+        assert!(
+            missing.is_empty(),
+            "{} of the 15 records after the commit never came to the group: {missing:?}",
+            missing.len()
+        );
+    }
+
     // Kafka does not de-duplicate by message id (see the module comment).
     oncely_testkit::broker_conformance!(
         cases,

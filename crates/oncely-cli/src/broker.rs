@@ -146,15 +146,11 @@ impl RelayArgs {
         }
     }
 
-    /// The supervised relay these arguments describe. `ONCELY_FAULT=relay-abort-after-confirm`
-    /// (tests and chaos drills only) aborts the process right after the broker confirmed a
-    /// batch and before the outbox records it.
+    /// The supervised relay these arguments describe.
     pub fn supervisor(&self) -> RelaySupervisor {
         RelaySupervisor {
             broker: self.broker.config(),
             relay: self.config(),
-            abort_after_confirm: std::env::var("ONCELY_FAULT").as_deref()
-                == Ok("relay-abort-after-confirm"),
         }
     }
 }

@@ -38,6 +38,7 @@ impl<C: Subcommand> Cli<C> {
         let matches = Self::command().name(name).about(about).get_matches();
         let cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         cli.log.init();
+        oncely_core::failpoint::setup();
         cli
     }
 }

@@ -60,6 +60,36 @@ impl DbArgs {
         }
     }
 
+    /// Refuses a pool too small for one of `users`, the parts of the command that share it:
+    /// prints a usage error that names `--db-max-connections`, the part and the minimum, and
+    /// exits with status 2. A pool that small would start, then wait on itself and report
+    /// the database unavailable in a loop. SQLite is not checked: its writes go through one
+    /// connection of their own whatever the flag says (it sizes the readers, at least 1).
+    pub fn require_pool(&self, users: &[PoolUser]) {
+        if self.database_url.starts_with("sqlite:") {
+            return;
+        }
+        let url = self.database_url.as_str();
+        let Some(user) = users.iter().copied().max_by_key(|u| u.connections(url)) else {
+            return;
+        };
+        let need = user.connections(url);
+        if self.db_max_connections < need {
+            let connections = if need == 1 {
+                "connection"
+            } else {
+                "connections"
+            };
+            let message = format!(
+                "--db-max-connections {} is too small: {} holds up to {need} {connections} \
+                 at once; give it at least {need}\n",
+                self.db_max_connections,
+                user.name()
+            );
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).exit();
+        }
+    }
+
     /// Connects (creating a SQLite file that does not exist yet), migrating nothing: for a
     /// service that applies its own migrations with oncely's.
     ///
@@ -85,5 +115,45 @@ impl DbArgs {
     /// The database cannot be reached, or a SQLite file does not exist.
     pub async fn connect_existing(&self) -> anyhow::Result<Database> {
         Ok(oncely_runtime::connect_existing(&self.database_url, &self.options()).await?)
+    }
+}
+
+/// A part of a command that holds connections of the command's pool
+/// ([`DbArgs::require_pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolUser {
+    /// A service's HTTP requests.
+    Service,
+    /// The outbox relay.
+    Relay,
+    /// An inbox consumer.
+    Consumer,
+    /// The effect runner.
+    Runner,
+}
+
+impl PoolUser {
+    /// The most connections it holds at once on the database of `database_url`, so the
+    /// smallest pool it makes progress on. On PostgreSQL the relay holds three: its
+    /// `LISTEN` connection, the transaction that keeps its claimed batch locked, and one
+    /// more to publish that batch through the SQL transport (or to update its gauges);
+    /// with two it stalls on the pool's acquire timeout, round after round. Everything
+    /// else makes progress on one (measured: each waits its turn for the pool, never on
+    /// itself).
+    pub fn connections(self, database_url: &str) -> u32 {
+        match self {
+            PoolUser::Relay if database_url.starts_with("postgres") => 3,
+            _ => 1,
+        }
+    }
+
+    /// How a message names it: `the relay`.
+    fn name(self) -> &'static str {
+        match self {
+            PoolUser::Service => "the service",
+            PoolUser::Relay => "the relay",
+            PoolUser::Consumer => "a consumer",
+            PoolUser::Runner => "the effect runner",
+        }
     }
 }

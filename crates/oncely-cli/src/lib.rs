@@ -6,11 +6,13 @@
 //!
 //! # Layout
 //! - `db` — [`DbArgs`]: the database URL and pool settings, and the three ways to connect
-//!   (unmigrated, with oncely's migrations, an existing database).
+//!   (unmigrated, with oncely's migrations, an existing database); [`PoolUser`], what a
+//!   command runs on its pool, so a pool too small is refused at start.
 //! - `broker` — [`BrokerArgs`] (which broker and how to reach it) and [`RelayArgs`] (the
 //!   outbox relay's settings, a [`oncely_runtime::RelaySupervisor`]).
 //! - `consumer` — [`ConsumerArgs`]: an inbox consumer's settings.
 //! - `command` — [`Cli`]: a binary's command line, its [`LogArgs`] and its subcommands.
+//! - `listen` — [`bind`]: a command's listen address, a port in use refused in words.
 //! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder.
 //! - `providers` — [`ProviderArgs`]: the payments and shipping providers and the effect
 //!   runner's settings, an [`oncely_runtime::EffectsConfig`].
@@ -21,6 +23,7 @@ mod broker;
 mod command;
 mod consumer;
 mod db;
+mod listen;
 mod metrics;
 mod providers;
 mod reconcile;
@@ -28,7 +31,8 @@ mod reconcile;
 pub use broker::{BrokerArgs, RelayArgs};
 pub use command::{Cli, LogArgs};
 pub use consumer::ConsumerArgs;
-pub use db::DbArgs;
+pub use db::{DbArgs, PoolUser};
+pub use listen::bind;
 pub use metrics::metrics_handle;
 pub use providers::ProviderArgs;
 pub use reconcile::{

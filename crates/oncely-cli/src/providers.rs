@@ -83,8 +83,6 @@ impl ProviderArgs {
     }
 
     /// The providers and runner settings these arguments describe.
-    /// `ONCELY_FAULT=runner-abort-after-call` (crash tests and chaos drills only) makes the
-    /// runner abort the process right after a provider call returned, before it settles.
     pub fn config(&self) -> EffectsConfig {
         let timeout = Duration::from_millis(self.provider_timeout_ms.max(1));
         let payments = self.payments_url.as_ref().map(|url| StripeConfig {
@@ -115,8 +113,6 @@ impl ProviderArgs {
             },
             check_delay: Duration::from_millis(self.runner_check_delay_ms),
             max_checks: self.runner_max_checks.max(1),
-            abort_after_call: std::env::var("ONCELY_FAULT").as_deref()
-                == Ok("runner-abort-after-call"),
             ..defaults
         };
         EffectsConfig {

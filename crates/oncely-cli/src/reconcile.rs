@@ -198,13 +198,14 @@ fn row(d: &Discrepancy) -> anyhow::Result<serde_json::Value> {
         "tenant": d.tenant, "effect_id": d.effect_id, "provider_ids": d.provider_id_list(),
         "local_status": details["local_status"], "remote_status": details["remote_status"],
         "local_amount": details["local_amount"], "remote_amount": details["remote_amount"],
+        "business_ref": details["business_ref"],
         "detail": details["detail"], "found_at": d.found_at, "last_seen_at": d.last_seen_at,
         "resolved_at": d.resolved_at, "resolution": d.resolution,
     }))
 }
 
 fn print_table(report: &ReconcileReport) -> anyhow::Result<()> {
-    println!("id\tkind\treference\teffect_id\tprovider_ids\tlocal\tremote\tdetail");
+    println!("id\tkind\treference\tbusiness_ref\teffect_id\tprovider_ids\tlocal\tremote\tdetail");
     for d in &report.discrepancies {
         let r = row(d)?;
         let side = |status: &str, amount: &str| {
@@ -215,10 +216,11 @@ fn print_table(report: &ReconcileReport) -> anyhow::Result<()> {
             }
         };
         println!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             d.id,
             d.kind_word,
             d.reference,
+            r["business_ref"].as_str().unwrap_or("-"),
             d.effect_id.as_deref().unwrap_or("-"),
             d.provider_ids,
             side("local_status", "local_amount"),

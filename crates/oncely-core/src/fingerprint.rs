@@ -81,11 +81,7 @@ impl Fingerprint {
 
         let canonical;
         let (kind, bytes): (&[u8], &[u8]) = if is_json(content_type) && !body.is_empty() {
-            let value = serde_json::from_slice::<IJson>(body)
-                .map_err(FingerprintError::InvalidJson)?
-                .0;
-            canonical =
-                serde_json_canonicalizer::to_vec(&value).map_err(FingerprintError::InvalidJson)?;
+            canonical = canonical_json(body)?;
             (b"jcs", &canonical)
         } else {
             (b"raw", body)
@@ -127,6 +123,30 @@ impl Fingerprint {
             Some(FingerprintMismatch::Route)
         }
     }
+}
+
+/// `body` parsed as I-JSON and written in its RFC 8785 (JCS) canonical form.
+///
+/// # Errors
+/// [`FingerprintError::InvalidJson`] when `body` is not I-JSON (RFC 7493 §2: no duplicate
+/// member names, finite numbers) or nests deeper than serde_json's recursion limit (128).
+pub(crate) fn canonical_json(body: &[u8]) -> Result<Vec<u8>, FingerprintError> {
+    let value = parse_i_json(body)?;
+    serde_json_canonicalizer::to_vec(&value).map_err(FingerprintError::InvalidJson)
+}
+
+/// `body` parsed as I-JSON (RFC 7493 §2), exactly as [`Fingerprint::compute`] reads a JSON
+/// body: what this refuses, the idempotency layer answers with 400 `malformed-json`. For
+/// tools that prepare request bodies (e.g. a bulk import) and must refuse what the API
+/// refuses, rather than let `serde_json::Value` keep the last of two duplicate members.
+///
+/// # Errors
+/// [`FingerprintError::InvalidJson`] when `body` is not JSON, has an object with a
+/// duplicate member name, or nests deeper than serde_json's recursion limit (128).
+pub fn parse_i_json(body: &[u8]) -> Result<serde_json::Value, FingerprintError> {
+    serde_json::from_slice::<IJson>(body)
+        .map(|v| v.0)
+        .map_err(FingerprintError::InvalidJson)
 }
 
 /// A JSON value parsed as I-JSON (RFC 7493 §2.3): an object with a duplicate member name

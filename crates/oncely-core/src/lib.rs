@@ -11,7 +11,8 @@
 //!   (draft-ietf-httpapi-idempotency-key-header-07 §2, RFC 8941 §3.3.3).
 //! - `scope` — [`TenantId`], [`Operation`], [`Scope`]: who asked for which operation.
 //! - `fingerprint` — [`Fingerprint`], [`FingerprintMismatch`]: SHA-256 over the canonical
-//!   request, JSON bodies in RFC 8785 (JCS) form.
+//!   request, JSON bodies in RFC 8785 (JCS) form; [`parse_i_json`], the JSON reading it
+//!   uses (RFC 7493 I-JSON: no duplicate member names).
 //! - `record` — [`RecordState`], [`StoredResponse`], the replay header allow-list.
 //! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses;
 //!   [`millis`] and [`ms_after`]: a `Duration` in that unit.
@@ -25,15 +26,22 @@
 //!   [`RetryDecision`] it leads to, the [`OutageWait`] of a dependency that is down;
 //!   [`parse_retry_after`] (RFC 9110 §10.2.3).
 //! - `budget` — [`RetryBudget`]: a per-dependency retry token bucket (the AWS SDKs' model).
+//! - `failpoint` — named crash points ([`fail_point!`]) and their [`failpoint::setup`]
+//!   from `FAILPOINTS`; nothing without the `failpoints` feature.
 //! - `derive` — [`derive_key`], [`next_key`]: the idempotency key of an outgoing call,
 //!   derived from its parent operation's scope, key and step (UUIDv8 over SHA-256).
+//! - `props` (tests only) — property tests (proptest) of the key parser, the JSON
+//!   canonicaliser, the fingerprint and the retry policy.
 
 mod budget;
 mod chain;
 mod derive;
+pub mod failpoint;
 mod fingerprint;
 mod key;
 mod message;
+#[cfg(test)]
+mod props;
 mod record;
 mod retry;
 mod scope;
@@ -43,7 +51,7 @@ mod words;
 pub use budget::RetryBudget;
 pub use chain::error_chain;
 pub use derive::{derive_key, next_key};
-pub use fingerprint::{Fingerprint, FingerprintError, FingerprintMismatch};
+pub use fingerprint::{parse_i_json, Fingerprint, FingerprintError, FingerprintMismatch};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use message::{MessageId, MessageIdError};
 pub use record::{

@@ -49,6 +49,8 @@ pub const REPLAYABLE_HEADERS: &[&str] = &[
     "link",
     "cache-control",
     "retry-after",
+    // Set by oncely itself on an outcome a status check found (the gateway's probe).
+    "oncely-resolved-by",
 ];
 
 /// `true` when `name` (any case) is on [`REPLAYABLE_HEADERS`].

@@ -171,7 +171,11 @@ impl RetryPolicy {
         } else {
             0.0
         };
-        self.ceiling(failures).mul_f64(unit)
+        let ceiling = self.ceiling(failures);
+        // Not `mul_f64`: through f64 seconds a ceiling near `Duration::MAX` overflows (a
+        // panic), and one above 2^53 ns can round up past itself.
+        Duration::try_from_secs_f64(ceiling.as_secs_f64() * unit)
+            .map_or(ceiling, |d| d.min(ceiling))
     }
 
     /// [`RetryPolicy::delay`], but never shorter than the `Retry-After` the other side sent,
@@ -286,16 +290,59 @@ impl RetryPolicy {
 
 /// A `Retry-After` value (RFC 9110 §10.2.3) as a wait from `now`: `delay-seconds`, or an
 /// HTTP-date (IMF-fixdate, and the obsolete RFC 850 and asctime forms a recipient must
-/// accept, §5.6.7) — a date in the past is a wait of zero. `None` when the value is
-/// neither.
+/// accept, §5.6.7, an rfc850-date's two-digit year read as the latest such year not more
+/// than 50 years after `now`) — a date in the past is a wait of zero. `None` when the value
+/// is neither.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         // Seconds beyond u64 are "very long": saturate rather than refuse.
         return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
-    let at = httpdate::parse_http_date(value).ok()?;
+    let imf = rfc850_as_imf_fixdate(value, now);
+    let at = httpdate::parse_http_date(imf.as_deref().unwrap_or(value)).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// An rfc850-date (`Sunday, 06-Nov-94 08:49:37 GMT`) written as the IMF-fixdate of the
+/// year RFC 9110 §5.6.7 reads its two digits as: the latest year with those digits not more
+/// than 50 years after `now` (to the year), where httpdate would read 1970–2069 only.
+/// `None` when `value` does not have the rfc850-date shape (or `now` is outside
+/// 1970–9999). A weekday that is not the date's still makes the result no date.
+fn rfc850_as_imf_fixdate(value: &str, now: SystemTime) -> Option<String> {
+    const WEEKDAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let (weekday, rest) = value.split_once(", ")?;
+    let b = rest.as_bytes();
+    if !WEEKDAYS.contains(&weekday) || !rest.is_ascii() || b.len() != 22 {
+        return None;
+    }
+    if b[2] != b'-' || b[6] != b'-' || !b[7].is_ascii_digit() || !b[8].is_ascii_digit() {
+        return None;
+    }
+    let yy = u32::from(b[7] - b'0') * 10 + u32::from(b[8] - b'0');
+    // `fmt_http_date` panics outside 1970–9999.
+    let secs = now.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs();
+    if secs >= 253_402_300_800 {
+        return None;
+    }
+    let now_year: u32 = httpdate::fmt_http_date(now).get(12..16)?.parse().ok()?;
+    let latest = now_year + 50;
+    let year = latest - (latest - yy) % 100;
+    Some(format!(
+        "{}, {} {} {year:04} {}",
+        &weekday[..3],
+        &rest[..2],
+        &rest[3..6],
+        &rest[10..]
+    ))
 }
 
 #[cfg(test)]

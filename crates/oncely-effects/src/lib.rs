@@ -35,6 +35,8 @@
 //!   `compare` (the comparison and its findings), `resolve` (the resolution actions).
 //! - `shipping` — [`ShippingClient`]: the keyless shipping contract, booked by
 //!   `merchant_reference`.
+//! - `model` (tests only) — the effect protocol as a `stateright` model, checked over every
+//!   interleaving (docs/ARCHITECTURE.md "The effect protocol's model").
 
 mod http;
 mod key;
@@ -45,6 +47,9 @@ mod reconcile;
 mod runner;
 mod shipping;
 mod stripe;
+
+#[cfg(test)]
+mod model;
 
 pub use key::{derive_key, next_key};
 pub use operator::{resolve_effect, retry_effect};

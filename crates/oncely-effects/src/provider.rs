@@ -55,6 +55,28 @@ impl RemoteObject {
         self.state == ObjectState::Live
     }
 
+    /// `objects` without the ended ones made before `since_ms` (Unix ms, our clock): the
+    /// objects of an effect's earlier keys — a declined charge an operator retried under
+    /// the next key — which say nothing of the current key's attempt and must not decide
+    /// it `failed` (found by the effect protocol's model). Live, pending and unlisted
+    /// objects stay whatever their age (a late success of an earlier key is the effect
+    /// having happened), as do objects without a creation time. `created` is whole seconds,
+    /// so an object counts as earlier only when its second ended before `since_ms`; a
+    /// provider clock behind ours can only make an attempt's own ended object look earlier,
+    /// which turns a `failed` into another status check — never the reverse.
+    #[must_use]
+    pub fn of_attempt_since(objects: Vec<RemoteObject>, since_ms: i64) -> Vec<RemoteObject> {
+        objects
+            .into_iter()
+            .filter(|o| {
+                let earlier = o
+                    .created
+                    .is_some_and(|s| s.saturating_add(1).saturating_mul(1000) <= since_ms);
+                !(o.state == ObjectState::Ended && earlier)
+            })
+            .collect()
+    }
+
     /// The object a status check that found `objects` rests on, read three-valued
     /// (docs/DESIGN.md "Status vocabularies"): a live one; else one still pending; else one
     /// in a word nobody listed; else (every one ended) the first. `None` for no objects.
@@ -326,6 +348,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// second object). A provider without keys is never re-sent while an outcome is
     /// unknown: its status is checked first.
     fn honours_keys(&self) -> bool;
+
+    /// How long after a send a "not found" may still turn into an object (the settle time
+    /// its [`not_found`] answers use), or `None` when the provider does not say. The runner
+    /// uses it when a status check found only objects of the effect's earlier keys.
+    fn settle_time(&self) -> Option<Duration> {
+        None
+    }
 
     /// Makes the call once. Never retries by itself: retrying is the runner's decision.
     fn call<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome>;

@@ -225,6 +225,10 @@ impl Provider for ShippingClient {
         false
     }
 
+    fn settle_time(&self) -> Option<std::time::Duration> {
+        Some(self.config.settle_time)
+    }
+
     fn call<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
         async move {
             match request.operation.as_str() {

@@ -24,6 +24,14 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NotStored;
 
+/// Response extension a multi-phase handler sets on a **5xx** answer that is the
+/// operation's outcome and must be stored and replayed like a 4xx (as
+/// draft-ietf-httpapi-idempotency-key-header-07 §2.6 and Stripe do), instead of turning the
+/// record `unknown`. For a handler that knows the 5xx is final (the gateway's routes with
+/// `on_5xx = "store"`). Without it a 5xx is never stored. Atomic mode ignores it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreServerError;
+
 /// The answer for a committed record, or `None` while it is still `processing`.
 pub(crate) fn answer_existing(record: &Record, fingerprint: &Fingerprint) -> Option<Response> {
     answer(

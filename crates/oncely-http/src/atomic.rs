@@ -117,6 +117,8 @@ async fn execute<S: Route>(
     tx: oncely_sql::Tx,
     token: ReservationToken,
 ) -> Response {
+    // The key is reserved in `tx`, which nothing has committed: a crash frees it.
+    oncely_core::failpoint::fail_point!("request.after_reserve");
     let (req, subject) = request.start();
     let claim = Claim {
         store,
@@ -165,6 +167,8 @@ pub(crate) async fn run_in_tx<S: Route>(
         Ok(ran) => ran,
         Err(res) => return res,
     };
+    // The handler's writes and the reservation are in `tx`, uncommitted.
+    oncely_core::failpoint::fail_point!("request.after_handler");
     if res.status().is_server_error() || res.extensions().get::<NotStored>().is_some() {
         // Nothing of a failed execution is kept: the key stays free for the retry.
         drop(tx.rollback().await);
@@ -191,11 +195,15 @@ pub(crate) async fn run_in_tx<S: Route>(
         },
         None => (tx, None),
     };
+    // The answer is stored beside the handler's writes; the commit decides for both.
+    oncely_core::failpoint::fail_point!("request.before_commit");
     if let Err(e) = tx.commit().await {
         // The commit may or may not have happened; a retry with the same key finds out.
         tracing::warn!(error = %e, "commit failed; outcome unknown until the retry");
         return outcome_unknown("the commit could not be confirmed", 1);
     }
+    // Committed, not answered: the client's retry must get this answer as a replay.
+    oncely_core::failpoint::fail_point!("request.after_commit");
     if let Some((cache, subject, entry)) = settled {
         cache.insert(&subject.scope, &subject.key, entry);
     }

@@ -24,6 +24,28 @@
 //! | store unreachable, or acquire + `BEGIN` + claim over the store timeout (`DbOptions::store_timeout`) | 503 problem `store-unavailable` + `Retry-After` |
 //! | handler, stored response and commit over `execution_timeout` | 503 problem `execution-outcome-unknown` + `Retry-After` |
 //! | response body over the stored-response bound | 500 problem; rolled back, nothing stored |
+//! | an extractor of this crate refused the request before the handler ran | its 400/415/422 problem; nothing stored |
+//!
+//! # Refusals before the handler runs
+//! An answer is stored under its key unless it is a 5xx or carries [`NotStored`]. axum's
+//! own extractors answer their rejections (a body that does not deserialize: 422; a bad
+//! path or query: 400) without that mark, so with them a malformed request is stored, and
+//! the corrected retry with the same key gets `422 idempotency-key-reused`. Take this
+//! crate's [`Json`], [`Path`] and [`Query`] instead (the same extractors, with a
+//! problem+json [`Rejection`] marked [`NotStored`]), and wrap any other extractor in
+//! [`Unstored`]:
+//!
+//! ```
+//! use oncely_http::{IdempotentTx, Json, Path};
+//! # #[derive(serde::Deserialize)] struct NewTransfer { amount_minor: i64 }
+//! async fn create(Path(account): Path<String>, tx: IdempotentTx, Json(t): Json<NewTransfer>) {
+//!     // Runs only for a well-formed request; a malformed one left the key free.
+//! #   let _ = (account, tx, t.amount_minor);
+//! }
+//! ```
+//!
+//! To store such a refusal anyway (the client must mint a new key to correct it), take
+//! `Result<Json<T>, Rejection>` and answer [`Rejection::stored`], or keep axum's extractor.
 //!
 //! # Layout
 //! Request parsing and the answers at the bottom, one module per mode above them, and the
@@ -37,6 +59,8 @@
 //! - `cache` — the per-process cache of finished outcomes that serves replays without a
 //!   database round trip (moka, weighed in bytes, each entry expiring with its record).
 //! - `extract` — [`IdempotentTx`], the handler's transaction, and [`IdempotencyContext`].
+//! - `reject` — [`Json`], [`Path`], [`Query`], [`Unstored`]: extractors whose
+//!   [`Rejection`] leaves the key free.
 //! - `atomic` — atomic mode: reservation, handler and stored answer in one transaction,
 //!   the in-flight wait (a [`RetryPolicy`](oncely_core::RetryPolicy)).
 //! - `multiphase` — multi-phase mode: [`MultiPhase`], [`OperationContext`] (the handler's
@@ -51,6 +75,8 @@
 //!   puts the [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
+//! - `props` (tests only) — property tests (proptest) of the key header, the request
+//!   fingerprint and the store-error answers.
 
 mod answer;
 mod atomic;
@@ -62,10 +88,13 @@ mod lease;
 pub mod metrics;
 mod multiphase;
 mod problem;
+#[cfg(test)]
+mod props;
+mod reject;
 mod request;
 mod tenant;
 
-pub use answer::{NotStored, IDEMPOTENT_REPLAYED};
+pub use answer::{NotStored, StoreServerError, IDEMPOTENT_REPLAYED};
 pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
@@ -74,4 +103,7 @@ pub use multiphase::{
     status_url, ContextRejection, MultiPhase, OperationContext, Resolution, ResolveQuery, Resolver,
 };
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
-pub use tenant::{bearer, ApiKeys, Tenant, TenantExtractor, TenantLayer};
+pub use reject::{Json, Path, Query, Rejection, Unstored};
+pub use tenant::{
+    bearer, parse_api_keys, ApiKeys, ApiKeysError, Tenant, TenantExtractor, TenantLayer,
+};

@@ -26,7 +26,7 @@ use tower::ServiceExt;
 
 use crate::answer::{
     answer_existing, mismatch, outcome_unknown, panic_message, panicked, read_answer, replay,
-    store_problem, stored_response, NotStored,
+    store_problem, stored_response, NotStored, StoreServerError,
 };
 use crate::cache::{ReplayCache, Settled};
 use crate::metrics as metric;
@@ -44,7 +44,8 @@ use crate::{IdempotencyConfig, Problem};
 /// | retry after the lease ran out, no resolver (or it can't tell) | 409 `outcome-unknown` + status link |
 /// | … resolver found the provider's object | the outcome it builds, stored, replayed (`Idempotent-Replayed: true`) |
 /// | … resolver says the provider has nothing | the handler runs again, same key, fence raised |
-/// | handler answered 5xx without [`NotStored`], panicked or ran past `execution_timeout` | its answer (or 500/503); the record turns `unknown` |
+/// | handler answered 5xx without [`NotStored`] or [`StoreServerError`], panicked or ran past `execution_timeout` | its answer (or 500/503); the record turns `unknown` |
+/// | handler answered 5xx with [`StoreServerError`] | its answer, stored and replayed |
 /// | handler answered with [`NotStored`] (a 5xx too) | its answer; the record is deleted (it vouches nothing was sent) |
 /// | holder's completion after a take-over | the current holder's stored outcome (or 409 while it runs) |
 ///
@@ -102,6 +103,14 @@ impl MultiPhase {
 
     fn status_url(&self, key: &IdempotencyKey) -> Option<String> {
         Some(status_url(self.status_link.as_ref()?, key.as_str()))
+    }
+
+    /// `problem` as a response, with the operation's status link (the problem's
+    /// `status_url` member and `Link: <url>; rel="monitor"`, RFC 5989) when the mode has a
+    /// [`MultiPhase::status_link`]: for a handler's own answers that leave the operation
+    /// unknown (the gateway's "sent, no answer").
+    pub fn with_status_link(&self, key: &IdempotencyKey, problem: Problem) -> Response {
+        self.with_link(key, problem)
     }
 
     /// `problem` with the status link, as a response.
@@ -439,6 +448,8 @@ async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step
 /// its answer (fenced), releases the record ([`NotStored`]) or turns it `unknown` (5xx,
 /// panic, timeout).
 async fn execute<S: Route>(cx: &Ctx<'_>, inner: S, request: Keyed, lease: Lease) -> Response {
+    // `processing` is committed under this holder's lease and fence; nothing has run.
+    oncely_core::failpoint::fail_point!("multiphase.after_lease_commit");
     let (mut req, subject) = request.start();
     req.extensions_mut().insert(OperationContext {
         scope: subject.scope.clone(),
@@ -471,7 +482,7 @@ async fn settle(cx: &Ctx<'_>, request: &Subject, lease: Lease, res: Response) ->
         }
         return res;
     }
-    if res.status().is_server_error() {
+    if res.status().is_server_error() && res.extensions().get::<StoreServerError>().is_none() {
         abandon(cx, &lease, "5xx").await;
         return res;
     }
@@ -484,6 +495,8 @@ async fn settle(cx: &Ctx<'_>, request: &Subject, lease: Lease, res: Response) ->
         }
     };
     let stored = stored_response(&parts, &bytes);
+    // The handler answered (its provider may have committed); the record says `processing`.
+    oncely_core::failpoint::fail_point!("multiphase.after_answer");
     let now = now_ms();
     match cx.store.complete_leased(&lease, &stored, now).await {
         Ok(()) => {

@@ -30,6 +30,16 @@ pub mod kind {
     pub const REQUEST_BODY: &str = "request-body";
     /// 400: a JSON request body that does not parse, so it has no fingerprint.
     pub const MALFORMED_JSON: &str = "malformed-json";
+    /// 415: a body that must be `application/json` was sent as something else.
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported-media-type";
+    /// 422: a JSON body that parses but does not have the operation's shape (a missing or
+    /// unknown field, a value of the wrong type).
+    pub const INVALID_BODY: &str = "invalid-body";
+    /// 400: a path parameter that does not have the form the route takes.
+    pub const INVALID_PATH: &str = "invalid-path";
+    /// 400: query parameters that are missing, unknown or of the wrong type, or a value
+    /// the operation does not take.
+    pub const INVALID_QUERY: &str = "invalid-query";
     /// 500: a finished record without its stored response.
     pub const RECORD_CORRUPT: &str = "record-corrupt";
     /// 500: the handler's answer is over the stored-response bound; rolled back.
@@ -56,6 +66,10 @@ pub mod kind {
         REQUEST_TOO_LARGE,
         REQUEST_BODY,
         MALFORMED_JSON,
+        UNSUPPORTED_MEDIA_TYPE,
+        INVALID_BODY,
+        INVALID_PATH,
+        INVALID_QUERY,
         RECORD_CORRUPT,
         RESPONSE_TOO_LARGE,
         RESPONSE_BODY,

@@ -236,6 +236,56 @@ impl ApiKeys {
     }
 }
 
+/// A malformed API key list ([`parse_api_keys`]). Key values never appear in it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiKeysError {
+    /// An entry is not `api-key=tenant`.
+    #[error("API key entry {0} is not of the form <api-key>=<tenant>")]
+    ApiKeyEntry(usize),
+    /// An API key shorter than 16 characters.
+    #[error("API key entry {0} is shorter than 16 characters")]
+    ApiKeyTooShort(usize),
+    /// Two entries with the same API key: which tenant it authenticates would be whichever
+    /// came last. The key itself is not shown.
+    #[error("API key entry {1} repeats the API key of entry {0}; each key must name one tenant")]
+    DuplicateApiKey(usize, usize),
+    /// A tenant id that does not validate.
+    #[error("API key entry {0}: {1}")]
+    Tenant(usize, #[source] oncely_core::TenantError),
+}
+
+/// Parses the `ONCELY_API_KEYS` form `key1=tenant-a,key2=tenant-b` (entries separated by
+/// commas, whitespace trimmed, empty entries skipped) into `(key, tenant)` pairs in entry
+/// order, for [`ApiKeys::new`]. The one reader of that form (`orders serve`,
+/// `oncely gateway`). Entries are numbered from 1 in errors.
+///
+/// # Errors
+/// [`ApiKeysError`] for an entry without `=`, a key shorter than 16 characters, a key that
+/// appears twice or an invalid tenant id.
+pub fn parse_api_keys(s: &str) -> Result<Vec<(String, TenantId)>, ApiKeysError> {
+    let mut keys: Vec<(String, TenantId)> = Vec::new();
+    for (i, entry) in s
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .enumerate()
+    {
+        let n = i + 1;
+        let (key, tenant) = entry.split_once('=').ok_or(ApiKeysError::ApiKeyEntry(n))?;
+        let key = key.trim();
+        if key.len() < 16 {
+            return Err(ApiKeysError::ApiKeyTooShort(n));
+        }
+        let tenant = TenantId::parse(tenant.trim()).map_err(|e| ApiKeysError::Tenant(n, e))?;
+        if let Some(first) = keys.iter().position(|(k, _)| k == key) {
+            return Err(ApiKeysError::DuplicateApiKey(first + 1, n));
+        }
+        keys.push((key.to_owned(), tenant));
+    }
+    Ok(keys)
+}
+
 /// The token of an `Authorization: Bearer <token>` header value (scheme in any case,
 /// token trimmed); `None` for another scheme or a value that is not visible ASCII.
 pub fn bearer(value: &HeaderValue) -> Option<&str> {

@@ -18,6 +18,8 @@ use oncely_sql::{on_pool, on_tx, Database, DbOptions, IdempotencyStore};
 use oncely_testkit::{without_statement_cache, Fault, FaultProxy, TestDb};
 use serde_json::Value;
 
+#[path = "layer/extract.rs"]
+mod extract;
 #[path = "layer/multiphase.rs"]
 mod multiphase;
 
@@ -199,6 +201,7 @@ async fn serve_on(db: Database, wait: Option<Duration>, replay_cache_bytes: usiz
         .route("/headers", post(headers))
         .route("/items/{id}", post(item))
         .route("/reject", post(reject))
+        .merge(extract::routes())
         .route_layer(layer)
         .route_layer(middleware::from_fn(tenant_from_header))
         .with_state(calls.clone());

@@ -412,6 +412,8 @@ impl<S: Subscriber> Consumer<S> {
     ) -> Result<Processed, HandlerError> {
         let consumer = self.name();
         let id = message.id;
+        // Received, nothing recorded: the broker delivers it again after a crash here.
+        oncely_core::failpoint::fail_point!("consumer.after_receive");
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
             Err(e) if oncely_sql::is_outage(&e) => return Err(e.into()),
@@ -471,6 +473,9 @@ impl<S: Subscriber> Consumer<S> {
                     return Ok(Processed::StoreFailed);
                 }
                 self.count(&self.stats.consumed, m::CONSUMED_TOTAL);
+                // The effect and the inbox row are committed, the delivery not acknowledged:
+                // it comes again and the inbox recognises it.
+                oncely_core::failpoint::fail_point!("consumer.after_inbox_commit");
                 if self.skip_ack_after_commit.as_ref().is_some_and(|f| f(&id)) {
                     return Ok(Processed::CommittedNotAcknowledged);
                 }

@@ -14,4 +14,4 @@
 pub mod metrics;
 mod relay;
 
-pub use relay::{to_message, FaultAfterConfirm, Relay, RelayConfig, RelayError, RoundReport};
+pub use relay::{to_message, Relay, RelayConfig, RelayError, RoundReport};

@@ -39,13 +39,8 @@ impl Harness {
     async fn new(backend: TestBackend, broker: Broker) -> Option<Self> {
         let db = TestDb::new(backend).await?;
         db.db.migrate().await.expect("migrate");
-        let TestTopic {
-            broker,
-            topic,
-            publisher,
-            collector,
-            nats,
-        } = TestTopic::new(broker, &db.db).await?;
+        let (broker, topic, publisher, collector, nats) =
+            TestTopic::new(broker, &db.db).await?.into_parts();
         let (nats, stream) = nats.map_or((None, None), |(p, s)| (Some(p), Some(s)));
         Some(Self {
             db,
@@ -486,7 +481,7 @@ async fn private_tansu() -> (FaultProxy, tokio::process::Child, String) {
     let target: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let proxy = FaultProxy::start(target).await;
     let bin = std::env::var("ONCELY_TEST_TANSU").unwrap_or_else(|_| "tansu".to_owned());
-    let child = tokio::process::Command::new(&bin)
+    let child = tokio::process::Command::from(oncely_testkit::process::command(&bin))
         .args([
             "broker",
             "--storage-engine",

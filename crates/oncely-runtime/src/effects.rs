@@ -95,9 +95,6 @@ impl EffectsConfig {
     ) -> Result<JoinHandle<()>, RuntimeError> {
         let providers = self.providers()?;
         let names: Vec<String> = providers.iter().map(|p| p.name().to_owned()).collect();
-        if self.runner.abort_after_call {
-            tracing::warn!("fault injection: aborting after the first provider call");
-        }
         let runner = Arc::new(EffectRunner::new(
             EffectStore::new(db.clone()),
             providers,

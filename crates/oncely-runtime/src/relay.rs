@@ -1,7 +1,6 @@
 //! The supervised outbox relay.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use oncely_outbox::{Relay, RelayConfig};
@@ -26,11 +25,6 @@ pub struct RelaySupervisor {
     pub broker: BrokerConfig,
     /// The relay's settings (batch, polling, lease, retries, retention).
     pub relay: RelayConfig,
-    /// Fault injection (tests and chaos drills only): abort the process right after the
-    /// broker confirmed a non-empty batch and before the outbox records it — the crash
-    /// window of at-least-once publishing. The `oncely` binary sets it from
-    /// `ONCELY_FAULT=relay-abort-after-confirm`.
-    pub abort_after_confirm: bool,
 }
 
 impl RelaySupervisor {
@@ -74,19 +68,7 @@ impl RelaySupervisor {
                 }
             };
             tracing::info!(broker = publisher.name(), "outbox relay starting");
-            let mut relay = Relay::new(db, publisher.clone(), this.relay.clone());
-            if this.abort_after_confirm {
-                tracing::warn!("fault injection: aborting after the first confirmed batch");
-                relay = relay.with_fault_after_confirm(Arc::new(|rows| {
-                    if !rows.is_empty() {
-                        eprintln!(
-                            "ONCELY_FAULT: aborting after confirm of {} rows",
-                            rows.len()
-                        );
-                        std::process::abort();
-                    }
-                }));
-            }
+            let relay = Relay::new(db, publisher.clone(), this.relay.clone());
             relay.run(shutdown).await;
             publisher.close().await;
         }))

@@ -54,6 +54,9 @@ pub(crate) struct Engine<'t> {
 
 impl Engine<'_> {
     pub(crate) async fn save(&mut self) -> Result<(), StoreError> {
+        // Every transition passes here, inside the transaction that also holds its cause
+        // (the step's settled effect, an expiry, a cancel): a crash loses both together.
+        oncely_core::failpoint::fail_point!("saga.before_save");
         store::save(self.tx, &mut self.saga, self.now).await
     }
 
@@ -492,6 +495,8 @@ impl Engine<'_> {
             return Ok(());
         }
         let state = row.state()?;
+        // The step's effect is settled in this transaction; the saga has not moved yet.
+        oncely_core::failpoint::fail_point!("saga.after_step_settled");
         match (phase, state) {
             (Phase::Forward, StepState::Running) if self.is_current(i) => {
                 self.forward_settled(i, row.started_at, row.attempts, outcome)

@@ -45,7 +45,8 @@ pub struct NewDiscrepancy {
     pub effect_id: Option<String>,
     /// The provider objects involved.
     pub provider_ids: Vec<String>,
-    /// The rest of what was seen, a JSON object (amounts, statuses, a human `detail`).
+    /// The rest of what was seen, a JSON object (amounts, statuses, a human `detail`, and
+    /// `business_ref`: the business object the provider records name, e.g. an order id).
     pub details: serde_json::Value,
 }
 
@@ -110,6 +111,14 @@ impl Discrepancy {
     pub fn details_json(&self) -> Result<serde_json::Value, StoreError> {
         serde_json::from_str(&self.details)
             .map_err(|e| StoreError::Corrupt(format!("discrepancy {} details: {e}", self.id)))
+    }
+
+    /// The business object the provider's records name (`business_ref` of the details,
+    /// where the reconciler's business pointer found one: for payments the order id of
+    /// `metadata[order_id]`); `None` when they name none or the details do not parse.
+    pub fn business_ref(&self) -> Option<String> {
+        let details = self.details_json().ok()?;
+        details.get("business_ref")?.as_str().map(str::to_owned)
     }
 
     /// `true` until resolved.

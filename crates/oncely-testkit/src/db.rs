@@ -41,6 +41,47 @@ pub struct TestDb {
     /// Connected pools.
     pub db: Database,
     _dir: Option<tempfile::TempDir>,
+    /// For a server database: the server's URL and the schema (PostgreSQL) or database
+    /// (MySQL) to drop when the test ends.
+    server: Option<(String, String)>,
+}
+
+impl Drop for TestDb {
+    /// Drops the test's schema (PostgreSQL) or database (MySQL) on the way out, whether
+    /// the test passed or panicked; SQLite's file goes with its temporary directory. The
+    /// drop runs on a thread of its own with its own runtime (a `Drop` cannot await), is
+    /// bounded by 10 s and best-effort: `.ci/run` sweeps whatever a killed run leaves.
+    fn drop(&mut self) {
+        let Some((base, schema)) = self.server.take() else {
+            return;
+        };
+        crate::process::clean_up_blocking(async move { drop_server_db(&base, &schema).await });
+    }
+}
+
+/// Drops `schema` on the server `base` names, through a connection of its own. The
+/// test's pools are left to their own drop: closing them here would wait on connections
+/// whose I/O belongs to the test's runtime, which this thread is blocking. Their
+/// connections are idle, so they hold no lock the drop waits for.
+async fn drop_server_db(base: &str, schema: &str) {
+    let one = DbOptions {
+        max_connections: 1,
+        ..DbOptions::default()
+    };
+    let Ok(admin) = Database::connect(base, &one).await else {
+        return;
+    };
+    let sql = if admin.as_mysql().is_some() {
+        format!("DROP DATABASE IF EXISTS {schema}")
+    } else {
+        format!("DROP SCHEMA IF EXISTS {schema} CASCADE")
+    };
+    if let Some(pool) = admin.as_mysql() {
+        drop(sqlx::query(&sql).execute(pool).await);
+    } else if let Some(pool) = admin.as_postgres() {
+        drop(sqlx::query(&sql).execute(pool).await);
+    }
+    admin.close().await;
 }
 
 impl TestDb {
@@ -84,6 +125,7 @@ impl TestDb {
                 url,
                 db,
                 _dir: Some(dir),
+                server: None,
             })
         } else {
             let base = base_url.to_owned();
@@ -133,6 +175,7 @@ impl TestDb {
                     url,
                     db,
                     _dir: None,
+                    server: Some((base, schema)),
                 });
             }
             let pool = admin.as_postgres().expect("postgres");
@@ -150,6 +193,7 @@ impl TestDb {
                 url,
                 db,
                 _dir: None,
+                server: Some((base, schema)),
             })
         }
     }

@@ -26,6 +26,8 @@
 //!   replaced answer after the commit, a slow commit, a lagging or rewritten lookup);
 //!   [`SeededRng`], the replayable generator that draws schedules.
 //! - `localstripe` — [`LocalStripe`]: a `localstripe` process (PyPI's fake Stripe) per test.
+//! - [`process`] — [`process::command`], [`process::spawn`], [`process::ProcessGuard`]: the
+//!   processes a test starts die with it, even when the test binary is killed.
 
 pub mod broker_conformance;
 mod brokers;
@@ -33,6 +35,7 @@ mod db;
 mod http_faults;
 mod localstripe;
 pub mod matrix;
+pub mod process;
 mod proxy;
 mod topic;
 
@@ -52,5 +55,6 @@ pub use topic::{nats_collector, nats_config};
 #[cfg(feature = "rabbitmq")]
 pub use topic::{rabbitmq_collector, rabbitmq_config};
 pub use topic::{
-    Collector, Delivered, TestTopic, KAFKA_PARTITIONS, SQL_MAX_MESSAGE_BYTES, TEST_EXCHANGE,
+    Collector, Delivered, TestTopic, TopicParts, KAFKA_PARTITIONS, SQL_MAX_MESSAGE_BYTES,
+    TEST_EXCHANGE,
 };

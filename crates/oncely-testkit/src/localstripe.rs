@@ -2,6 +2,7 @@
 //! payments test runs against beside our own simulator. It ignores `Idempotency-Key`, so a
 //! test that stays at one charge there proves the status check did it, not the key.
 
+use crate::process::SpawnTied as _;
 use std::time::Duration;
 
 use crate::require_services;
@@ -23,11 +24,11 @@ impl LocalStripe {
     /// within 10 s.
     pub async fn start() -> Option<Self> {
         let port = free_low_port();
-        let spawned = std::process::Command::new("localstripe")
+        let spawned = crate::process::command("localstripe")
             .args(["--port", &port.to_string(), "--from-scratch"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
-            .spawn();
+            .spawn_tied();
         let child = match spawned {
             Ok(c) => c,
             Err(e) => {

@@ -183,12 +183,59 @@ impl TestTopic {
         })
     }
 
-    /// Deletes what the topic left on the broker (the JetStream stream).
+    /// Deletes what the topic left on the broker (the JetStream stream). A topic dropped
+    /// without `finish` (a failed test) is cleaned up by its `Drop`.
     #[cfg_attr(not(feature = "nats"), allow(clippy::unused_async))]
-    pub async fn finish(self) {
+    pub async fn finish(mut self) {
         #[cfg(feature = "nats")]
-        if let Some((p, stream)) = &self.nats {
-            drop(p.jetstream().delete_stream(stream).await);
+        if let Some((p, stream)) = self.nats.take() {
+            drop(p.jetstream().delete_stream(&stream).await);
+        }
+        #[cfg(not(feature = "nats"))]
+        let _ = &mut self;
+    }
+}
+
+/// A [`TestTopic`] taken apart by [`TestTopic::into_parts`]: broker, topic, publisher,
+/// collector, and (NATS) the publisher and stream the owner now deletes.
+pub type TopicParts = (TestBroker, String, Arc<dyn Publisher>, Collector, NatsExtra);
+
+impl TestTopic {
+    /// The topic's parts, for a harness that keeps them in fields of its own; the stream
+    /// (NATS) is then the caller's to delete.
+    #[must_use]
+    pub fn into_parts(mut self) -> TopicParts {
+        let (_, closed) = tokio::sync::mpsc::unbounded_channel();
+        let collector = std::mem::replace(&mut self.collector, Collector(Source::Channel(closed)));
+        #[cfg(feature = "nats")]
+        let nats = self.nats.take();
+        #[cfg(not(feature = "nats"))]
+        let nats = ();
+        (
+            self.broker,
+            std::mem::take(&mut self.topic),
+            self.publisher.clone(),
+            collector,
+            nats,
+        )
+    }
+}
+
+impl Drop for TestTopic {
+    /// Deletes the JetStream stream of a topic whose test ended without
+    /// [`TestTopic::finish`] (a panic), through a connection of its own on a thread of its
+    /// own (a `Drop` cannot await, and the test's runtime is the one being blocked).
+    /// Best-effort and bounded by 10 s. RabbitMQ's test queues are auto-delete; Kafka's
+    /// topics live in the CI broker's memory.
+    fn drop(&mut self) {
+        #[cfg(feature = "nats")]
+        if let Some((_, stream)) = self.nats.take() {
+            crate::process::clean_up_blocking(async move {
+                if let Ok(c) = async_nats::connect(nats_url()).await {
+                    let js = async_nats::jetstream::new(c);
+                    drop(js.delete_stream(&stream).await);
+                }
+            });
         }
     }
 }

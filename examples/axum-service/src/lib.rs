@@ -9,9 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
-use axum::{http::StatusCode, routing::post, Json, Router};
+use axum::{http::StatusCode, routing::post, Router};
 use oncely_core::TenantId;
-use oncely_http::{IdempotencyConfig, IdempotencyLayer, IdempotentTx, StoreFailure, TenantLayer};
+// oncely's `Json`, not axum's: a body that does not deserialize is refused (422) before the
+// handler runs and is not stored under its key, so the corrected retry with the same key
+// runs. With axum's `Json` that refusal would be stored and replayed.
+use oncely_http::{
+    IdempotencyConfig, IdempotencyLayer, IdempotentTx, Json, StoreFailure, TenantLayer,
+};
 use oncely_sql::{query, Database, DbOptions, IdempotencyStore, StoreError};
 use serde::Deserialize;
 use serde_json::json;

@@ -76,3 +76,23 @@ async fn a_retried_transfer_is_replayed_not_made_twice() {
     assert_eq!(status, 401);
     assert_eq!(transfers(&db).await, 2);
 }
+
+#[tokio::test]
+async fn a_malformed_transfer_leaves_the_key_free_for_the_corrected_retry() {
+    let Some((db, url)) = start().await else {
+        return;
+    };
+    let key = "0b7e2a43-6d1c-4f0e-8a5b-2c9d3e4f5a6b";
+    // `amount_minor` as a string: JSON, but not a transfer. Refused before the handler.
+    let wrong = json!({"from": "alice", "to": "bob", "amount_minor": "500"});
+    let (status, replayed, problem) = post(&url, Some("key-a"), key, &wrong).await;
+    assert_eq!((status, replayed), (422, false), "{problem}");
+    assert_eq!(problem["type"], "urn:oncely:problem:invalid-body");
+    let fixed = json!({"from": "alice", "to": "bob", "amount_minor": 500});
+    let (status, replayed, first) = post(&url, Some("key-a"), key, &fixed).await;
+    assert_eq!((status, replayed), (201, false), "{first}");
+    let (status, replayed, again) = post(&url, Some("key-a"), key, &fixed).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(again, first);
+    assert_eq!(transfers(&db).await, 1);
+}

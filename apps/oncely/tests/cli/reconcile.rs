@@ -4,7 +4,7 @@
 //! fit the kind fails, and the acknowledged one is not reported again.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use oncely_sim::{serve, PaymentsConfig, PaymentsSim};
 use oncely_testkit::TestDb;
@@ -12,13 +12,16 @@ use serde_json::Value;
 
 const SK: &str = "sk_test_oncely_cli_reconcile";
 
-async fn direct_charge(base: &str, invoice: &str) {
+/// A charge made straight at the provider, naming `invoice` and, when given, the order it
+/// was for (`metadata[order_id]`).
+async fn direct_charge(base: &str, invoice: &str, order_id: Option<&str>) {
+    let order = order_id.map_or(String::new(), |o| format!("&metadata[order_id]={o}"));
     let answer = reqwest::Client::new()
         .post(format!("{base}/v1/payment_intents"))
         .bearer_auth(SK)
         .header("Content-Type", "application/x-www-form-urlencoded")
         .body(format!(
-            "amount=700&currency=eur&confirm=true&payment_method=pm_card_visa&metadata[invoice_id]={invoice}"
+            "amount=700&currency=eur&confirm=true&payment_method=pm_card_visa&metadata[invoice_id]={invoice}{order}"
         ))
         .send()
         .await
@@ -124,11 +127,11 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(serve(listener, sim.router(), std::future::pending()));
-    direct_charge(&base, "inv-cli-stranger").await;
-    direct_charge(&base, "inv-cli-other").await;
+    direct_charge(&base, "inv-cli-stranger", Some("ord-cli-stranger")).await;
+    direct_charge(&base, "inv-cli-other", None).await;
     let ghost = ghost_charge(&t.db, "inv-cli-ghost").await;
     let oncely = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_oncely"))
+        oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .arg("reconcile")
             .args(args)
             .args(["--database-url", &t.url])
@@ -173,16 +176,22 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
     let missing_remote = find("missing_remote", "inv-cli-ghost");
     assert_eq!(missing_remote["effect_id"], ghost.as_str());
     assert_eq!(missing_remote["local_status"], "succeeded");
-    let stranger = find("missing_local", "inv-cli-stranger")["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    // The charge no intent names still says which order it was for.
+    let stranger = find("missing_local", "inv-cli-stranger");
+    assert_eq!(stranger["business_ref"], "ord-cli-stranger");
+    assert_eq!(
+        find("missing_local", "inv-cli-other")["business_ref"],
+        Value::Null
+    );
+    let stranger = stranger["id"].as_str().unwrap().to_owned();
 
     let table = oncely(&run_args);
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
         table.status.success()
-            && text.contains(&format!("{stranger}\tmissing_local\tinv-cli-stranger\t-")),
+            && text.contains(&format!(
+                "{stranger}\tmissing_local\tinv-cli-stranger\tord-cli-stranger\t-"
+            )),
         "{text}"
     );
 

@@ -2,7 +2,7 @@
 //! a shipment (the pivot) booked, then a retriable shipment the simulator refuses for good
 //! (422) until its policy is spent.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,7 +84,7 @@ async fn until(runner: &Arc<EffectRunner>, sagas: &SagaOperator, id: &str, state
 }
 
 fn run(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncely"))
+    oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
         .args(["saga", "--database-url", url])
         .args(args)
         .stderr(Stdio::piped())

@@ -110,6 +110,7 @@ pub(super) struct ConsumeArgs {
 
 /// `orders consume NAME`: the consumer alone until SIGTERM / Ctrl-C.
 pub(super) async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    args.db.require_pool(&[oncely_cli::PoolUser::Consumer]);
     let db = super::connect(&args.db).await?;
     let metrics = super::metrics_endpoint(args.metrics_listen);
     let broker = args.broker.config();

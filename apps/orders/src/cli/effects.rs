@@ -64,6 +64,7 @@ pub(super) fn service_handler(events_topic: &str) -> Arc<dyn EffectHandler> {
 /// `orders effects run`: the effect runner alone; under `--fulfilment saga` with the
 /// orchestrator as its handler and the saga's timeout sweep beside it.
 async fn run(db: &oncely_cli::DbArgs, run: &RunArgs) -> anyhow::Result<()> {
+    db.require_pool(&[oncely_cli::PoolUser::Runner]);
     let db = super::connect(db).await?;
     let metrics = super::metrics_endpoint(run.metrics_listen);
     let order_effects = service_handler(&run.events_topic);

@@ -194,8 +194,16 @@ fn derived_key(tenant: &str, body: &Value) -> anyhow::Result<String> {
 
 /// The line's key and body, or why it is invalid.
 fn prepare(tenant: &str, text: &str) -> Result<(String, String), String> {
-    let mut value: Value = serde_json::from_str(text)
-        .map_err(|e| format!("not JSON: syntax error at column {}", e.column()))?;
+    // The reading the API's fingerprint does (I-JSON): a duplicate member is refused here
+    // as the API refuses it (400), never resolved to its last value.
+    let mut value = oncely_core::parse_i_json(text.as_bytes()).map_err(|e| match e {
+        // A duplicate member name, or a number that is not finite (RFC 7493 §2).
+        oncely_core::FingerprintError::InvalidJson(e) if e.is_data() => format!("not I-JSON: {e}"),
+        oncely_core::FingerprintError::InvalidJson(e) => {
+            format!("not JSON: syntax error at column {}", e.column())
+        }
+        _ => "not JSON".to_owned(),
+    })?;
     let Some(object) = value.as_object_mut() else {
         return Err("not a JSON object".to_owned());
     };
@@ -209,6 +217,24 @@ fn prepare(tenant: &str, text: &str) -> Result<(String, String), String> {
         None => derived_key(tenant, &value).map_err(|e| format!("{e:#}"))?,
     };
     Ok((key, value.to_string()))
+}
+
+/// The file's non-blank lines, numbered from 1, each its text or why it is not UTF-8.
+fn lines(bytes: &[u8]) -> Vec<(usize, Result<&str, String>)> {
+    bytes
+        .split(|&b| b == b'\n')
+        .enumerate()
+        .map(|(i, l)| {
+            let text = std::str::from_utf8(l).map(str::trim).map_err(|e| {
+                format!(
+                    "not UTF-8: an invalid byte at column {}",
+                    e.valid_up_to() + 1
+                )
+            });
+            (i + 1, text)
+        })
+        .filter(|(_, l)| !matches!(l, Ok(t) if t.is_empty()))
+        .collect()
 }
 
 /// Sends one line until it has an answer that is not "unavailable" or the tries are spent.
@@ -321,8 +347,9 @@ fn print_line(r: &LineReport, as_json: bool) {
 /// The file cannot be read, the tenant is invalid, or the database cannot be reached.
 pub(super) async fn run(args: ImportArgs) -> anyhow::Result<()> {
     oncely_core::TenantId::parse(&args.tenant).context("invalid --tenant")?;
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("reading {}", args.file.display()))?;
+    // Bytes, not a string: one line that is not UTF-8 is that line's fault, not the file's.
+    let bytes =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let target = if let (Some(url), Some(api_key)) = (&args.url, &args.api_key) {
         Target::Http {
             client: reqwest::Client::new(),
@@ -343,16 +370,19 @@ pub(super) async fn run(args: ImportArgs) -> anyhow::Result<()> {
             api_key,
         }
     };
-    let lines: Vec<(usize, &str)> = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l.trim()))
-        .filter(|(_, l)| !l.is_empty())
-        .collect();
+    let lines = lines(&bytes);
     let bar = progress(lines.len() as u64);
     let mut counts = [0_usize; 5];
     for (line, content) in lines {
-        let r = import_line(&target, &args, line, content).await;
+        let r = match content {
+            Ok(text) => import_line(&target, &args, line, text).await,
+            Err(detail) => LineReport {
+                line,
+                outcome: Outcome::Invalid,
+                order_id: None,
+                detail: Some(detail),
+            },
+        };
         counts[r.outcome as usize] += 1;
         bar.suspend(|| print_line(&r, args.json));
         bar.inc(1);

@@ -3,6 +3,8 @@
 //! its saga timeouts). The operator commands for oncely's tables are the `oncely` binary's;
 //! an operator's decision recorded there is continued by this service's runner.
 //!
+//! - `orders dev` — the whole system in one process on a fresh SQLite file, with both
+//!   provider simulators, a key for tenant `demo` and five things to try.
 //! - `orders serve` — the service (SQLite by default), with the relay, its consumers, the
 //!   effect runner and the periodic reconciler in-process as configured.
 //! - `orders migrate` — oncely's and the service's migrations, then exits.
@@ -14,11 +16,14 @@
 //! - `orders reconcile [resolve]` — reconciliation with the payments endpoint's charges as
 //!   local intents ([`crate::PaymentsSource`]) and completions through the service's
 //!   handler.
+//! - `orders show ID --tenant T [--json]` — one order's whole chain ([`crate::order_chain`]).
 
 mod consume;
+mod dev;
 mod effects;
 mod import;
 mod serve;
+mod show;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
@@ -28,6 +33,10 @@ use oncely_sql::Database;
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the whole system in one process for a first look: the service on a fresh SQLite
+    /// file with its workers and console, both provider simulators, a key for tenant
+    /// `demo`, and five things to try.
+    Dev(dev::DevArgs),
     /// Run the order service.
     Serve(Box<serve::ServeArgs>),
     /// Apply oncely's and the order service's migrations and exit.
@@ -42,6 +51,9 @@ enum Command {
     /// Reconcile a provider's records with the local intents (the effects and the payments
     /// endpoint's charges) over a window; resolve a discrepancy (audited).
     Reconcile(ServiceReconcileArgs),
+    /// Print one order's whole chain (key, order, events, deliveries, invoice, effects with
+    /// their evidence, saga) as a timeline; `--json` for the same as JSON.
+    Show(show::ShowArgs),
 }
 
 /// `orders reconcile`: oncely's, with the service's events topic.
@@ -65,6 +77,7 @@ pub async fn run() -> anyhow::Result<()> {
         "The reference order service on oncely: serve, its consumers, import, its effect runner.",
     );
     match cli.command {
+        Command::Dev(args) => dev::dev(args).await,
         Command::Serve(args) => serve::serve(*args).await,
         Command::Migrate(args) => {
             connect(&args).await?;
@@ -78,6 +91,7 @@ pub async fn run() -> anyhow::Result<()> {
             let topic = args.events_topic;
             oncely_cli::reconcile(args.reconcile, |db| service(db, &topic)).await
         }
+        Command::Show(args) => show::run(args).await,
     }
 }
 

@@ -113,7 +113,17 @@ pub(super) struct ServeArgs {
 }
 
 /// `orders serve`: the service and what runs beside it, until SIGTERM / Ctrl-C.
-pub(super) async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
+pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let listener = oncely_cli::bind(args.listen, "--listen").await?;
+    serve_on(args, listener).await
+}
+
+/// [`serve`] on `listener`, bound by the caller (`orders dev` binds before it starts its
+/// simulators, so a port in use stops it first).
+pub(super) async fn serve_on(
+    mut args: ServeArgs,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<()> {
     let api_keys = crate::parse_api_keys(&args.api_keys).context("parsing --api-keys")?;
     anyhow::ensure!(
         !api_keys.is_empty(),
@@ -174,11 +184,9 @@ pub(super) async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         !args.fulfilment.saga() || (args.providers.payments() && args.providers.shipping()),
         "--fulfilment saga needs payments and shipping configured (--payments-url, --shipping-url)"
     );
+    args.db.require_pool(&pool_users(&args));
     let db = super::connect(&args.db).await?;
     let shutdown = shutdown_signal();
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(
         listen = %listener.local_addr()?,
         database = %redact(&args.db.database_url),
@@ -197,6 +205,21 @@ pub(super) async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What shares `serve`'s pool: the service, and the workers it runs in-process.
+fn pool_users(args: &ServeArgs) -> Vec<oncely_cli::PoolUser> {
+    use oncely_cli::PoolUser;
+    let runner = !args.no_runner && !args.providers.config().is_empty();
+    [
+        (true, PoolUser::Service),
+        (!args.no_relay, PoolUser::Relay),
+        (!args.no_consumer, PoolUser::Consumer),
+        (runner, PoolUser::Runner),
+    ]
+    .into_iter()
+    .filter_map(|(runs, user)| runs.then_some(user))
+    .collect()
 }
 
 /// What `/readyz` checks besides the database: the broker when this process relays or
@@ -321,9 +344,6 @@ fn consumers(args: &ServeArgs, saga: Option<&Arc<oncely_saga::Orchestrator>>) ->
 
 /// The payments endpoint's settings for `payments` (`POST /v1/orders/{id}/payments`, multi-phase with
 /// holders leased for `lease`), when payments are configured.
-/// `ONCELY_FAULT=payment-abort-before-call` / `payment-abort-after-call` (crash tests
-/// only) make the endpoint abort the process before its provider call went out / after
-/// it returned, before the outcome is stored.
 ///
 /// # Errors
 /// Payments without a secret key; a lease that does not exceed the provider timeout;
@@ -341,18 +361,9 @@ fn payment_settings(
         "--payment-lease-secs ({lease:?}) must exceed --provider-timeout-ms ({:?})",
         payments.timeout
     );
-    let fault = match std::env::var("ONCELY_FAULT").as_deref() {
-        Ok("payment-abort-before-call") => Some(crate::PaymentFault::AbortBeforeCall),
-        Ok("payment-abort-after-call") => Some(crate::PaymentFault::AbortAfterCall),
-        _ => None,
-    };
-    if let Some(f) = fault {
-        tracing::warn!(fault = ?f, "fault injection in the payments endpoint");
-    }
     Ok(crate::PaymentsSettings {
         provider: Arc::new(oncely_effects::StripePayments::new(payments)?),
         lease,
-        fault,
     })
 }
 

@@ -7,10 +7,10 @@
 
 use oncely_broker::{DeadLetterError, DeadLetters};
 use oncely_core::RecordState;
-use oncely_saga::{Saga, SagaOperator, StepInReview};
+use oncely_saga::{SagaOperator, StepInReview};
 use oncely_sql::{
-    query, Database, DeliverySummary, Discrepancy, DiscrepancyStore, Effect, EffectState,
-    EffectStore, IdempotencyStore, OutboxRow, OutboxStore, QueueStore, RecordSummary, StoreError,
+    query, Database, Discrepancy, DiscrepancyStore, Effect, EffectState, EffectStore,
+    IdempotencyStore, OutboxStore, RecordSummary, StoreError,
 };
 
 use crate::{
@@ -28,15 +28,6 @@ pub(crate) const REVIEW_STATES: [EffectState; 3] = [
 ];
 /// Most rows a list shows.
 const LIMIT: u32 = 200;
-
-/// A comma-separated select list of `columns`, each read as text.
-fn text(db: &Database, columns: &[&str]) -> String {
-    columns
-        .iter()
-        .map(|c| db.backend().text_column(c).into_owned())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 #[derive(sqlx::FromRow)]
 struct Count {
@@ -244,100 +235,43 @@ pub(crate) async fn steps_in_review(db: &Database) -> Result<Vec<StepInReview>, 
 }
 
 /// Open discrepancies, newest first.
-pub(crate) async fn discrepancies(db: &Database) -> Result<Vec<Discrepancy>, StoreError> {
-    DiscrepancyStore::new(db.clone()).open(None).await
-}
-
-/// An order as the lineage page shows it.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct OrderLine {
-    pub(crate) id: String,
-    pub(crate) tenant: String,
-    pub(crate) source: String,
-    pub(crate) external_ref: String,
-    pub(crate) amount_minor: i64,
-    pub(crate) currency: String,
-    pub(crate) created_at: i64,
-}
-
-/// An invoice of the order.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct InvoiceLine {
-    pub(crate) id: String,
-    pub(crate) kind: String,
-    pub(crate) amount_minor: i64,
-    pub(crate) currency: String,
-    pub(crate) paid_at: Option<i64>,
-    pub(crate) payment_id: Option<String>,
-    pub(crate) created_at: i64,
-}
-
-/// Everything the service holds about one order: key → order → events → deliveries →
-/// invoice → payment → shipment → saga.
-#[derive(Debug)]
-pub(crate) struct Lineage {
-    pub(crate) order: OrderLine,
-    /// The idempotency keys its events carry (`idempotency-key` header).
-    pub(crate) keys: Vec<String>,
-    /// Its outbox rows (partition key = the order id).
-    pub(crate) events: Vec<OutboxRow>,
-    /// Deliveries of its messages not yet acknowledged (SQL transport).
-    pub(crate) deliveries: Vec<DeliverySummary>,
-    pub(crate) invoices: Vec<InvoiceLine>,
-    pub(crate) payments: Vec<Effect>,
-    pub(crate) shipment: Option<Effect>,
-    /// The sagas that name the order in their input.
-    pub(crate) sagas: Vec<Saga>,
-}
-
-/// The lineage of order `id`; `None` when there is no such order.
-pub(crate) async fn lineage(db: &Database, id: &str) -> Result<Option<Lineage>, StoreError> {
-    let order: Option<OrderLine> = db
-        .fetch_optional(
-            query(format!(
-                "SELECT {} FROM orders WHERE id = $1",
-                text(db, &["id", "tenant", "source", "external_ref", "currency"])
-                    + ", amount_minor, created_at"
-            ))
-            .bind(id),
-        )
-        .await?;
-    let Some(order) = order else {
-        return Ok(None);
-    };
-    let events = OutboxStore::new(db.clone()).partition(id).await?;
-    let keys = events
-        .iter()
-        .filter_map(|e| e.event.headers.get("idempotency-key").cloned())
-        .collect();
-    let deliveries = QueueStore::new(db.clone()).partition_deliveries(id).await?;
-    let invoices: Vec<InvoiceLine> = db
-        .fetch_all(
-            query(format!(
-                "SELECT {}, amount_minor, paid_at, created_at FROM invoices \
-                 WHERE order_id = $1 ORDER BY created_at",
-                text(db, &["id", "kind", "currency", "payment_id"])
-            ))
-            .bind(id),
-        )
-        .await?;
-    let effects = EffectStore::new(db.clone());
-    let mut payments = Vec::new();
-    for invoice in &invoices {
-        if let Some(e) = effects.find(PAYMENTS, CHARGE, &invoice.id).await? {
-            payments.push(e);
-        }
+/// The open discrepancies, each with the order its provider records name
+/// ([`Discrepancy::business_ref`]) when that order exists here (for a link to its page).
+pub(crate) async fn discrepancies(
+    db: &Database,
+) -> Result<Vec<(Discrepancy, Option<String>)>, StoreError> {
+    let open = DiscrepancyStore::new(db.clone()).open(None).await?;
+    let mut out = Vec::with_capacity(open.len());
+    for d in open {
+        let order = match d.business_ref() {
+            Some(id) if uuid::Uuid::try_parse(&id).is_ok() => {
+                let exists =
+                    query("SELECT COUNT(*) AS n FROM orders WHERE id = $1").bind(id.as_str());
+                (count(db, exists).await? > 0).then_some(id)
+            }
+            _ => None,
+        };
+        out.push((d, order));
     }
-    let shipment = effects.find(SHIPPING, BOOK, id).await?;
-    let sagas = SagaOperator::new(db.clone()).input_containing(id).await?;
-    Ok(Some(Lineage {
-        order,
-        keys,
-        events,
-        deliveries,
-        invoices,
-        payments,
-        shipment,
-        sagas,
-    }))
+    Ok(out)
+}
+
+/// The tenant of order `id`, if there is one (the console's links from the stuck and
+/// dead-letter pages name only the order).
+pub(crate) async fn tenant_of(db: &Database, id: &str) -> Result<Option<String>, StoreError> {
+    #[derive(sqlx::FromRow)]
+    struct Tenant {
+        tenant: String,
+    }
+    if uuid::Uuid::try_parse(id).is_err() {
+        return Ok(None);
+    }
+    let sql = format!(
+        "SELECT {} FROM orders WHERE id = $1",
+        crate::chain::text(db, &["tenant"])
+    );
+    Ok(db
+        .fetch_optional::<Tenant>(query(sql).bind(id))
+        .await?
+        .map(|t| t.tenant))
 }

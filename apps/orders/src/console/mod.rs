@@ -14,8 +14,11 @@
 //!   resolve|retry` and `oncely reconcile resolve`), dead-letter requeues in
 //!   `oncely_operator_audit`.
 //! - Pages: overview of counts, stuck and unknown operations, dead letters (SQL transport)
-//!   with requeue, effects and saga steps in review, reconciliation discrepancies, and one
-//!   order's lineage (`/console/orders/{id}`).
+//!   with requeue, effects and saga steps in review, reconciliation discrepancies, the order
+//!   search within one tenant (`/console/orders?tenant=…&q=…`: id, external ref or key) and
+//!   one order's chain as a timeline (`/console/orders/{id}`, [`crate::order_chain`]).
+//! - Sign-out (`POST /console/logout`) revokes the session in the store: its cookie is
+//!   refused from then on, by every instance.
 
 mod data;
 mod pages;
@@ -23,7 +26,7 @@ mod session;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -31,7 +34,7 @@ use axum::{Extension, Form, Router};
 use http::{header, HeaderValue, Method, StatusCode};
 use maud::Markup;
 use oncely_broker::{DeadLetterError, DeadLetters};
-use oncely_core::MessageId;
+use oncely_core::{MessageId, TenantId};
 use oncely_effects::{Continue, ResolveAction};
 use oncely_http::{bearer, ApiKeys, Problem};
 use oncely_sql::{Database, DiscrepancyStore, EffectState, EffectStore, OperatorAudit, StoreError};
@@ -87,6 +90,7 @@ pub(crate) fn router(
             "/console/discrepancies/{id}/resolve",
             post(resolve_discrepancy),
         )
+        .route("/console/orders", get(search))
         .route("/console/orders/{id}", get(order))
         .route("/console/logout", post(logout))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), guard));
@@ -145,6 +149,14 @@ async fn guard(State(c): State<Console>, mut req: Request, next: Next) -> Respon
         .and_then(|v| v.to_str().ok())
         .and_then(|h| session::cookie(h, session::COOKIE))
         .and_then(|v| c.keys.verify(v, now));
+    let session = match session {
+        Some(s) => match session::is_revoked(&c.db, &s).await {
+            Ok(false) => Some(s),
+            Ok(true) => None,
+            Err(e) => return unavailable(&e),
+        },
+        None => None,
+    };
     let Some(session) = session else {
         if req.method() == Method::GET {
             return Redirect::to("/console/login").into_response();
@@ -239,7 +251,31 @@ async fn sign_in(State(c): State<Console>, Form(f): Form<SignIn>) -> Response {
     )
 }
 
-async fn logout() -> Response {
+/// The answer when a session cannot be checked: 503 (the database), else 500.
+fn unavailable(e: &StoreError) -> Response {
+    let (status, kind) = if e.is_unavailable() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            oncely_http::kind::STORE_UNAVAILABLE,
+        )
+    } else {
+        tracing::error!(error = %e, "console: the session could not be checked");
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            oncely_http::kind::STORE_ERROR,
+        )
+    };
+    Problem::new(status, kind, "The session cannot be checked now")
+        .detail("the console's database did not answer; try again")
+        .into_response()
+}
+
+/// Signs out: the session is revoked in the store (every instance refuses its cookie from
+/// now on) and the cookie cleared.
+async fn logout(State(c): State<Console>, Extension(s): Extension<Session>) -> Response {
+    if let Err(e) = session::revoke(&c.db, &s, oncely_core::now_ms()).await {
+        return failed(&c, &s, &e, "/console");
+    }
     let mut res = Redirect::to("/console/login").into_response();
     if let Ok(v) = HeaderValue::from_str(&session::clear_cookie()) {
         res.headers_mut().insert(header::SET_COOKIE, v);
@@ -579,14 +615,67 @@ async fn resolve_discrepancy(
     }
 }
 
+#[derive(Deserialize)]
+struct Search {
+    #[serde(default)]
+    tenant: String,
+    #[serde(default)]
+    q: String,
+}
+
+/// `GET /console/orders?tenant=T&q=…`: the tenant's orders whose id, external ref or
+/// idempotency key is `q` (one tenant at a time: a search never crosses tenants).
+async fn search(
+    State(c): State<Console>,
+    Extension(s): Extension<Session>,
+    Query(f): Query<Search>,
+) -> Response {
+    let csrf = c.keys.csrf(&s);
+    if f.tenant.trim().is_empty() && f.q.trim().is_empty() {
+        return html(StatusCode::OK, pages::search(&f.tenant, &f.q, None, &csrf));
+    }
+    let Ok(tenant) = TenantId::parse(f.tenant.trim()) else {
+        let text = "Name the tenant to search in.";
+        return html(
+            StatusCode::BAD_REQUEST,
+            pages::outcome("Not searched", &csrf, text, false, "/console/orders"),
+        );
+    };
+    match crate::search_orders(&c.db, &tenant, &f.q).await {
+        Ok(hits) => html(
+            StatusCode::OK,
+            pages::search(tenant.as_str(), &f.q, Some(hits.as_slice()), &csrf),
+        ),
+        Err(e) => failed(&c, &s, &e, "/console/orders"),
+    }
+}
+
+#[derive(Deserialize)]
+struct OrderQuery {
+    tenant: Option<String>,
+}
+
+/// One order's chain as a timeline. `?tenant=` scopes the read (the search's links name
+/// it); without it, the order's own tenant (links from the stuck and dead-letter pages).
 async fn order(
     State(c): State<Console>,
     Extension(s): Extension<Session>,
     Path(id): Path<String>,
+    Query(q): Query<OrderQuery>,
 ) -> Response {
-    match data::lineage(&c.db, &id).await {
-        Ok(Some(l)) => html(StatusCode::OK, pages::lineage(&l, &c.keys.csrf(&s))),
-        Ok(None) => failed(&c, &s, &StoreError::NotFound(id), "/console"),
+    let tenant = match q.tenant {
+        Some(t) => TenantId::parse(t.trim()).ok(),
+        None => match data::tenant_of(&c.db, &id).await {
+            Ok(t) => t.and_then(|t| TenantId::parse(&t).ok()),
+            Err(e) => return failed(&c, &s, &e, "/console"),
+        },
+    };
+    let Some(tenant) = tenant else {
+        return failed(&c, &s, &StoreError::NotFound(id), "/console/orders");
+    };
+    match crate::order_chain(&c.db, &tenant, &id).await {
+        Ok(Some(chain)) => html(StatusCode::OK, pages::chain(&chain, &c.keys.csrf(&s))),
+        Ok(None) => failed(&c, &s, &StoreError::NotFound(id), "/console/orders"),
         Err(e) => failed(&c, &s, &e, "/console"),
     }
 }

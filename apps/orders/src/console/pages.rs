@@ -6,7 +6,8 @@ use maud::{html, Markup, DOCTYPE};
 use oncely_saga::StepInReview;
 use oncely_sql::{Discrepancy, Effect, RecordSummary};
 
-use super::data::{DeadLetter, EffectLine, Lineage, Overview};
+use super::data::{DeadLetter, EffectLine, Overview};
+use crate::{OrderChain, OrderHit, StepState};
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
 nav{background:#223;padding:.6em 1em}nav a{color:#fff;margin-right:1.2em;text-decoration:none}\
@@ -14,28 +15,20 @@ nav form{display:inline;float:right}main{padding:1em 1.5em}\
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;\
 text-align:left;vertical-align:top;font-size:.9em}th{background:#eee}.msg{background:#efe;\
 border:1px solid #9c9;padding:.5em}.err{background:#fee;border:1px solid #c99;padding:.5em}\
-form.inline{display:inline}input,select,button{font-size:.85em}";
+form.inline{display:inline}input,select,button{font-size:.85em}\
+ol.timeline{list-style:none;padding:0;border-left:3px solid #ccc;margin-left:.5em}\
+li.step{margin:.4em 0 .4em 1em;padding:.4em .6em;border:1px solid #999;border-left-width:8px;\
+border-radius:3px;max-width:60em}li.step time{font-family:monospace;font-size:.85em}\
+li.step .word{float:right;font-size:.85em}details ul{font-family:monospace;font-size:.8em;margin:.3em 0}\
+.box{padding:.1em .5em;border:1px solid #999;border-left-width:8px}\
+.done{background:#eefbea;border-color:#3a3}.waiting{background:#eef3fb;border-color:#36c}\
+.unknown{background:#fdf6e3;border-color:#c90}.in_review{background:#f6eefb;border-color:#93c}\
+.failed{background:#fdecec;border-color:#c33}";
 
-/// Unix ms as `YYYY-MM-DD HH:MM:SS` UTC (proleptic Gregorian, Howard Hinnant's
-/// days-to-civil).
+/// Unix ms as `YYYY-MM-DD HH:MM:SS` UTC (the RFC 3339 time of [`crate::Time`] to the
+/// second).
 pub(crate) fn ts(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let shifted = days + 719_468;
-    let era = shifted.div_euclid(146_097);
-    let doe = shifted.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    crate::chain::rfc3339(ms)[..19].replace('T', " ")
 }
 
 fn opt_ts(ms: Option<i64>) -> String {
@@ -60,6 +53,7 @@ pub(crate) fn layout(title: &str, csrf: Option<&str>, msg: Option<&str>, body: &
                         a href="/console/dead-letters" { "Dead letters" }
                         a href="/console/review" { "In review" }
                         a href="/console/reconciliation" { "Reconciliation" }
+                        a href="/console/orders" { "Orders" }
                         form method="post" action="/console/logout" {
                             input type="hidden" name="csrf" value=(csrf);
                             button id="sign-out" { "Sign out" }
@@ -180,7 +174,7 @@ pub(crate) fn stuck(records: &[RecordSummary], effects: &[EffectLine], csrf: &st
                 }
             }
             p { "A multi-phase record's holder may have died mid-operation; its order, if any, \
-                 is found by its key on the order's lineage page." }
+                 is found by its key with the order search." }
         }
         h2 { "Effects unknown or in review" }
         @if effects.is_empty() { p { "None." } } @else {
@@ -277,18 +271,27 @@ pub(crate) fn review(
     layout("In review", Some(csrf), msg, &body)
 }
 
-/// Open discrepancies with their actions.
-pub(crate) fn reconciliation(open: &[Discrepancy], csrf: &str, msg: Option<&str>) -> Markup {
+/// Open discrepancies with their actions; each with the business object its provider
+/// records name, linked to the order's page when that order exists here.
+pub(crate) fn reconciliation(
+    open: &[(Discrepancy, Option<String>)],
+    csrf: &str,
+    msg: Option<&str>,
+) -> Markup {
     let body = html! {
         p { "acknowledge: accepted as it is; mark-succeeded: a status_mismatch whose record is live at \
              the provider resolves its effect as succeeded; refund: a duplicate_remote or missing_local \
              payment is refunded through an effect (asking twice refunds once)." }
         @if open.is_empty() { p id="no-discrepancies" { "No open discrepancy." } } @else {
             table id="discrepancies" {
-                tr { th { "Id" } th { "Provider" } th { "Kind" } th { "Reference" } th { "Effect" } th { "Provider ids" } th { "Found" } th { "Action" } }
-                @for d in open {
+                tr { th { "Id" } th { "Provider" } th { "Kind" } th { "Reference" } th { "Business ref" } th { "Effect" } th { "Provider ids" } th { "Found" } th { "Action" } }
+                @for (d, order) in open {
                     tr id={"discrepancy-" (d.id)} {
                         td { (d.id) } td { (d.provider) } td { (d.kind_word) } td { (d.reference) }
+                        td.business-ref {
+                            @if let Some(order) = order { a href={"/console/orders/" (order)} { (order) } }
+                            @else { (d.business_ref().unwrap_or_default()) }
+                        }
                         td { (d.effect_id.as_deref().unwrap_or("")) } td { (d.provider_ids) } td { (ts(d.found_at)) }
                         td {
                             form.inline method="post" action={"/console/discrepancies/" (d.id) "/resolve"} {
@@ -311,58 +314,64 @@ pub(crate) fn reconciliation(open: &[Discrepancy], csrf: &str, msg: Option<&str>
     layout("Reconciliation", Some(csrf), msg, &body)
 }
 
-/// One order's lineage: key → order → events → deliveries → invoice → payment → shipment → saga.
-pub(crate) fn lineage(l: &Lineage, csrf: &str) -> Markup {
-    let o = &l.order;
+/// The order search: a tenant and an id, external ref or key; `hits` once searched.
+pub(crate) fn search(tenant: &str, q: &str, hits: Option<&[OrderHit]>, csrf: &str) -> Markup {
     let body = html! {
-        h2 { "Key" }
-        @if l.keys.is_empty() { p { "No idempotency key recorded (created without one, or its events were collected)." } }
-        @for k in &l.keys { p.key { (k) } }
-        h2 { "Order" }
-        table id="order" {
-            tr { th { "Id" } th { "Tenant" } th { "Source" } th { "External ref" } th { "Amount" } th { "Created" } }
-            tr { td { (o.id) } td { (o.tenant) } td { (o.source) } td { (o.external_ref) }
-                 td { (o.amount_minor) " " (o.currency) } td { (ts(o.created_at)) } }
+        form method="get" action="/console/orders" id="search" {
+            label { "Tenant " input type="text" name="tenant" id="search-tenant" value=(tenant) required; }
+            " "
+            label { "Order id, external ref or idempotency key " input type="text" name="q" id="search-q" value=(q) size="40"; }
+            " " button { "Search" }
         }
-        h2 { "Events (outbox)" }
-        table id="events" {
-            tr { th { "Message" } th { "Type" } th { "State" } th { "Attempts" } th { "Created" } th { "Published" } }
-            @for e in &l.events {
-                tr { td { (e.event.message_id) } td { (e.event.event_type) } td { (e.state.as_str()) } td { (e.attempts) }
-                     td { (ts(e.created_at)) } td { (opt_ts(e.published_at)) } }
-            }
-        }
-        h2 { "Deliveries not yet acknowledged (SQL transport)" }
-        table id="deliveries" {
-            tr { th { "Consumer" } th { "Message" } th { "Type" } th { "State" } th { "Attempts" } th { "Last error" } }
-            @for d in &l.deliveries {
-                tr { td { (d.consumer) } td { (d.message_id) } td { (d.event_type) } td { (d.state) }
-                     td { (d.attempts) } td { (d.last_error.as_deref().unwrap_or("")) } }
-            }
-        }
-        h2 { "Invoice" }
-        @if l.invoices.is_empty() { p id="no-invoice" { "No invoice yet." } } @else {
-            table id="invoices" {
-                tr { th { "Id" } th { "Kind" } th { "Amount" } th { "Created" } th { "Paid" } th { "Payment" } }
-                @for i in &l.invoices {
-                    tr.invoice { td { (i.id) } td { (i.kind) } td { (i.amount_minor) " " (i.currency) }
-                         td { (ts(i.created_at)) } td { (opt_ts(i.paid_at)) } td { (i.payment_id.as_deref().unwrap_or("")) } }
+        @if let Some(hits) = hits {
+            @if hits.is_empty() { p id="no-hits" { "No order of tenant " (tenant) " matches." } } @else {
+                table id="hits" {
+                    tr { th { "Order" } th { "Source" } th { "External ref" } th { "Key" } th { "Amount" } th { "Created" } }
+                    @for h in hits {
+                        tr.hit {
+                            td { a href={"/console/orders/" (h.id) "?tenant=" (tenant)} { (h.id) } }
+                            td { (h.source) } td { (h.external_ref) }
+                            td { (h.idempotency_key.as_deref().unwrap_or("")) }
+                            td { (h.amount_minor) " " (h.currency) } td { (h.created_at) }
+                        }
+                    }
                 }
             }
         }
-        h2 { "Payment and shipment (effects)" }
-        table id="effects" {
-            tr { th { "Effect" } th { "Provider/operation" } th { "Reference" } th { "State" } th { "Attempts" } th { "Provider id" } }
-            @for e in l.payments.iter().chain(l.shipment.iter()) {
-                tr { td { (e.id) } td { (e.provider) "/" (e.operation) } td { (e.reference) } td { (e.state_word) }
-                     td { (e.attempts) } td { (e.provider_id.as_deref().unwrap_or("")) } }
+    };
+    layout("Orders", Some(csrf), None, &body)
+}
+
+/// One order's chain as a timeline: one box per step in time order, coloured by its state,
+/// its evidence one click away (`<details>`, no script).
+pub(crate) fn chain(c: &OrderChain, csrf: &str) -> Markup {
+    let o = &c.order;
+    let body = html! {
+        p id="summary" {
+            "Tenant " strong { (o.tenant) } ", " (o.source) " / " (o.external_ref) ", "
+            (o.amount_minor) " " (o.currency) ", status " strong id="status" { (o.status) } ", key "
+            span.key { (o.idempotency_key.as_deref().unwrap_or("none recorded")) }
+        }
+        p.legend {
+            @for st in [StepState::Done, StepState::Waiting, StepState::Unknown, StepState::InReview, StepState::Failed] {
+                span class={"box " (st.as_str())} { (st.as_str()) } " "
             }
         }
-        h2 { "Sagas" }
-        table id="sagas" {
-            tr { th { "Saga" } th { "Kind" } th { "State" } th { "Step" } th { "Error" } }
-            @for s in &l.sagas {
-                tr { td { (s.id) } td { (s.kind) } td { (s.state.as_str()) } td { (s.step) } td { (s.error.as_deref().unwrap_or("")) } }
+        ol.timeline id="timeline" {
+            @for (n, step) in c.timeline.iter().enumerate() {
+                li class={"step " (step.state.as_str())} id={"step-" (n)} data-kind=(step.kind) data-state=(step.state.as_str()) {
+                    div.head {
+                        time datetime=(step.at) { (step.at) } " "
+                        strong.title { (step.title) } " "
+                        span.word { (step.detail) }
+                    }
+                    @if !step.evidence.is_empty() {
+                        details {
+                            summary { "Evidence" }
+                            ul { @for line in &step.evidence { li { (line) } } }
+                        }
+                    }
+                }
             }
         }
     };

@@ -1,6 +1,7 @@
-//! The console's sign-in session and CSRF token, both stateless and keyed by the admin
-//! token (HMAC-SHA-256, RFC 2104), so any instance of the service checks them and rotating
-//! the token ends every session.
+//! The console's sign-in session and CSRF token, both keyed by the admin token
+//! (HMAC-SHA-256, RFC 2104), so any instance of the service checks them and rotating the
+//! token ends every session. Sign-out is server-side: the cookie's nonce is recorded in
+//! `console_revoked_sessions` until the cookie's expiry, and a revoked cookie is refused.
 //!
 //! - Session cookie `oncely_console` = `<expiry ms>.<actor, base64url>.<nonce>.<MAC>`, the
 //!   MAC over `session|<expiry>|<actor>|<nonce>`; `HttpOnly; SameSite=Strict; Path=/console`.
@@ -12,6 +13,7 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
+use oncely_sql::{query, Database, StoreError};
 use sha2::Sha256;
 
 /// Name of the session cookie.
@@ -40,6 +42,10 @@ pub(crate) struct Session {
     pub(crate) cookie: String,
     /// Who signed in (the name given at sign-in), for the audit rows.
     pub(crate) actor: String,
+    /// The cookie's nonce: what sign-out revokes.
+    pub(crate) nonce: String,
+    /// When the cookie expires, Unix ms.
+    pub(crate) expiry: i64,
 }
 
 impl Keys {
@@ -94,13 +100,16 @@ impl Keys {
         self.mac(&["session", expiry, actor, nonce])
             .verify_slice(&mac)
             .ok()?;
-        if expiry.parse::<i64>().ok()? <= now_ms {
+        let expiry = expiry.parse::<i64>().ok()?;
+        if expiry <= now_ms {
             return None;
         }
         let actor = String::from_utf8(URL_SAFE_NO_PAD.decode(actor).ok()?).ok()?;
         Some(Session {
             cookie: value.to_owned(),
             actor,
+            nonce: nonce.to_owned(),
+            expiry,
         })
     }
 
@@ -117,6 +126,52 @@ impl Keys {
                 .is_ok()
         })
     }
+}
+
+/// Records `session` as signed out (table `console_revoked_sessions`), so every instance
+/// refuses its cookie from now on; rows of cookies expired by `now_ms` go at the same time.
+///
+/// # Errors
+/// [`StoreError`] when the database fails.
+pub(crate) async fn revoke(
+    db: &Database,
+    session: &Session,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let mut tx = db.begin().await?;
+    tx.execute(query("DELETE FROM console_revoked_sessions WHERE expires_at <= $1").bind(now_ms))
+        .await?;
+    // Signing out twice (two tabs) revokes once.
+    tx.insert_ignoring_duplicate(
+        query(
+            "INSERT INTO console_revoked_sessions (nonce, expires_at, revoked_at) \
+             VALUES ($1, $2, $3)",
+        )
+        .bind(session.nonce.as_str())
+        .bind(session.expiry)
+        .bind(now_ms),
+        "(nonce)",
+    )
+    .await?;
+    tx.commit().await
+}
+
+/// `true` when `session` was signed out ([`revoke`]).
+///
+/// # Errors
+/// [`StoreError`] when the database fails.
+pub(crate) async fn is_revoked(db: &Database, session: &Session) -> Result<bool, StoreError> {
+    #[derive(sqlx::FromRow)]
+    struct Count {
+        n: i64,
+    }
+    let row: Option<Count> = db
+        .fetch_optional(
+            query("SELECT COUNT(*) AS n FROM console_revoked_sessions WHERE nonce = $1")
+                .bind(session.nonce.as_str()),
+        )
+        .await?;
+    Ok(row.is_some_and(|r| r.n > 0))
 }
 
 /// The value of cookie `name` in a `Cookie` header (RFC 6265 §5.4: `a=1; b=2`).

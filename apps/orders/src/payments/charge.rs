@@ -9,7 +9,7 @@ use crate::payment_store::{self as store, EvidenceRow, PaymentRow};
 use crate::problem;
 
 use super::answers::{declined, not_stored, paid};
-use super::{Pay, PaymentFault};
+use super::Pay;
 
 /// The provider's object as the row recorded it (for a replay from the row).
 pub(crate) fn remote_of(row: &PaymentRow) -> RemoteObject {
@@ -54,10 +54,8 @@ pub(crate) async fn charge(
         Err(e) => return StoreFailure::from(e).into_response(),
     };
     let outcome = pay.settings.provider.call(request).await;
-    if pay.settings.fault == Some(PaymentFault::AbortAfterCall) {
-        tracing::error!(?outcome, "fault injection: aborting after the payment call");
-        std::process::abort();
-    }
+    // The provider answered (and may have committed); nothing of it is recorded yet.
+    oncely_core::failpoint::fail_point!("payments.after_call");
     let (state, answer) = answer(order_id, (amount, currency), &outcome);
     let (http_status, provider_id, detail) = describe(&outcome);
     let now = oncely_core::now_ms();

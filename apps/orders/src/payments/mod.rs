@@ -42,17 +42,6 @@ use status::PaymentStatus;
 /// The step name the charge's key is derived with.
 const STEP: &str = "charge";
 
-/// A fault injected into the payments endpoint (crash tests and chaos drills only): the
-/// process aborts at that point, as a SIGKILL would end it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PaymentFault {
-    /// After the payment was claimed, before the provider call went out.
-    AbortBeforeCall,
-    /// After the provider answered, before the outcome was stored anywhere.
-    AbortAfterCall,
-}
-
 /// The payments provider of the endpoint and its multi-phase settings.
 #[derive(Debug, Clone)]
 pub struct PaymentsSettings {
@@ -62,8 +51,6 @@ pub struct PaymentsSettings {
     /// The lease of each holder. Must exceed the provider's timeout: past it a retry takes
     /// the outcome as unknown and asks the provider. The handler is also cut off at it.
     pub lease: Duration,
-    /// Fault injection; `None` in production.
-    pub fault: Option<PaymentFault>,
 }
 
 #[derive(Clone)]
@@ -331,10 +318,8 @@ pub(crate) async fn create_payment(
         Ok(Claimed::Answer(res)) => return res,
         Err(e) => return not_stored(StoreFailure::from(e).into_response()),
     }
-    if pay.settings.fault == Some(PaymentFault::AbortBeforeCall) {
-        tracing::error!("fault injection: aborting before the payment call");
-        std::process::abort();
-    }
+    // Claimed, nothing sent yet.
+    oncely_core::failpoint::fail_point!("payments.before_call");
     charge(&pay, &ctx, &order_id, &request, (amount, &currency)).await
 }
 

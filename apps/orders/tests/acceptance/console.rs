@@ -10,9 +10,9 @@ use reqwest::StatusCode;
 
 use super::{config, order, start, unique, KEY_A};
 
-const ADMIN: &str = "console-admin-token-abcdef012345";
+pub(super) const ADMIN: &str = "console-admin-token-abcdef012345";
 
-fn no_redirects() -> reqwest::Client {
+pub(super) fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -20,7 +20,7 @@ fn no_redirects() -> reqwest::Client {
 }
 
 /// Signs in; returns the `Cookie` header value of the session.
-async fn sign_in(client: &reqwest::Client, base: &str) -> String {
+pub(super) async fn sign_in(client: &reqwest::Client, base: &str) -> String {
     let res = client
         .post(format!("{base}/console/login"))
         .form(&[("token", ADMIN), ("name", "acceptance")])
@@ -36,7 +36,7 @@ async fn sign_in(client: &reqwest::Client, base: &str) -> String {
     set.split(';').next().unwrap().to_owned()
 }
 
-async fn page(client: &reqwest::Client, base: &str, cookie: &str, path: &str) -> String {
+pub(super) async fn page(client: &reqwest::Client, base: &str, cookie: &str, path: &str) -> String {
     let res = client
         .get(format!("{base}{path}"))
         .header("cookie", cookie)
@@ -49,12 +49,12 @@ async fn page(client: &reqwest::Client, base: &str, cookie: &str, path: &str) ->
 }
 
 /// The CSRF token in a page's forms.
-fn csrf(html: &str) -> String {
+pub(super) fn csrf(html: &str) -> String {
     let at = html.find("name=\"csrf\" value=\"").expect("a form") + 19;
     html[at..at + html[at..].find('"').unwrap()].to_owned()
 }
 
-async fn post(
+pub(super) async fn post(
     client: &reqwest::Client,
     base: &str,
     cookie: &str,
@@ -116,7 +116,8 @@ fn read_through_the_stores(overview: &str, lineage: &str, key: &str, message_id:
     assert!(lineage.contains(message_id), "the dead delivery: {lineage}");
 }
 
-async fn open_discrepancy(t: &TestDb) -> String {
+/// A `missing_local` charge whose record names `order_id` (`metadata[order_id]`).
+async fn open_discrepancy(t: &TestDb, order_id: &str) -> String {
     let store = oncely_sql::DiscrepancyStore::new(t.db.clone());
     let new = oncely_sql::NewDiscrepancy {
         provider: "payments".to_owned(),
@@ -125,7 +126,7 @@ async fn open_discrepancy(t: &TestDb) -> String {
         tenant: None,
         effect_id: None,
         provider_ids: vec!["pi_console".to_owned()],
-        details: serde_json::json!({"detail": "seen only at the provider"}),
+        details: serde_json::json!({"detail": "seen only at the provider", "business_ref": order_id}),
     };
     match store.record("run-console", &new, 3_000).await.unwrap() {
         oncely_sql::Recorded::New(d) => d.id,
@@ -212,7 +213,7 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
     let order_id = created.id();
     let message_id = dead_letter(&t, &order_id).await;
     let effect_id = oncely_testkit::park_effect(&t.db, "tenant-a", &unique("inv")).await;
-    let discrepancy_id = open_discrepancy(&t).await;
+    let discrepancy_id = open_discrepancy(&t, &order_id).await;
     let client = no_redirects();
     let cookie = sign_in(&client, &s.base).await;
 
@@ -292,7 +293,11 @@ pub(crate) async fn console_pages_show_seeded_rows_and_actions_are_csrf_checked_
     assert_eq!(audit.len(), 1);
     assert_eq!(audit[0].actor, "console:acceptance");
 
-    let ids = (effect_id.as_str(), discrepancy_id.as_str());
+    let ids = (
+        effect_id.as_str(),
+        discrepancy_id.as_str(),
+        order_id.as_str(),
+    );
     resolve_and_acknowledge(&t, &s.base, &client, &cookie, &token, ids).await;
 }
 
@@ -304,7 +309,7 @@ async fn resolve_and_acknowledge(
     client: &reqwest::Client,
     cookie: &str,
     token: &str,
-    (effect_id, discrepancy_id): (&str, &str),
+    (effect_id, discrepancy_id, order_id): (&str, &str, &str),
 ) {
     let with = |form: &[(&str, &str)]| {
         let mut f: Vec<(String, String)> = form
@@ -340,6 +345,13 @@ async fn resolve_and_acknowledge(
 
     let recon = page(client, base, cookie, "/console/reconciliation").await;
     assert!(recon.contains(discrepancy_id));
+    // The charge no local intent names links to the order its record names.
+    assert!(
+        recon.contains(&format!(
+            "<a href=\"/console/orders/{order_id}\">{order_id}</a>"
+        )),
+        "{recon}"
+    );
     let ack = with(&[("action", "acknowledge"), ("reason", "known test charge")]);
     let path = format!("/console/discrepancies/{discrepancy_id}/resolve");
     let (status, body) = post(client, base, cookie, &path, &ack).await;

@@ -444,7 +444,6 @@ impl Rig {
                 config.payments = Some(orders::PaymentsSettings {
                     provider: Arc::new(stripe(&pay_proxy.base_url(), kind)),
                     lease: Duration::from_secs(3),
-                    fault: None,
                 });
                 config.lease_sweep_interval = Duration::from_millis(500);
             }

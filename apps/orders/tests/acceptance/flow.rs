@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use super::{serve_sim, Sim};
 use tokio_util::sync::CancellationToken;
 
-const KEY_A: &str = "flow-key-tenant-a-0123456789";
+pub(super) const KEY_A: &str = "flow-key-tenant-a-0123456789";
 const KEY_B: &str = "flow-key-tenant-b-0123456789";
 const SK: &str = "sk_test_flow";
 /// Orders per tenant.
@@ -38,7 +38,7 @@ oncely_testkit::matrix! {
 }
 
 /// The order service with everything the flow runs beside it, on the SQL transport.
-struct Flow {
+pub(super) struct Flow {
     base: String,
     client: reqwest::Client,
     transport: SqlTransport,
@@ -47,7 +47,7 @@ struct Flow {
 }
 
 impl Flow {
-    async fn start(db: &Database, payments: StripeConfig, shipping_url: &str) -> Self {
+    pub(super) async fn start(db: &Database, payments: StripeConfig, shipping_url: &str) -> Self {
         orders::migrate(db).await.unwrap();
         let transport = SqlTransport::new(db.clone(), 1 << 20);
         let stop = CancellationToken::new();
@@ -131,7 +131,7 @@ impl Flow {
         }
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.stop.cancel();
         for t in self.tasks {
             t.await.unwrap();
@@ -139,7 +139,7 @@ impl Flow {
     }
 
     /// Creates an order as the tenant of `api_key`; its id.
-    async fn order(&self, api_key: &str, external_ref: &str) -> String {
+    pub(super) async fn order(&self, api_key: &str, external_ref: &str) -> String {
         let res = self
             .client
             .post(format!("{}/v1/orders", self.base))
@@ -156,7 +156,7 @@ impl Flow {
         body["id"].as_str().unwrap().to_owned()
     }
 
-    async fn get(&self, api_key: &str, id: &str) -> (u16, Value) {
+    pub(super) async fn get(&self, api_key: &str, id: &str) -> (u16, Value) {
         let res = self
             .client
             .get(format!("{}/v1/orders/{id}", self.base))
@@ -186,7 +186,7 @@ impl Flow {
         orders
     }
 
-    async fn wait_shipped(&self, api_key: &str, id: &str) -> Value {
+    pub(super) async fn wait_shipped(&self, api_key: &str, id: &str) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let (status, got) = self.get(api_key, id).await;
@@ -218,7 +218,7 @@ fn consumer_config() -> ConsumerConfig {
     }
 }
 
-fn sim_payments(base: &str) -> StripeConfig {
+pub(super) fn sim_payments(base: &str) -> StripeConfig {
     StripeConfig {
         base_url: base.to_owned(),
         secret_key: SK.to_owned(),
@@ -228,7 +228,7 @@ fn sim_payments(base: &str) -> StripeConfig {
     }
 }
 
-async fn start_sims() -> (PaymentsSim, Sim, ShippingSim, Sim) {
+pub(super) async fn start_sims() -> (PaymentsSim, Sim, ShippingSim, Sim) {
     let payments = PaymentsSim::new(PaymentsConfig {
         secret_keys: vec![SK.to_owned()],
         search_lag: Duration::from_millis(200),
@@ -250,10 +250,10 @@ async fn scalar(db: &Database, sql: &str, bind: &str) -> i64 {
     .unwrap()
 }
 
-/// What `GET` shows of a flowed order: invoice paid, payment and shipment succeeded with
-/// provider ids. The invoice id.
+/// What `GET` shows of a flowed order: paid and shipped (`fulfilled`, as under the saga),
+/// invoice paid, payment and shipment succeeded with provider ids. The invoice id.
 fn assert_flowed(got: &Value) -> String {
-    assert_eq!(got["status"], "created", "{got}");
+    assert_eq!(got["status"], "fulfilled", "{got}");
     assert_eq!(got["invoice"]["status"], "paid", "{got}");
     assert!(got["invoice"]["paid_at"].as_i64().unwrap() > 0, "{got}");
     assert_eq!(got["invoice"]["amount_minor"], 2500);

@@ -167,7 +167,6 @@ impl Saga {
             payments: opts.endpoint.then(|| orders::PaymentsSettings {
                 provider: providers(&payments_srv.base, &shipping_srv.base).remove(0),
                 lease: Duration::from_secs(10),
-                fault: None,
             }),
             ..orders::AppConfig::default()
         };

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use base64::Engine as _;
 use oncely_testkit::TestDb;
 use serde_json::Value;
 
@@ -58,6 +59,7 @@ oncely_testkit::matrix! {
     tests: [
         listing_pages_through_the_tenants_orders_newest_first,
         a_bad_cursor_limit_or_parameter_is_a_400_problem,
+        a_forged_foreign_or_edited_cursor_and_a_signed_limit_are_a_400_problem,
     ],
 }
 
@@ -113,6 +115,76 @@ async fn listing_pages_through_the_tenants_orders_newest_first(t: TestDb) {
     assert_eq!(by_source.len(), 7);
 }
 
+/// Asserts that `q` is answered 400 `invalid-query` problem for tenant a.
+async fn assert_invalid_query(s: &Server, q: &str) {
+    let res = s
+        .client
+        .get(format!("{}/v1/orders{q}", s.base))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400, "{q}");
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/problem+json",
+        "{q}"
+    );
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["type"], "urn:oncely:problem:invalid-query", "{q}");
+}
+
+fn cursor(text: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+}
+
+async fn a_forged_foreign_or_edited_cursor_and_a_signed_limit_are_a_400_problem(t: TestDb) {
+    let s = start(&t.db, config()).await;
+    for (key, i) in [(KEY_A, 0), (KEY_A, 1), (KEY_B, 0), (KEY_B, 1)] {
+        let made = s
+            .post(key, &unique("k"), &order(&format!("c-{i}"), 100))
+            .await;
+        assert_eq!(made.status, 201);
+    }
+    let (_, page_a) = s.get_list(KEY_A, "?limit=1").await;
+    let issued = page_a["next_cursor"].as_str().unwrap().to_owned();
+    let (status, _) = s
+        .get_list(KEY_A, &format!("?limit=1&cursor={issued}"))
+        .await;
+    assert_eq!(status, 200, "the cursor the service issued is taken");
+    let (_, page_b) = s.get_list(KEY_B, "?limit=1").await;
+    let foreign = page_b["next_cursor"].as_str().unwrap().to_owned();
+
+    let text = String::from_utf8(
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(&issued)
+            .unwrap(),
+    )
+    .unwrap();
+    let (time, id) = text
+        .strip_prefix("o1:")
+        .and_then(|rest| rest.split_once(':'))
+        .unwrap();
+    let time: i64 = time.parse().unwrap();
+    let edited = cursor(&format!("o1:{}:{id}", time + 1));
+    let signed = cursor(&format!("o1:+{time}:{id}"));
+    let forged = cursor(&format!("o1:{time}:{}", uuid::Uuid::now_v7()));
+    for q in [
+        format!("?cursor={forged}"),
+        format!("?cursor={edited}"),
+        format!("?cursor={signed}"),
+        format!("?cursor={foreign}"),
+        // Issued for all of a's orders, used with a filter that does not select its order.
+        format!("?cursor={issued}&external_ref=c-0"),
+        "?limit=%2B5".to_owned(),
+        "?limit=+5".to_owned(),
+        "?limit=-0".to_owned(),
+        "?limit=05.0".to_owned(),
+    ] {
+        assert_invalid_query(&s, &q).await;
+    }
+}
+
 async fn a_bad_cursor_limit_or_parameter_is_a_400_problem(t: TestDb) {
     let s = start(&t.db, config()).await;
     for q in [
@@ -123,21 +195,7 @@ async fn a_bad_cursor_limit_or_parameter_is_a_400_problem(t: TestDb) {
         "?limit=ten",
         "?tenant=tenant-b",
     ] {
-        let res = s
-            .client
-            .get(format!("{}/v1/orders{q}", s.base))
-            .bearer_auth(KEY_A)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 400, "{q}");
-        assert_eq!(
-            res.headers()["content-type"],
-            "application/problem+json",
-            "{q}"
-        );
-        let body: Value = res.json().await.unwrap();
-        assert_eq!(body["type"], "urn:oncely:problem:invalid-query", "{q}");
+        assert_invalid_query(&s, q).await;
     }
     let res = s
         .client

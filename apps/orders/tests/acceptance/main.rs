@@ -6,6 +6,9 @@
 //! - `binary`: the `orders` binary as a process (and the `oncely` binary against it): S8,
 //!   migrations, SIGTERM, the consumers on every broker, import, the flows with chaos,
 //!   slow clients, the console in a browser, schemathesis, `/metrics`;
+//! - `chain`: an order's whole chain from the durable stores (after publication, under the
+//!   choreography and the saga), the console's timeline and tenant-scoped search, `orders
+//!   show --json`, server-side sign-out;
 //! - `console`: the operator console over HTTP (sign-in, pages, audited CSRF-checked actions);
 //! - `events`: every created order yields one `order.created` through the relay, on every
 //!   broker;
@@ -23,6 +26,7 @@
 
 mod billing;
 mod binary;
+mod chain;
 mod console;
 mod events;
 mod fault_space;

@@ -64,7 +64,6 @@ async fn start_paying(t: &TestDb, base: &str) -> Server {
             .unwrap(),
         ),
         lease: LEASE,
-        fault: None,
     });
     start(&t.db, c).await
 }

@@ -55,7 +55,6 @@ async fn start_paying(t: &TestDb, base: &str) -> Server {
     c.payments = Some(orders::PaymentsSettings {
         provider: Arc::new(stripe(base)),
         lease: Duration::from_secs(10),
-        fault: None,
     });
     start(&t.db, c).await
 }

@@ -92,6 +92,19 @@ pub(crate) fn duplicates_by_business<'a>(
         .collect()
 }
 
+/// Sets `business_ref` in the details of `d`: the business object its provider records
+/// name at `pointer` (the first of them that names one), e.g. the order id of
+/// `metadata[order_id]`. Nothing when none does.
+pub(crate) fn carry_business_ref(d: &mut NewDiscrepancy, pointer: &str, remote: &[RemoteObject]) {
+    let value = d.provider_ids.iter().find_map(|id| {
+        let object = remote.iter().find(|o| &o.id == id)?;
+        object.raw.pointer(pointer)?.as_str().map(str::to_owned)
+    });
+    if let (Some(value), Some(details)) = (value, d.details.as_object_mut()) {
+        details.insert("business_ref".to_owned(), value.into());
+    }
+}
+
 pub(crate) fn against_local<'a>(
     provider: &str,
     intent: &'a LocalIntent,

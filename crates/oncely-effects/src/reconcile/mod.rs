@@ -17,7 +17,7 @@ use oncely_sql::{
 
 use crate::metrics as metric;
 use crate::{EffectHandler, Provider, ProviderError, RemoteObject};
-use compare::{compare, duplicates_by_business, Finding};
+use compare::{carry_business_ref, compare, duplicates_by_business, Finding};
 pub use resolve::{resolve, ResolveAction};
 pub use source::{Completion, EffectsSource, LocalIntent, LocalSource, LocalStatus};
 
@@ -36,8 +36,11 @@ pub struct ReconcileConfig {
     /// Where a provider record carries the business object it acts for, as a JSON pointer
     /// (RFC 6901) into its raw answer. Two live records naming one business object under
     /// different references are a `duplicate_remote` whatever their keys (docs/DESIGN.md
-    /// "One business effect per business role"): an order charged by two paths. Default
-    /// `/metadata/order_id` (Stripe's metadata as oncely writes it); `None` turns it off.
+    /// "One business effect per business role"): an order charged by two paths. Every
+    /// discrepancy carries the value found there as `business_ref` in its details
+    /// ([`oncely_sql::Discrepancy::business_ref`]), so a charge no local intent names still
+    /// says which order it was for. Default `/metadata/order_id` (Stripe's metadata as
+    /// oncely writes it); `None` turns both off.
     pub business_pointer: Option<String>,
 }
 
@@ -242,6 +245,11 @@ impl Reconciler {
                 pointer,
                 &remote,
             ));
+            for finding in &mut findings {
+                if let Finding::Discrepancy(d) = finding {
+                    carry_business_ref(d, pointer, &remote);
+                }
+            }
         }
         let mut report = ReconcileReport {
             run: ReconcileRun {
@@ -278,6 +286,8 @@ impl Reconciler {
         finding: Finding<'_>,
         report: &mut ReconcileReport,
     ) -> Result<(), StoreError> {
+        // The provider's records are read and compared; nothing of this finding is written.
+        oncely_core::failpoint::fail_point!("reconcile.before_apply");
         match finding {
             Finding::Discrepancy(new) => {
                 match self

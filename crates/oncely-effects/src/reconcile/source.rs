@@ -320,6 +320,14 @@ impl LocalSource for EffectsSource {
             let Some(effect) = leased else {
                 return Ok(Completion::Busy);
             };
+            // An ended object of an earlier key says nothing of this key's attempt.
+            let found = if effect.key_generation == 0 {
+                found.to_vec()
+            } else {
+                let trail = self.store.evidence(&effect.id).await?;
+                crate::runner::of_this_key(&effect, &trail, found.to_vec())
+            };
+            let found = found.as_slice();
             if found.is_empty() {
                 self.note_absent(&effect, run_id).await?;
                 Ok(Completion::StillUnknown)

@@ -22,14 +22,23 @@ impl EffectRunner {
     pub(super) async fn call(&self, lane: &Lane, effect: &Effect) -> Result<Pending, StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
-        let outcome = lane.provider.call(&request).await;
-        if self.config.abort_after_call {
-            eprintln!(
-                "ONCELY_FAULT: aborting after a {} {} call of effect {}, before settling it",
-                effect.provider, effect.operation, effect.id
-            );
-            std::process::abort();
+        // Claimed `in_flight` under this runner's lease; nothing sent.
+        oncely_core::failpoint::fail_point!("runner.before_send");
+        // The lease and the settle window count from the send: a claim that waited for a
+        // call slot past its lease was taken over, and its call must not leave.
+        if !self
+            .store
+            .stamp_send(effect, &self.config.runner_id, self.config.lease, started)
+            .await?
+        {
+            return Err(StoreError::Conflict(format!(
+                "effect {}: the claim ran out before its call left; another runner has it",
+                effect.id
+            )));
         }
+        let outcome = lane.provider.call(&request).await;
+        // The provider answered (and may have committed); the store still says `in_flight`.
+        oncely_core::failpoint::fail_point!("runner.after_send");
         let (class_word, status, ids, detail) = describe_call(&outcome);
         metrics::counter!(metric::ATTEMPTS_TOTAL, "provider" => effect.provider.clone(), "outcome" => class_word)
             .increment(1);

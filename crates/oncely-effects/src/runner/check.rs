@@ -38,13 +38,16 @@ impl EffectRunner {
         let trail = self.store.evidence(&effect.id).await?;
         let to_time =
             |ms: i64| UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
+        let last_sent = Self::last_sent(effect, &trail);
         let query = StatusQuery {
             request: &request,
-            last_sent: Some(to_time(Self::last_sent(effect, &trail))),
+            last_sent: Some(to_time(last_sent)),
             // Five minutes of clock skew between us and the provider.
             since: to_time(effect.created_at - 300_000),
         };
         let found = lane.provider.status(query).await;
+        // The provider said what it holds; the effect is still `unknown` in the store.
+        oncely_core::failpoint::fail_point!("runner.after_check");
         let result = match &found {
             Ok(StatusOutcome::Found(_)) => "found",
             Ok(StatusOutcome::Absent) => "absent",
@@ -56,7 +59,14 @@ impl EffectRunner {
             .increment(1);
         let checks = u32::try_from(effect.checks).unwrap_or(u32::MAX) + 1;
         match found {
-            Ok(StatusOutcome::Found(objects)) => Ok(self.found(effect, started, checks, &objects)),
+            Ok(StatusOutcome::Found(objects)) => {
+                let objects = of_this_key(effect, &trail, objects);
+                if objects.is_empty() {
+                    Ok(self.only_earlier_keys(lane, effect, &trail, started, checks, last_sent))
+                } else {
+                    Ok(self.found(effect, started, checks, &objects))
+                }
+            }
             Ok(StatusOutcome::Absent) => Ok(self.absent(lane, effect, &trail, started)),
             Ok(StatusOutcome::NotYetVisible { settles_at }) => {
                 let at = settles_at.duration_since(UNIX_EPOCH).map_or(now_ms(), ms);
@@ -93,6 +103,35 @@ impl EffectRunner {
                     &evidence,
                     Some(Settled::NeedsReview { error: &error }),
                 ))
+            }
+        }
+    }
+
+    /// The provider has only ended objects of the effect's earlier keys: nothing is known
+    /// of the current key's attempt, which is "not found" — absent once the provider's
+    /// settle time after the latest send has passed, else checked again; a provider that
+    /// does not say its settle time is checked again (within the check limit, then
+    /// `needs_review`), never `failed`.
+    fn only_earlier_keys(
+        &self,
+        lane: &Lane,
+        effect: &Effect,
+        trail: &[EvidenceRow],
+        started: i64,
+        checks: u32,
+        last_sent: i64,
+    ) -> Pending {
+        let detail = "found only ended objects of earlier keys";
+        let settles_at = lane
+            .provider
+            .settle_time()
+            .map(|settle| last_sent.saturating_add(ms(settle)));
+        match settles_at {
+            Some(at) if at <= now_ms() => self.absent(lane, effect, trail, started),
+            Some(at) => self.still_unknown(effect, started, checks, "not_yet_visible", at, detail),
+            None => {
+                let at = now_ms() + ms(self.config.check_delay);
+                self.still_unknown(effect, started, checks, "found", at, detail)
             }
         }
     }
@@ -317,5 +356,30 @@ impl EffectRunner {
             error: detail.to_owned(),
         };
         Self::pending(effect, &settle, &evidence, None)
+    }
+}
+
+/// `objects` without the ended objects of the effect's earlier keys
+/// ([`RemoteObject::of_attempt_since`]): for an effect under its first key, all of them;
+/// else those not ended before the first call under the current key left (the claim's
+/// `sent_at` when no such call is recorded). The runner's status check and reconciliation
+/// both read what they found through it.
+pub(crate) fn of_this_key(
+    effect: &Effect,
+    trail: &[EvidenceRow],
+    objects: Vec<RemoteObject>,
+) -> Vec<RemoteObject> {
+    if effect.key_generation == 0 {
+        return objects;
+    }
+    let first_send = trail
+        .iter()
+        .filter(|row| row.kind == "call" && row.key == effect.key)
+        .map(|row| row.started_at)
+        .min()
+        .or(effect.sent_at);
+    match first_send {
+        Some(since) => RemoteObject::of_attempt_since(objects, since),
+        None => objects,
     }
 }

@@ -10,12 +10,31 @@ use crate::metrics as metric;
 use super::{now_ms, since, EffectRunner, Lane, Outcome, Pending, Settled};
 
 impl EffectRunner {
+    /// The wait of an effect whose retry the provider's spent budget cannot pay: uniform over
+    /// `[0, cap]` of `policy` (full jitter, `unit` a sample in `[0, 1)`), never shorter
+    /// than the `Retry-After` asked (up to the policy's ceiling).
+    ///
+    /// Not the cap itself: a burst of failures (a provider cut off for a second) can leave
+    /// hundreds of effects behind one spent budget, and a fixed wait brings them all back
+    /// at the same instant, five minutes later by default, with nothing in between (seen in
+    /// the fleet test: 584 payment effects idle for 5 min). Spread over the cap, they come
+    /// back as a trickle of about `n / cap` per second whose successes refill the bucket,
+    /// and the provider still sees no herd.
+    pub(super) fn spent_budget_wait(
+        policy: &RetryPolicy,
+        retry_after: Option<Duration>,
+        unit: f64,
+    ) -> Duration {
+        policy.delay_honouring(u32::MAX, unit, retry_after)
+    }
+
     /// Whether and when to try again after a call or a status check found the provider
     /// unavailable (`class` [`OutcomeClass::NotSent`] or [`OutcomeClass::Retryable`]):
     /// [`RunnerConfig::outage`]'s backoff over the consecutive-unavailable streak,
     /// `retry_after` honoured, [`RunnerConfig::retry`]'s deadline from the intent's
     /// creation; never an attempt limit. A spent budget is no reason to give up: the wait
-    /// is the cap then (and counted in [`metric::BUDGET_EXHAUSTED_TOTAL`]).
+    /// is [`EffectRunner::spent_budget_wait`] then (counted in
+    /// [`metric::BUDGET_EXHAUSTED_TOTAL`]).
     pub(super) fn decide_outage(
         &self,
         lane: &Lane,
@@ -53,9 +72,9 @@ impl EffectRunner {
         Self::decide_within_budget(lane, effect, &self.config.retry, &failure)
     }
 
-    /// [`RetryPolicy::decide`] with `lane`'s budget; a spent budget turns into the longest
-    /// wait of `policy` (its cap, or a longer `Retry-After` up to the ceiling) instead of
-    /// giving up: the budget spaces retries out, it does not fail effects.
+    /// [`RetryPolicy::decide`] with `lane`'s budget; a spent budget turns into
+    /// [`EffectRunner::spent_budget_wait`] instead of giving up: the budget spaces retries
+    /// out, it does not fail effects.
     pub(super) fn decide_within_budget(
         lane: &Lane,
         effect: &Effect,
@@ -66,10 +85,10 @@ impl EffectRunner {
             RetryDecision::GiveUp(GiveUpReason::BudgetExhausted) => {
                 metrics::counter!(metric::BUDGET_EXHAUSTED_TOTAL, "provider" => effect.provider.clone())
                     .increment(1);
-                RetryDecision::RetryAfter(policy.delay_honouring(
-                    u32::MAX,
-                    1.0,
+                RetryDecision::RetryAfter(Self::spent_budget_wait(
+                    policy,
                     failure.retry_after,
+                    rand::random::<f64>(),
                 ))
             }
             decision => decision,
@@ -133,5 +152,31 @@ pub(super) fn evidence(
         http_status,
         provider_ids: provider_ids.to_vec(),
         detail: detail.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use oncely_core::RetryPolicy;
+
+    use super::EffectRunner;
+
+    #[test]
+    fn a_spent_budget_spreads_the_waits_over_the_cap_instead_of_herding_them_at_it() {
+        let policy = RetryPolicy {
+            cap: Duration::from_secs(300),
+            ..RetryPolicy::default()
+        };
+        let waits: Vec<Duration> = (0..1000)
+            .map(|_| EffectRunner::spent_budget_wait(&policy, None, rand::random::<f64>()))
+            .collect();
+        let (min, max) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+        assert!(*max <= policy.cap, "{max:?} over the cap");
+        assert!(*min < policy.cap / 10, "none came back early: {min:?}");
+        assert!(*max > policy.cap * 9 / 10, "none waited long: {max:?}");
+        let asked = EffectRunner::spent_budget_wait(&policy, Some(Duration::from_secs(200)), 0.0);
+        assert_eq!(asked, Duration::from_secs(200), "Retry-After is honoured");
     }
 }

@@ -1,5 +1,6 @@
 mod call;
 mod check;
+pub(crate) use check::of_this_key;
 mod continuation;
 mod decide;
 mod pipeline;
@@ -120,12 +121,6 @@ pub struct RunnerConfig {
     /// Status checks after which a still-unknown effect goes to `needs_review` (a check that
     /// found the provider unavailable does not count). Default 20.
     pub max_checks: u32,
-    /// Fault injection (crash tests and chaos drills only): abort the process
-    /// (`std::process::abort`) right after a provider call returned and before its outcome
-    /// is handed to the settle stage — the crash window in which the effect may have happened while the store
-    /// still says `in_flight`. The `oncely` binary sets it from
-    /// `ONCELY_FAULT=runner-abort-after-call`. Default `false`.
-    pub abort_after_call: bool,
 }
 
 impl Default for RunnerConfig {
@@ -147,7 +142,6 @@ impl Default for RunnerConfig {
             check_delay: Duration::from_secs(1),
             max_checks: 20,
             budget_capacity: RetryBudget::DEFAULT_CAPACITY,
-            abort_after_call: false,
         }
     }
 }

@@ -60,6 +60,8 @@ impl EffectRunner {
     /// whose lease held. An effect whose lease was lost is skipped (its successor settles
     /// it).
     pub(super) async fn settle_together(&self, group: &[Done]) -> Result<(), StoreError> {
+        // Every outcome of `group` is known here and recorded nowhere yet.
+        oncely_core::failpoint::fail_point!("runner.before_settle");
         let db = self.store.database();
         let mut tx = db.begin().await?;
         let items: Vec<SettleItem<'_>> = group.iter().map(|d| d.pending.item()).collect();
@@ -76,6 +78,8 @@ impl EffectRunner {
                     .await?;
             }
         }
+        // The effects' updates and the service's business updates are written, not committed.
+        oncely_core::failpoint::fail_point!("runner.before_settle_commit");
         tx.commit().await
     }
 }

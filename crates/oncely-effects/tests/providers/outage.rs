@@ -1,6 +1,6 @@
 //! The runner's retry policy on every backend (issue 16): a provider that is down is waited
 //! out with a growing backoff over the effect's consecutive-unavailable streak, its retry
-//! budget drawn down and then spacing the waits to the cap, no attempt counted — and one
+//! budget drawn down and then spreading the waits over the cap, no attempt counted — and one
 //! charge once it is back; the attempt limit and the deadline decided by
 //! `RetryPolicy::decide`, failing only what provably did not happen and parking an unknown
 //! outcome for a person.
@@ -119,8 +119,8 @@ pub(crate) async fn a_provider_that_is_down_is_waited_out_with_a_growing_backoff
             assert_eq!(budget(), 40 - 5 * n.unsigned_abs(), "round {n}");
         } else {
             assert!(
-                (900..=1_000).contains(&gap),
-                "round {n}: the spent budget waits the cap, got {gap} ms"
+                gap <= 1_000,
+                "round {n}: the spent budget waits within the cap, got {gap} ms"
             );
             assert_eq!(budget(), 0);
         }

@@ -727,8 +727,48 @@ pub(crate) async fn against_localstripe_a_charge_nobody_recorded_is_missing_loca
     assert!(report.pages >= 2, "{} pages", report.pages);
 }
 
+/// A charge no local intent names, made for an order (`metadata[order_id]`): its
+/// `missing_local` carries that order id as its business reference; one without says so.
+pub(crate) async fn a_charge_no_intent_names_carries_the_order_it_was_for(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let (_sim, base) = payments_sim(Duration::ZERO).await;
+    let stripe = listing_stripe(&base, SK);
+    let body = "amount=500&currency=eur&confirm=true&payment_method=pm_card_visa\
+        &metadata[invoice_id]=inv-for-order&metadata[order_id]=ord-77";
+    let made = reqwest::Client::new()
+        .post(format!("{base}/v1/payment_intents"))
+        .bearer_auth(SK)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(made.status().is_success());
+    direct_charge(&base, SK, "inv-no-order", 500, "pm_card_visa").await;
+    let reconciler = Reconciler::new(
+        stripe,
+        EffectStore::new(t.db.clone()),
+        Arc::new(NoHandler),
+        ReconcileConfig::new("charge"),
+    );
+    let report = run(&reconciler).await;
+    let by_ref = |r: &str| {
+        report
+            .discrepancies
+            .iter()
+            .find(|d| d.reference == r && d.kind_word == "missing_local")
+            .unwrap_or_else(|| panic!("{r} in {report:#?}"))
+    };
+    assert_eq!(
+        by_ref("inv-for-order").business_ref().as_deref(),
+        Some("ord-77")
+    );
+    assert_eq!(by_ref("inv-no-order").business_ref(), None);
+}
+
 oncely_testkit::matrix! {
     tests: [
+        a_charge_no_intent_names_carries_the_order_it_was_for,
         every_payments_discrepancy_kind_is_found_once_and_unknowns_are_completed,
         a_clean_window_over_several_pages_reports_nothing,
         every_shipping_discrepancy_kind_is_found,

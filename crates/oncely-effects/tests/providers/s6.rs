@@ -308,9 +308,84 @@ pub(crate) async fn runner_metrics_count_attempts_and_resolutions_and_gauge_the_
     );
 }
 
+/// Found by the effect protocol's model (`an_ended_object_of_an_earlier_key_can_fail_a_live_effect`):
+/// an effect under its key's next generation (an operator retried it after a declined
+/// charge) whose call's answer is lost, checked while the lagging search still shows only
+/// the earlier key's declined PaymentIntent. That object says nothing of this attempt: the
+/// effect is not `failed`, it is checked again until the new charge shows, and succeeds —
+/// one live charge beside the old declined one.
+pub(crate) async fn an_ended_object_of_an_earlier_key_never_fails_the_retried_effect(t: TestDb) {
+    t.db.migrate().await.unwrap();
+    let store = EffectStore::new(t.db.clone());
+    let (sim, base) = payments_sim(Duration::from_millis(600)).await;
+    let invoice = "inv-earlier-key";
+    // The earlier key's attempt: declined, so its PaymentIntent ended.
+    let declined = reqwest::Client::new()
+        .post(format!("{base}/v1/payment_intents"))
+        .bearer_auth(SK)
+        .header("Idempotency-Key", "key-inv-earlier-key")
+        .form(&[
+            ("amount", "4200"),
+            ("currency", "eur"),
+            ("confirm", "true"),
+            ("payment_method", "pm_card_chargeDeclined"),
+            ("metadata[invoice_id]", invoice),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(declined.status().as_u16(), 402, "the card is declined");
+    // Objects carry whole seconds: the retry goes out in a later second.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let id = enqueue(&t.db, invoice).await;
+    // As `oncely effects retry` leaves a failed effect: under the key's next generation.
+    t.db.execute(
+        oncely_sql::query(
+            "UPDATE oncely_effects SET key_generation = 1, idem_key = $1 WHERE id = $2",
+        )
+        .bind("key-inv-earlier-key~1")
+        .bind(id.as_str()),
+    )
+    .await
+    .unwrap();
+    let provider = Arc::new(
+        StripePayments::new(StripeConfig {
+            base_url: base.clone(),
+            secret_key: SK.into(),
+            timeout: Duration::from_millis(800),
+            search: true,
+            settle_time: Duration::from_secs(1),
+            ..StripeConfig::default()
+        })
+        .unwrap(),
+    ) as Arc<dyn Provider>;
+    let runner = Arc::new(EffectRunner::new(
+        store.clone(),
+        vec![provider],
+        Arc::new(CrashOnSettle::default()),
+        config(),
+    ));
+    next_fault(&base, "drop_after").await;
+    let effect = settle(&runner, &store, &id).await;
+    let outcomes: Vec<String> = store
+        .evidence(&id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}:{}", e.kind, e.outcome))
+        .collect();
+    let intents = sim.stats().payment_intents_by_metadata["invoice_id"][invoice];
+    assert_eq!(
+        (effect.state().unwrap(), intents.total, intents.succeeded),
+        (EffectState::Succeeded, 2, 1),
+        "{effect:?} {outcomes:?}"
+    );
+}
+
 oncely_testkit::matrix! {
     tests: [
         every_payments_fault_ends_with_one_charge_and_the_status_asked_first,
+        an_ended_object_of_an_earlier_key_never_fails_the_retried_effect,
         a_runner_dying_after_the_provider_committed_leaves_one_charge,
         against_localstripe_a_runner_dying_after_the_charge_leaves_one_charge,
         runner_metrics_count_attempts_and_resolutions_and_gauge_the_states,

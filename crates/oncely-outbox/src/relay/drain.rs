@@ -81,6 +81,9 @@ impl Relay {
         // Removed however the task ends (a panic while publishing included):
         // a range left behind would hide its rows from this drain's claims.
         let held_range = HeldRange::new(held, no, first.id..=last.id);
+        // Claimed under this relay's lease, nothing published: another relay takes the rows
+        // once the lease ends.
+        oncely_core::failpoint::fail_point!("relay.after_claim");
         let results = self.publish(batch.rows()).await;
         let report = self.settle(batch, results).await;
         drop(held_range);

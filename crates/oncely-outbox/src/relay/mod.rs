@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use oncely_broker::{DependencyHealth, Message, Publisher};
 use oncely_core::{RetryBudget, RetryPolicy};
-use oncely_sql::{Database, OutboxEvent, OutboxRow, OutboxStore, StoreError};
+use oncely_sql::{Database, OutboxEvent, OutboxStore, StoreError};
 use tokio_util::sync::CancellationToken;
 
 /// Settings of a [`Relay`].
@@ -164,7 +164,6 @@ pub struct Relay {
     store: OutboxStore,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
-    fault_after_confirm: Option<FaultHook>,
     vacuum: Arc<VacuumState>,
     health: Arc<RelayHealth>,
 }
@@ -189,19 +188,6 @@ struct VacuumState {
     running: std::sync::atomic::AtomicBool,
 }
 
-/// A fault-injection hook: called with the rows of a batch the broker confirmed, before
-/// the batch is settled (see [`Relay::with_fault_after_confirm`]).
-pub type FaultAfterConfirm = Arc<dyn Fn(&[OutboxRow]) + Send + Sync>;
-
-#[derive(Clone)]
-struct FaultHook(FaultAfterConfirm);
-
-impl std::fmt::Debug for FaultHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FaultHook")
-    }
-}
-
 impl Relay {
     /// A relay over `db`'s outbox publishing through `publisher`.
     pub fn new(db: Database, publisher: Arc<dyn Publisher>, config: RelayConfig) -> Self {
@@ -213,7 +199,6 @@ impl Relay {
             store: OutboxStore::new(db).keep_published(!config.retention.is_zero()),
             publisher,
             config,
-            fault_after_confirm: None,
             vacuum: Arc::default(),
             health,
         }
@@ -227,16 +212,6 @@ impl Relay {
     /// The configuration.
     pub fn config(&self) -> &RelayConfig {
         &self.config
-    }
-
-    /// Fault injection (tests, chaos drills): `hook` runs after the broker confirmed a
-    /// batch and before the batch is settled in the outbox — the crash window of
-    /// at-least-once publishing. A hook that aborts the process (`std::process::abort`)
-    /// reproduces a relay killed at exactly that point.
-    #[must_use]
-    pub fn with_fault_after_confirm(mut self, hook: FaultAfterConfirm) -> Self {
-        self.fault_after_confirm = Some(FaultHook(hook));
-        self
     }
 
     /// One round: claim a batch, publish it, settle every row. Returns what happened; a

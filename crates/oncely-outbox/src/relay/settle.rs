@@ -7,7 +7,7 @@ use oncely_broker::{Message, PublishError};
 use oncely_core::{Failure, MessageId, OutcomeClass, RetryDecision};
 use oncely_sql::{ClaimedBatch, OutboxRow, PublishFailure, Rescheduled, Settled};
 
-use super::{to_message, FaultHook, Relay, RoundReport};
+use super::{to_message, Relay, RoundReport};
 use crate::metrics as m;
 
 impl Relay {
@@ -32,9 +32,13 @@ impl Relay {
         batch: ClaimedBatch,
         results: Vec<Result<(), PublishError>>,
     ) -> RoundReport {
-        if let Some(FaultHook(hook)) = &self.fault_after_confirm {
-            hook(batch.rows());
-        }
+        // The broker confirmed (or refused) every row; the outbox does not know yet. A crash
+        // here publishes the confirmed rows again, under the same message ids.
+        oncely_core::failpoint::fail_point!(
+            "relay.after_confirm",
+            !batch.rows().is_empty(),
+            |_| { RoundReport::default() }
+        );
         let started = std::time::Instant::now();
         let confirmed_at = oncely_core::now_ms();
         let outcomes = self.sort_results(batch.rows(), results, confirmed_at);

@@ -132,6 +132,48 @@ impl EffectStore {
         Ok(rows)
     }
 
+    /// Renews the claim of `effect` (claimed `in_flight` by `runner`) at the moment its
+    /// call leaves: `sent_at = now_ms` and the lease `now_ms + lease`, fenced by the
+    /// claim's lease version. `false` when the claim is no longer this runner's (its lease
+    /// ran out while the effect waited for a call slot and another runner took it): the
+    /// call must not leave then.
+    ///
+    /// The settle window and the lease then count from the send, not the claim: without
+    /// this, an effect that waited for a slot past its lease could be sent while another
+    /// runner, having checked after the window and found nothing, sends it again — two
+    /// objects at a provider without idempotency keys (found by the effect protocol's
+    /// model, `oncely-effects`' `model`).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the call must not leave then either.
+    pub async fn stamp_send(
+        &self,
+        effect: &Effect,
+        runner: &str,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let lease_until =
+            now_ms.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+        let updated = self
+            .db
+            .execute(
+                query(
+                    "UPDATE oncely_effects SET sent_at = $1, locked_until = $2, updated_at = $3 \
+                     WHERE id = $4 AND lease_version = $5 AND locked_by = $6 \
+                     AND state = 'in_flight'",
+                )
+                .bind(now_ms)
+                .bind(lease_until)
+                .bind(now_ms)
+                .bind(effect.id.as_str())
+                .bind(effect.lease_version)
+                .bind(runner),
+            )
+            .await?;
+        Ok(updated == 1)
+    }
+
     /// The effect with `id`, if any.
     ///
     /// # Errors

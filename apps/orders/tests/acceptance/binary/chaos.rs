@@ -14,9 +14,10 @@
 //! many SIGKILLs, 40), `ONCELY_CHAOS_SEED` (printed), `ONCELY_CHAOS_FAULT_RATE` (0.05).
 //! Process logs go to `$TMPDIR/oncely-chaos-<suffix>/`.
 
+use oncely_testkit::process::SpawnTied as _;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,15 +99,23 @@ pub(super) struct Slot {
     pub(super) env: Vec<(String, String)>,
     pub(super) child: Option<Child>,
     pub(super) started: u64,
+    /// The log of the current start.
+    pub(super) log: Option<PathBuf>,
 }
 
 impl Slot {
     pub(super) fn start(&mut self, url: &str, logs: &Path) {
         self.started += 1;
-        let log =
-            std::fs::File::create(logs.join(format!("{}-{:04}.log", self.name, self.started)))
-                .unwrap();
-        let child = Command::new(super::binary_for(&self.args))
+        // Two slots of one kind share a name: a random suffix keeps their logs apart.
+        let path = logs.join(format!(
+            "{}-{:04}-{}.log",
+            self.name,
+            self.started,
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        ));
+        let log = std::fs::File::create(&path).unwrap();
+        self.log = Some(path);
+        let child = oncely_testkit::process::command(super::binary_for(&self.args))
             .args(&self.args)
             .env("ONCELY_DATABASE_URL", url)
             .env("ONCELY_LOG", "info")
@@ -114,7 +123,7 @@ impl Slot {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
-            .spawn()
+            .spawn_tied()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.name));
         self.child = Some(child);
     }
@@ -127,13 +136,41 @@ impl Slot {
         };
         if let Some(status) = c.try_wait().unwrap() {
             panic!(
-                "{} #{} exited by itself: {status:?}",
-                self.name, self.started
+                "{} #{} exited by itself: {status:?}; its log ends:\n{}",
+                self.name,
+                self.started,
+                self.log_tail()
             );
         }
         c.kill().unwrap();
         c.wait().unwrap();
         true
+    }
+
+    /// Fails the test when the process exited by itself, with the end of its log.
+    pub(super) fn assert_alive(&mut self) {
+        let Some(c) = self.child.as_mut() else {
+            return;
+        };
+        if let Some(status) = c.try_wait().unwrap() {
+            panic!(
+                "{} #{} exited: {status:?}; its log ends:\n{}",
+                self.name,
+                self.started,
+                self.log_tail()
+            );
+        }
+    }
+
+    /// The last 30 lines of the current start's log.
+    fn log_tail(&self) -> String {
+        let text = self
+            .log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
     }
 }
 
@@ -156,11 +193,24 @@ pub(super) fn strings(parts: &[&str]) -> Vec<String> {
 
 /// The flow's worker processes, two of each kind.
 fn fleet(providers: &[String]) -> Vec<Slot> {
-    let relay = strings(&["relay", "--relay-poll-ms", "50", "--relay-lease-secs", "3"]);
+    workers(providers, &[], &[], &[])
+}
+
+/// Two relays, two consumers of each group (`billing`, `shipping`), two effect runners;
+/// each kind with its extra arguments (a broker's flags, an events topic).
+pub(super) fn workers(
+    providers: &[String],
+    relay_extra: &[String],
+    consumer_extra: &[String],
+    runner_extra: &[String],
+) -> Vec<Slot> {
+    let mut relay = strings(&["relay", "--relay-poll-ms", "50", "--relay-lease-secs", "3"]);
+    relay.extend(relay_extra.iter().cloned());
     // Billing needs only to know that payments are configured (it enqueues the charges).
     let consumer = |name: &str, extra: &[String]| {
         let mut a = strings(&["consume", name, "--consumer-poll-ms", "50"]);
         a.extend(strings(&["--consumer-lease-secs", "3"]));
+        a.extend(consumer_extra.iter().cloned());
         a.extend(extra.iter().cloned());
         a
     };
@@ -172,6 +222,7 @@ fn fleet(providers: &[String]) -> Vec<Slot> {
         "50",
     ]));
     runner.extend(providers.iter().cloned());
+    runner.extend(runner_extra.iter().cloned());
     let kinds: [(&'static str, Vec<String>); 4] = [
         ("relay", relay),
         ("billing", consumer("billing", &providers[..2])),
@@ -187,6 +238,7 @@ fn fleet(providers: &[String]) -> Vec<Slot> {
                 env: Vec::new(),
                 child: None,
                 started: 0,
+                log: None,
             })
         })
         .collect()
@@ -229,7 +281,7 @@ pub(super) async fn effect_states(t: &TestDb) -> BTreeMap<(String, String), i64>
 
 /// Whether every order's flow has ended: one terminal charge per order, and a terminal
 /// shipment for every succeeded charge.
-fn settled(states: &BTreeMap<(String, String), i64>, orders: i64) -> bool {
+pub(super) fn settled(states: &BTreeMap<(String, String), i64>, orders: i64) -> bool {
     let of = |p: &str, s: &str| {
         states
             .get(&(p.to_owned(), s.to_owned()))
@@ -304,6 +356,7 @@ pub(super) fn chaos_dir(suffix: &str) -> PathBuf {
     reason = "one scenario: start, fire, converge, count at the providers"
 )]
 async fn one_thousand_orders(t: TestDb) {
+    let _turn = super::POSTGRES_FLEET.lock().await;
     let n = env_u64("ONCELY_CHAOS_ORDERS", 1000);
     let min_kills = env_u64("ONCELY_CHAOS_KILLS", 40);
     let seed = env_u64("ONCELY_CHAOS_SEED", oncely_core::now_ms() as u64) | 1;
@@ -374,9 +427,7 @@ async fn one_thousand_orders(t: TestDb) {
             "flows not ended within 15 minutes: {states:?}"
         );
         for s in &mut slots {
-            if let Some(c) = s.child.as_mut() {
-                assert!(c.try_wait().unwrap().is_none(), "{} exited", s.name);
-            }
+            s.assert_alive();
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         states = effect_states(&t).await;
@@ -392,7 +443,7 @@ async fn one_thousand_orders(t: TestDb) {
 
 /// Counted at the providers: at most one charge and one shipment per order, exactly one
 /// for each succeeded effect; every `needs_review` effect printed with its last error.
-async fn assert_counted_at_the_providers(
+pub(super) async fn assert_counted_at_the_providers(
     t: &TestDb,
     payments: &str,
     shipping: &str,
@@ -471,8 +522,8 @@ async fn assert_counted_at_the_providers(
 /// `oncely reconcile --provider <provider> --json` after the run: `{"discrepancies": []}` —
 /// but for a `status_mismatch` of an effect left in `needs_review` whose record is live at
 /// the provider, which is what reconciliation is to report about it (each printed).
-async fn reconcile_reports_nothing(t: &TestDb, provider: &str, providers: &[String]) {
-    let out = Command::new(super::ORDERS)
+pub(super) async fn reconcile_reports_nothing(t: &TestDb, provider: &str, providers: &[String]) {
+    let out = oncely_testkit::process::command(super::ORDERS)
         .args([
             "reconcile",
             "--provider",
@@ -524,7 +575,7 @@ async fn reconcile_reports_nothing(t: &TestDb, provider: &str, providers: &[Stri
     );
 }
 
-/// The runner process is aborted (`ONCELY_FAULT=runner-abort-after-call`) right after the
+/// The runner process is aborted (`FAILPOINTS=runner.after_send=panic(abort)`) right after the
 /// provider created the PaymentIntent and before the runner recorded it. The effect stays
 /// `in_flight` under the dead runner's lease; a second runner takes it after the lease,
 /// turns it `unknown`, asks the provider by reference, finds the object and settles from
@@ -567,13 +618,13 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         "50",
     ]));
     args.extend(providers.iter().cloned());
-    let mut aborted = Command::new(super::ORDERS)
+    let mut aborted = oncely_testkit::process::command(super::ORDERS)
         .args(&args)
         .env("ONCELY_DATABASE_URL", &t.url)
-        .env("ONCELY_FAULT", "runner-abort-after-call")
+        .env("FAILPOINTS", "runner.after_send=panic(abort)")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_tied()
         .unwrap();
     let exit = super::wait_exit(&mut aborted).await;
     assert!(!exit.success(), "the runner was to abort after its call");
@@ -586,12 +637,12 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         "nothing recorded after the call: {states:?}"
     );
 
-    let mut second = Command::new(super::ORDERS)
+    let mut second = oncely_testkit::process::command(super::ORDERS)
         .args(&args)
         .env("ONCELY_DATABASE_URL", &t.url)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_tied()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let order = loop {

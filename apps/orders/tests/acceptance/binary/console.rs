@@ -4,8 +4,9 @@
 //! effect in review — plus the refusals: a tenant API key, a form without its CSRF token,
 //! the console off without an admin token.
 
+use oncely_testkit::process::SpawnTied as _;
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use oncely_testkit::TestDb;
@@ -51,11 +52,11 @@ fn chromedriver() -> Option<Driver> {
 /// One start: `Ok(None)` when it is not installed, `Err` with its exit status and stderr
 /// when it exits before listening.
 fn start_chromedriver() -> Result<Option<Driver>, String> {
-    let spawned = Command::new("chromedriver")
+    let spawned = oncely_testkit::process::command("chromedriver")
         .arg("--port=0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn();
+        .spawn_tied();
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -389,13 +390,13 @@ pub(crate) async fn console_in_headless_chromium_requeues_a_dead_letter_and_reso
     audited(&t, &effect_id, &message_id).await;
 }
 
-/// Polls the order's lineage page until the invoice the requeued `order.created` produced is
+/// Polls the order's chain page until the invoice the requeued `order.created` produced is
 /// on it.
 async fn see_invoice(c: &Browser, base: &str, order_id: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         c.goto(&format!("{base}/console/orders/{order_id}")).await;
-        if !c.find_all("tr.invoice").await.is_empty() {
+        if !c.find_all("li[data-kind=invoice]").await.is_empty() {
             break;
         }
         assert!(
@@ -405,11 +406,11 @@ async fn see_invoice(c: &Browser, base: &str, order_id: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(
-        c.find_all("tr.invoice").await.len(),
+        c.find_all("li[data-kind=invoice]").await.len(),
         1,
         "one invoice for the order"
     );
-    assert!(c.text("tr.invoice").await.contains("100 EUR"));
+    assert!(c.text("li[data-kind=invoice]").await.contains("100 EUR"));
 }
 
 /// What the console refuses, over plain HTTP: a tenant key (403 problem), no credential on

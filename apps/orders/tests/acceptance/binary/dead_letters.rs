@@ -6,7 +6,7 @@
 //! prefix and exchange, JetStream stream and group, Kafka topic and group).
 
 use std::collections::BTreeMap;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use oncely_broker::{Message, Publisher, Subscriber};
@@ -19,7 +19,7 @@ fn ns() -> String {
 }
 
 fn inbox(args: &[String]) -> Output {
-    Command::new(super::oncely_bin())
+    oncely_testkit::process::command(super::oncely_bin())
         .args(["inbox", "dead"])
         .args(args)
         .stderr(Stdio::piped())

@@ -4,7 +4,7 @@
 //! reported and not applied; an invalid line is reported with its number and the rest is
 //! still imported. Both paths: in-process on `--database-url`, and `--url` to `orders serve`.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use oncely_testkit::TestDb;
 use serde_json::Value;
@@ -12,7 +12,10 @@ use serde_json::Value;
 use super::{serve_with, API_KEY};
 
 oncely_testkit::matrix! {
-    tests: [import_twice_and_overlapping_gives_each_order_once_and_reports_every_line],
+    tests: [
+        import_twice_and_overlapping_gives_each_order_once_and_reports_every_line,
+        a_line_with_a_duplicate_member_or_a_byte_that_is_not_utf8_is_invalid_and_the_rest_imported,
+    ],
 }
 
 fn line(external_ref: &str, amount: i64) -> String {
@@ -27,7 +30,7 @@ async fn import(db_url: &str, file: &std::path::Path, extra: &[&str]) -> (Vec<Va
     let (db_url, file) = (db_url.to_owned(), file.to_owned());
     let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
     let out: Output = tokio::task::spawn_blocking(move || {
-        Command::new(super::ORDERS)
+        oncely_testkit::process::command(super::ORDERS)
             .arg("import")
             .arg(&file)
             .args(["--tenant", "cli", "--json", "--database-url", &db_url])
@@ -163,6 +166,53 @@ async fn import_twice_and_overlapping_gives_each_order_once_and_reports_every_li
         )
         .await,
         4
+    );
+}
+
+/// The API refuses a body with a duplicate member (400 `malformed-json`), so the import
+/// does too, rather than store the last value; a line that is not UTF-8 is that line's
+/// report, not the end of the import.
+async fn a_line_with_a_duplicate_member_or_a_byte_that_is_not_utf8_is_invalid_and_the_rest_imported(
+    t: TestDb,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.ndjson");
+    let duplicate = line("d-1", 100).replacen(
+        r#""currency":"EUR"}"#,
+        r#""currency":"EUR","amount_minor":999999}"#,
+        1,
+    );
+    let mut not_utf8 = line("d-2", 200).into_bytes();
+    not_utf8[5] = 0xff; // inside `"source"`
+    let mut bytes = format!("{duplicate}\n").into_bytes();
+    bytes.extend(not_utf8);
+    bytes.extend(format!("\n{}\n", line("d-3", 300)).as_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let (lines, summary, code) = import(&t.url, &file, &[]).await;
+    assert_eq!(code, 1, "an invalid line is a failing exit");
+    assert_eq!(
+        outcomes(&lines),
+        [
+            (1, "invalid".into()),
+            (2, "invalid".into()),
+            (3, "created".into())
+        ],
+        "{lines:?}"
+    );
+    let detail = |i: usize| lines[i]["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(detail(0).contains("duplicate member"), "{}", detail(0));
+    assert!(detail(1).contains("not UTF-8"), "{}", detail(1));
+    assert_eq!(summary["created"], 1);
+    assert_eq!(summary["invalid"], 2);
+    assert_eq!(scalar(&t, "SELECT COUNT(*) FROM orders").await, 1);
+    assert_eq!(
+        scalar(
+            &t,
+            "SELECT COUNT(*) FROM orders WHERE amount_minor = 999999"
+        )
+        .await,
+        0,
+        "the duplicate's last value was not stored"
     );
 }
 

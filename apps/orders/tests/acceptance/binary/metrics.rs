@@ -1,12 +1,12 @@
-//! README's table of the metrics to alert on, against a running `orders serve` (PostgreSQL,
-//! SQL transport, the payments and shipping simulators): every metric of the table is on
-//! `/metrics` with `# HELP`, and each moves under the traffic that should move it — a
-//! replay, a key reused with another body, a key still in flight, a missing key, an invalid
-//! order, a business-key hit, a lock wait that runs out, a dead outbox event, a dead inbox
-//! delivery, charges and shipments (one charge's answer dropped, so its outcome is unknown
-//! until the status check finds it). The table is parsed from README.md, so the two cannot
-//! drift. `/readyz` names the database, the broker and both providers, and turns 503 naming
-//! the provider that went away.
+//! The table of the metrics to alert on (docs/operating.md), against a running `orders serve`
+//! (PostgreSQL, SQL transport, the payments and shipping simulators): every metric of the
+//! table is on `/metrics` with `# HELP`, and each moves under the traffic that should move it
+//! — a replay, a key reused with another body, a key still in flight, a missing key, an
+//! invalid order, a business-key hit, a lock wait that runs out, a dead outbox event, a dead
+//! inbox delivery, charges and shipments (one charge's answer dropped, so its outcome is
+//! unknown until the status check finds it). The table is parsed from docs/operating.md, so
+//! the two cannot drift. `/readyz` names the database, the broker and both providers, and
+//! turns 503 naming the provider that went away.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -17,13 +17,13 @@ use serde_json::{json, Value};
 
 use super::{order, post, serve_with, sim, API_KEY};
 
-/// The metric names of README's "metrics to alert on" table (its first column).
+/// The metric names of docs/operating.md's "metrics to alert on" table (its first column).
 fn readme_metrics() -> Vec<String> {
-    let readme = include_str!("../../../../../README.md");
+    let readme = include_str!("../../../../../docs/operating.md");
     let section = readme
         .split("## Operating the service")
         .nth(1)
-        .expect("README has the operating section");
+        .expect("docs/operating.md has the operating section");
     let section = section.split("\n## ").next().unwrap_or(section);
     section
         .lines()
@@ -98,7 +98,7 @@ async fn every_metric_of_the_readme_table_moves_on_a_running_serve() {
         return;
     };
     let table = readme_metrics();
-    assert!(table.len() >= 15, "README table: {table:?}");
+    assert!(table.len() >= 15, "docs/operating.md table: {table:?}");
     let (_payments_sim, payments) = sim("payments", &["--search-lag-ms", "0"]);
     let (shipping_sim, shipping) = sim("shipping", &[]);
     let p = serve_with(

@@ -1,13 +1,15 @@
 //! The `orders` binary as a process: S8 (a second process against the same database obeys
 //! the same keys), migrations, graceful shutdown on SIGTERM, the in-process consumers on
 //! every broker, `orders import`, the payments endpoint and the flows through processes
-//! (with chaos), slow clients, the console in a browser, schemathesis, `/metrics`; and the
-//! operator's `oncely` binary against it (`oncely verify`, `oncely sim`, `oncely inbox`,
-//! `oncely effects resolve` continued by the service's runner).
+//! (with chaos), slow clients, the console in a browser, schemathesis, `/metrics`, `orders
+//! dev` with its banner's commands, the start-up refusals; and the operator's `oncely`
+//! binary against it (`oncely verify`, `oncely sim`, `oncely inbox`, `oncely effects
+//! resolve` continued by the service's runner).
 //!
 //! The `oncely` binary is the one beside `orders` in the target directory (`cargo test
 //! --workspace` builds both; alone, `cargo build -p oncely` first).
 
+use oncely_testkit::process::SpawnTied as _;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -47,6 +49,11 @@ fn binary_for<S: AsRef<str>>(args: &[S]) -> PathBuf {
 #[path = "dead_letters.rs"]
 mod dead_letters;
 
+/// Held by each test that runs a fleet of processes on PostgreSQL (the chaos and fleet
+/// runs), so two never run at once: each opens up to ~40 of the server's 100 connections
+/// (two together were measured at 84).
+static POSTGRES_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const API_KEY: &str = "cli-key-0123456789abcdef";
 /// A second tenant's credential, for `oncely verify`'s scope check.
 const API_KEY_B: &str = "cli-key-b-0123456789abcdef";
@@ -76,7 +83,7 @@ fn serve_with(url: &str, extra: &[&str]) -> Proc {
 /// [`serve_with`] with extra environment variables (settings given the way a deployment
 /// gives them; a binary without the setting ignores it rather than refusing to start).
 fn serve_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut child = Command::new(ORDERS)
+    let mut child = oncely_testkit::process::command(ORDERS)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
         .envs(env.iter().copied())
@@ -88,7 +95,7 @@ fn serve_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
         .env("ONCELY_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
+        .spawn_tied()
         .expect("spawn orders");
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
@@ -309,7 +316,7 @@ async fn s8_second_process_on_the_same_database_obeys_the_same_keys(t: TestDb) {
 }
 
 async fn migrate_command_applies_migrations_and_sigterm_drains(t: TestDb) {
-    let status = Command::new(ORDERS)
+    let status = oncely_testkit::process::command(ORDERS)
         .args(["migrate", "--database-url", &t.url])
         .stderr(Stdio::null())
         .status()
@@ -381,25 +388,16 @@ async fn serve_refuses_a_duplicate_api_key_without_printing_it() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("dup.db").display());
     let key = "dup-key-0123456789abcdef";
-    let child = Command::new(ORDERS)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("ONCELY_DATABASE_URL", &url)
-        .env(
-            "ONCELY_API_KEYS",
-            format!("{API_KEY}=a,{key}=tenant-a, {key}=tenant-b"),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A Proc, so a binary that starts serving anyway is killed when the test fails.
-    let mut p = Proc {
-        child,
-        base: String::new(),
-    };
-    let status = wait_exit(&mut p.child).await;
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(p.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let (status, stderr) = run_to_exit(
+        oncely_testkit::process::command(ORDERS)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("ONCELY_DATABASE_URL", &url)
+            .env(
+                "ONCELY_API_KEYS",
+                format!("{API_KEY}=a,{key}=tenant-a, {key}=tenant-b"),
+            ),
+    )
+    .await;
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains("API key entry 3 repeats the API key of entry 2"),
@@ -751,7 +749,7 @@ async fn inbox_dead_list_and_requeue_commands_show_and_revive_a_dead_delivery(t:
         .unwrap();
     assert!(transport.dead(&d[0], "boom\tin billing").await.unwrap());
     let run = |args: &[&str]| {
-        Command::new(oncely_bin())
+        oncely_testkit::process::command(oncely_bin())
             .args(["inbox", "--database-url", &t.url, "dead"])
             .args(args)
             .stderr(Stdio::null())
@@ -821,7 +819,7 @@ async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_t
     .unwrap();
     let id = oncely_testkit::park_effect(&t.db, "acme", "inv-ops").await;
     let run = |args: &[&str]| {
-        Command::new(oncely_bin())
+        oncely_testkit::process::command(oncely_bin())
             .args(["effects", "--database-url", &t.url])
             .args(args)
             .stderr(Stdio::null())
@@ -883,7 +881,7 @@ async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_t
     // The service's runner (no provider is ever called: a shipping provider nobody books
     // with) continues it.
     let runner = Proc {
-        child: Command::new(ORDERS)
+        child: oncely_testkit::process::command(ORDERS)
             .args(["effects", "run", "--database-url", &t.url])
             .args([
                 "--shipping-url",
@@ -893,7 +891,7 @@ async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_t
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .spawn_tied()
             .expect("spawn orders effects run"),
         base: String::new(),
     };
@@ -948,6 +946,25 @@ async fn effects_commands_retry_and_resolve_a_parked_effect_and_show_its_audit_t
 }
 
 /// Waits for `child` to exit (30 s at most) and returns its status.
+/// Spawns `cmd` (stderr piped, tied to the test) and waits for its exit: its status and
+/// stderr. A [`Proc`] holds it meanwhile, so a binary that keeps running is killed when the
+/// test fails.
+async fn run_to_exit(cmd: &mut std::process::Command) -> (std::process::ExitStatus, String) {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn_tied()
+        .unwrap();
+    let mut p = Proc {
+        child,
+        base: String::new(),
+    };
+    let status = wait_exit(&mut p.child).await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(p.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
 async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     for _ in 0..300 {
         if let Some(status) = child.try_wait().unwrap() {
@@ -1067,7 +1084,7 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
     let out = tokio::task::spawn_blocking({
         let (body, report) = (body_path.clone(), report_path.clone());
         move || {
-            Command::new(oncely_bin())
+            oncely_testkit::process::command(oncely_bin())
                 .args(["verify", "--url", &url, "--body"])
                 .arg(&body)
                 .args(["--header", &auth_a, "--header-b", &auth_b])
@@ -1111,7 +1128,7 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
 
     // Exit status 1 when a check fails: told to look for a replay marker the service does
     // not send, S1 cannot find it.
-    let out = Command::new(oncely_bin())
+    let out = oncely_testkit::process::command(oncely_bin())
         .args([
             "verify",
             "--url",
@@ -1126,7 +1143,7 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     // Exit status 2 when the checks cannot run.
-    let out = Command::new(oncely_bin())
+    let out = oncely_testkit::process::command(oncely_bin())
         .args(["verify", "--url", "ftp://x", "--body", "{}"])
         .stderr(Stdio::null())
         .output()
@@ -1161,12 +1178,12 @@ impl Rng {
 
 /// An `oncely sim <api>` process and its base URL (read from its first stdout line).
 fn sim(api: &str, extra: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(oncely_bin())
+    let mut child = oncely_testkit::process::command(oncely_bin())
         .args(["sim", api, "--listen", "127.0.0.1:0"])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
+        .spawn_tied()
         .expect("spawn oncely sim");
     let stdout = child.stdout.take().unwrap();
     let line = BufReader::new(stdout)
@@ -1200,11 +1217,21 @@ async fn stats(base: &str) -> Value {
 
 #[path = "chaos.rs"]
 mod chaos;
+#[path = "crash/mod.rs"]
+mod crash;
+#[path = "fleet/mod.rs"]
+mod fleet;
 #[path = "saga_chaos.rs"]
 mod saga_chaos;
 
 #[path = "payments.rs"]
 mod payments;
+
+#[path = "dev.rs"]
+mod dev;
+
+#[path = "refusals.rs"]
+mod refusals;
 
 /// Slow clients (issue 14 §4), against the real `orders serve` process: bodies that stall or
 /// trickle are cut by the body deadline, and the memory stalled uploads can pin is bounded
@@ -1586,12 +1613,12 @@ mod flow {
         assert_eq!(got["invoice"]["status"], "open", "{got}");
         assert!(got["shipment"].is_null(), "{got}");
         assert_eq!(stats(&payments).await["payment_intents"], 0);
-        let mut runner = Command::new(super::ORDERS)
+        let mut runner = oncely_testkit::process::command(super::ORDERS)
             .args(["effects", "run", "--database-url", &url])
             .args(provider_flags(&payments, &shipping))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .spawn_tied()
             .expect("spawn orders effects run");
         orders_flow_to_shipment(&serve, (4, 1), &payments, &shipping).await;
         // The first order too, now.

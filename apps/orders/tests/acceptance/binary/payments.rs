@@ -1,5 +1,5 @@
 //! `POST /v1/orders/{id}/payments` (multi-phase) through `orders serve` processes, on every
-//! backend: a serve process aborted (`ONCELY_FAULT=payment-abort-after-call`, as a SIGKILL
+//! backend: a serve process aborted (`FAILPOINTS=payments.after_call=panic(abort)`, as a SIGKILL
 //! would end it) after the provider committed and before the outcome was stored, or
 //! (`payment-abort-before-call`) before it called; a second serve process on the same
 //! database answers the retries. While the lease runs: 409 with the status link. Past it
@@ -41,10 +41,18 @@ enum Kill {
 }
 
 impl Kill {
+    /// A name for the keys and references of a run (no characters a URL escapes).
+    fn name(self) -> &'static str {
+        match self {
+            Self::AfterCall => "after-call",
+            Self::BeforeCall => "before-call",
+        }
+    }
+
     fn env(self) -> &'static str {
         match self {
-            Self::AfterCall => "payment-abort-after-call",
-            Self::BeforeCall => "payment-abort-before-call",
+            Self::AfterCall => "payments.after_call=panic(abort)",
+            Self::BeforeCall => "payments.before_call=panic(abort)",
         }
     }
 }
@@ -82,10 +90,7 @@ fn flags(payments: &str, no_search: bool) -> Vec<String> {
 
 fn serve_pay(url: &str, flags: &[String], fault: Option<Kill>) -> Proc {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let env: Vec<(&str, &str)> = fault
-        .map(|k| ("ONCELY_FAULT", k.env()))
-        .into_iter()
-        .collect();
+    let env: Vec<(&str, &str)> = fault.map(|k| ("FAILPOINTS", k.env())).into_iter().collect();
     serve_with_env(url, &flags, &env)
 }
 
@@ -348,7 +353,7 @@ async fn serve_killed_after_or_before_the_call_charges_once_at_localstripe(t: Te
     };
     for kill in [Kill::AfterCall, Kill::BeforeCall] {
         let dying = serve_pay(&t.url, &f, Some(kill));
-        let ext = format!("ls-{}", kill.env());
+        let ext = format!("ls-{}", kill.name());
         killed_payment(dying, &survivor, kill, &ext, &count).await;
     }
 }

@@ -215,6 +215,7 @@ fn fleet(providers: &[String]) -> Vec<Slot> {
                 env: Vec::new(),
                 child: None,
                 started: 0,
+                log: None,
             })
         })
         .collect()
@@ -247,7 +248,7 @@ async fn saga_states(t: &TestDb) -> BTreeMap<String, i64> {
     rows.into_iter().collect()
 }
 
-async fn put_stock(base: &str, sku: &str, available: i64) {
+pub(super) async fn put_stock(base: &str, sku: &str, available: i64) {
     let client = reqwest::Client::new();
     let (code, got) = until_answered(|| {
         client
@@ -264,6 +265,7 @@ async fn put_stock(base: &str, sku: &str, available: i64) {
     reason = "one scenario: start, fire, converge, count at the providers"
 )]
 async fn saga_orders(t: TestDb, default_n: u64) {
+    let _turn = super::POSTGRES_FLEET.lock().await;
     let n = env_u64("ONCELY_SAGA_CHAOS_ORDERS", default_n);
     let min_kills = env_u64("ONCELY_CHAOS_KILLS", 30);
     let seed = env_u64("ONCELY_CHAOS_SEED", oncely_core::now_ms() as u64) | 1;
@@ -347,9 +349,7 @@ async fn saga_orders(t: TestDb, default_n: u64) {
             "sagas not ended within 20 minutes: {states:?}"
         );
         for s in &mut slots {
-            if let Some(c) = s.child.as_mut() {
-                assert!(c.try_wait().unwrap().is_none(), "{} exited", s.name);
-            }
+            s.assert_alive();
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -542,7 +542,7 @@ async fn assert_each_order_ends_consistent(
 }
 
 /// Orders of every plan through a saga whose one effects runner process is started with
-/// `ONCELY_FAULT=runner-abort-after-call`: it aborts (as a SIGKILL would end it) as soon as
+/// `FAILPOINTS=runner.after_send=panic(abort)`: it aborts (as a SIGKILL would end it) as soon as
 /// any provider call returns, before the outcome is recorded, and is restarted at once —
 /// so every step boundary with a provider call (charge, booking, refund, cancellation) is
 /// crossed through a crash after the provider acted. The simulators inject no other fault.
@@ -579,8 +579,8 @@ pub(crate) async fn sagas_whose_runner_is_aborted_after_every_provider_call_end_
     for s in &mut slots {
         if s.name == "runner" {
             s.env = vec![(
-                "ONCELY_FAULT".to_owned(),
-                "runner-abort-after-call".to_owned(),
+                "FAILPOINTS".to_owned(),
+                "runner.after_send=panic(abort)".to_owned(),
             )];
             // A refusal that leaves nothing at the provider (the undeliverable SKU's 422)
             // dies with the process each time: the status check proves it absent, so it is

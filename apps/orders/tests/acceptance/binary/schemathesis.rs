@@ -3,7 +3,7 @@
 //! own `/openapi.json`, generates requests for every operation (valid and invalid ones) and
 //! fails on any 5xx or any response outside the document's schema.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use oncely_testkit::{TestBackend, TestDb};
@@ -16,7 +16,7 @@ const MAX_EXAMPLES: &str = "40";
 
 /// The schemathesis CLI, `st`, when it is installed.
 fn schemathesis() -> Option<&'static str> {
-    let found = Command::new("st")
+    let found = oncely_testkit::process::command("st")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -55,7 +55,7 @@ async fn schemathesis_finds_no_server_error_and_no_response_outside_the_openapi_
         let schema = format!("{}/openapi.json", p.base);
         let report = report.path().to_owned();
         move || {
-            Command::new(st)
+            oncely_testkit::process::command(st)
                 .arg("run")
                 .arg(&schema)
                 .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
