@@ -26,7 +26,8 @@ use tower::{service_fn, Layer, ServiceExt};
 
 use crate::config::{ConfigError, GatewayConfig, KeyPolicy, RouteConfig};
 use crate::forward::{kind, Forwarding, Upstream};
-use crate::probe::{Probe, Template};
+use crate::probe::Probe;
+use crate::template::Template;
 use crate::Authentication;
 
 /// The path of the status resource of route `n` (its index in the configuration):

@@ -286,7 +286,7 @@ impl GatewayConfig {
             }
             seen.push((method, route.path.clone()));
             if let Some(probe) = &route.probe {
-                crate::probe::Template::parse(&probe.url)
+                crate::template::Template::parse(&probe.url)
                     .map_err(|why| ConfigError::Probe(route.name(), probe.url.clone(), why))?;
             }
         }

@@ -36,6 +36,7 @@ mod app;
 mod config;
 mod forward;
 mod probe;
+mod template;
 
 use http::HeaderName;
 use oncely_core::TenantId;
