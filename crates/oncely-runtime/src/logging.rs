@@ -18,7 +18,12 @@ pub enum LogFormat {
 /// the relay and the consumers log once per state change of the broker (down with the
 /// root cause, up with the outage's length) or per dead event (`no destination for topic
 /// …`, the row's `last_error`). `ONCELY_LOG=info,lapin=warn` brings lapin's lines back.
-pub const DEFAULT_LOG_FILTER: &str = "info,lapin=off";
+///
+/// sqlx and async_nats are held at `warn`: sqlx logs every statement's server notices at
+/// `info` (`relation "_sqlx_migrations" already exists`, `trigger … does not exist,
+/// skipping` on every start) and async_nats five lines per connection; neither says
+/// anything an operator acts on that our own lines do not.
+pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,async_nats=warn,lapin=off";
 
 /// Installs the process's `tracing` subscriber: lines to stderr in `format`, filtered by
 /// `ONCELY_LOG` (an `EnvFilter` directive, e.g. `debug,sqlx=warn`) or else
