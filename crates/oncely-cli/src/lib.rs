@@ -37,4 +37,5 @@ pub use metrics::metrics_handle;
 pub use providers::ProviderArgs;
 pub use reconcile::{
     reconcile, Action, ProviderName, ReconcileArgs, ReconcileCommand, RunArgs, Service,
+    EXIT_CANNOT_RUN, EXIT_OPEN_DISCREPANCIES,
 };

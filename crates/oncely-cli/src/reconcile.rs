@@ -282,16 +282,45 @@ impl Service {
     }
 }
 
+/// The exit status of a run that found discrepancies still open (new, or found before and
+/// not yet resolved), so that a scheduled `reconcile` alerts the way a failed check does.
+pub const EXIT_OPEN_DISCREPANCIES: i32 = 1;
+
+/// The exit status of a `reconcile` that could not do its work: the database or the
+/// provider cannot be reached, a flag is missing, a resolution does not fit.
+pub const EXIT_CANNOT_RUN: i32 = 2;
+
 /// Runs a `reconcile` command on the database a service set up, printing to stdout;
 /// `service` builds what the service adds ([`Service::default`] for `oncely reconcile`).
+///
+/// Ends the process with its exit status, as `diff` and `oncely verify` do: 0 when the run
+/// leaves no discrepancy open (or the resolution is done),
+/// [`EXIT_OPEN_DISCREPANCIES`] (1) when some are open, [`EXIT_CANNOT_RUN`] (2) with the error
+/// and its causes on stderr when it could not run.
+pub async fn reconcile(args: ReconcileArgs, service: impl FnOnce(&Database) -> Service) -> ! {
+    let code = match run_or_resolve(args, service).await {
+        Ok(0) => 0,
+        Ok(_) => EXIT_OPEN_DISCREPANCIES,
+        Err(e) => {
+            eprintln!("reconcile: {e:#}");
+            EXIT_CANNOT_RUN
+        }
+    };
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    std::process::exit(code)
+}
+
+/// [`reconcile`]'s work: the number of discrepancies the run leaves open (0 after a
+/// resolution).
 ///
 /// # Errors
 /// The database cannot be reached; a provider is not configured; the run or the
 /// resolution fails.
-pub async fn reconcile(
+async fn run_or_resolve(
     args: ReconcileArgs,
     service: impl FnOnce(&Database) -> Service,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let db = args.db.connect_existing().await?;
     let service = service(&db);
     if let Some(ReconcileCommand::Resolve {
@@ -314,7 +343,7 @@ pub async fn reconcile(
         let store = DiscrepancyStore::new(db);
         let d = oncely_effects::resolve(&store, how, &id, &action, &actor, &reason).await?;
         println!("{}", row(&d)?);
-        return Ok(());
+        return Ok(0);
     }
     let run = &args.run;
     let name = run
@@ -342,7 +371,7 @@ pub async fn reconcile(
     } else {
         print_table(&report)?;
     }
-    Ok(())
+    Ok(report.discrepancies.len())
 }
 
 #[cfg(test)]

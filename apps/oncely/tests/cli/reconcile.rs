@@ -83,9 +83,10 @@ async fn resolve_refuses_a_misfit_and_acknowledges(
     stranger: &str,
 ) {
     let wrong = oncely(&["resolve", stranger, "--action", "mark-succeeded"]);
-    assert!(
-        !wrong.status.success(),
-        "mark-succeeded does not fit missing_local"
+    assert_eq!(
+        wrong.status.code(),
+        Some(oncely_cli::EXIT_CANNOT_RUN),
+        "mark-succeeded does not fit missing_local: {wrong:?}"
     );
     let resolved = oncely(&[
         "resolve",
@@ -152,7 +153,11 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
         "1",
     ];
     let out = oncely(&[&run_args[..], &["--json"]].concat());
-    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(oncely_cli::EXIT_OPEN_DISCREPANCIES),
+        "discrepancies are open: {out:?}"
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let expected: BTreeSet<(String, String)> = [
         ("missing_local", "inv-cli-other"),
@@ -188,7 +193,7 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
     let table = oncely(&run_args);
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
-        table.status.success()
+        table.status.code() == Some(oncely_cli::EXIT_OPEN_DISCREPANCIES)
             && text.contains(&format!(
                 "{stranger}\tmissing_local\tinv-cli-stranger\tord-cli-stranger\t-"
             )),
@@ -208,4 +213,19 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
             .collect(),
         "{report}"
     );
+    assert_eq!(
+        again.status.code(),
+        Some(oncely_cli::EXIT_OPEN_DISCREPANCIES)
+    );
+
+    // Once every discrepancy is resolved, the run exits 0.
+    for d in report["discrepancies"].as_array().unwrap() {
+        let id = d["id"].as_str().unwrap();
+        let done = oncely(&["resolve", id, "--action", "acknowledge", "--reason", "seen"]);
+        assert!(done.status.success(), "{done:?}");
+    }
+    let clean = oncely(&[&run_args[..], &["--json"]].concat());
+    let report: Value = serde_json::from_slice(&clean.stdout).unwrap();
+    assert_eq!(kinds(&report), BTreeSet::new(), "{report}");
+    assert_eq!(clean.status.code(), Some(0), "{clean:?}");
 }

@@ -537,11 +537,18 @@ pub(super) async fn reconcile_reports_nothing(t: &TestDb, provider: &str, provid
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("oncely reconcile --provider {provider}: {e}: {out:?}"));
+    let open = report["discrepancies"].as_array().map_or(0, Vec::len);
+    assert_eq!(
+        out.status.code(),
+        Some(if open == 0 {
+            0
+        } else {
+            oncely_cli::EXIT_OPEN_DISCREPANCIES
+        }),
         "oncely reconcile --provider {provider}: {out:?}"
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let in_review: Vec<(String,)> =
         t.db.fetch_all(
             oncely_sql::query(format!(
