@@ -69,8 +69,8 @@ pub(crate) async fn idempotency(db: Database, cmd: IdempotencyCommand) -> anyhow
                         r.key,
                         r.state,
                         r.fence,
-                        r.lease_until.map(|t| t.to_string()).unwrap_or_default(),
-                        r.created_at,
+                        r.lease_until.map(oncely_core::rfc3339).unwrap_or_default(),
+                        oncely_core::rfc3339(r.created_at),
                     )
                 },
             );

@@ -88,7 +88,7 @@ async fn run_inbox(dead: &dyn DeadLetters, cmd: InboxCommand) -> anyhow::Result<
             let letters = dead.list(&consumer, limit, after.as_ref()).await?;
             if !json {
                 println!(
-                    "message_id\tattempts\tlast_error\ttopic\tdead_at_ms\tposition\tpayload_bytes"
+                    "message_id\tattempts\tlast_error\ttopic\tdead_at\tposition\tpayload_bytes"
                 );
             }
             for l in letters {
@@ -128,7 +128,7 @@ fn letter_row(l: &DeadLetter) -> String {
         l.attempts,
         crate::cell(l.last_error.as_deref()),
         l.topic,
-        l.dead_at_ms,
+        oncely_core::rfc3339(l.dead_at_ms),
         l.position,
         l.payload_size,
     )

@@ -45,6 +45,8 @@ pub(crate) enum StateArg {
     Compensating,
     Completed,
     Compensated,
+    /// `needs-review`, or `needs_review` as the output prints it.
+    #[value(alias = "needs_review")]
     NeedsReview,
 }
 
@@ -66,6 +68,16 @@ fn row(s: &Saga) -> serde_json::Value {
         "version": s.version, "step": s.step, "error": s.error, "deadline": s.deadline,
         "created_at": s.created_at, "updated_at": s.updated_at,
     })
+}
+
+/// A saga's step in the table: its index, or `-` before its first step has begun (stored
+/// as -1).
+fn step_cell(step: i64) -> String {
+    if step < 0 {
+        "-".to_owned()
+    } else {
+        step.to_string()
+    }
 }
 
 /// Runs an `oncely saga` command over `db`, printing to stdout.
@@ -91,8 +103,8 @@ pub(crate) async fn saga(db: Database, cmd: SagaCommand) -> anyhow::Result<()> {
                         s.tenant,
                         s.kind,
                         s.state,
-                        s.step,
-                        s.updated_at,
+                        step_cell(s.step),
+                        oncely_core::rfc3339(s.updated_at),
                         crate::cell(s.error.as_deref()),
                     )
                 },

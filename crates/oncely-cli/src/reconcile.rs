@@ -306,8 +306,7 @@ pub async fn reconcile(args: ReconcileArgs, service: impl FnOnce(&Database) -> S
             EXIT_CANNOT_RUN
         }
     };
-    use std::io::Write as _;
-    let _ = std::io::stdout().flush();
+    let _ = std::io::Write::flush(&mut std::io::stdout());
     std::process::exit(code)
 }
 

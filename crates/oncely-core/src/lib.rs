@@ -61,5 +61,5 @@ pub use retry::{
     parse_retry_after, Failure, GiveUpReason, OutageWait, OutcomeClass, RetryDecision, RetryPolicy,
 };
 pub use scope::{Operation, Scope, TenantError, TenantId};
-pub use time::{millis, ms_after, now_ms};
+pub use time::{millis, ms_after, now_ms, rfc3339};
 pub use words::UnknownWord;

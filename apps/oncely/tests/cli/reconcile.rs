@@ -218,13 +218,21 @@ pub(crate) async fn reconcile_command_reports_as_json_and_table_and_resolve_writ
         Some(oncely_cli::EXIT_OPEN_DISCREPANCIES)
     );
 
-    // Once every discrepancy is resolved, the run exits 0.
+    all_resolved_exits_0(&oncely, &report, &run_args);
+}
+
+/// Once every discrepancy of `report` is acknowledged, the run exits 0.
+fn all_resolved_exits_0(
+    oncely: &dyn Fn(&[&str]) -> std::process::Output,
+    report: &Value,
+    run_args: &[&str],
+) {
     for d in report["discrepancies"].as_array().unwrap() {
         let id = d["id"].as_str().unwrap();
         let done = oncely(&["resolve", id, "--action", "acknowledge", "--reason", "seen"]);
         assert!(done.status.success(), "{done:?}");
     }
-    let clean = oncely(&[&run_args[..], &["--json"]].concat());
+    let clean = oncely(&[run_args, &["--json"]].concat());
     let report: Value = serde_json::from_slice(&clean.stdout).unwrap();
     assert_eq!(kinds(&report), BTreeSet::new(), "{report}");
     assert_eq!(clean.status.code(), Some(0), "{clean:?}");

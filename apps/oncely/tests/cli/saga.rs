@@ -163,6 +163,15 @@ pub(crate) async fn saga_commands_list_show_and_retry_a_parked_saga_with_its_aud
         one[1].starts_with("saga-parked\tacme\tcli-ship\tneeds_review\t1\t"),
         "{one:?}"
     );
+    // The table's time is RFC 3339 UTC (`2026-12-05T20:41:07.123Z`), not Unix ms.
+    let updated_at = one[1].split('\t').nth(5).unwrap();
+    assert!(
+        updated_at.len() == 24 && updated_at.ends_with('Z') && updated_at.as_bytes()[10] == b'T',
+        "{updated_at}"
+    );
+    // The state as the output prints it is accepted back.
+    let printed = stdout(&run(&t.url, &["list", "--state", "needs_review", "--json"]));
+    assert_eq!(printed.lines().count(), 2, "{printed}");
     let none = stdout(&run(&t.url, &["list", "--state", "completed", "--json"]));
     assert!(none.is_empty(), "{none}");
 

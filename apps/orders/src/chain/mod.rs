@@ -40,7 +40,7 @@ pub struct Time(pub i64);
 
 impl std::fmt::Display for Time {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&rfc3339(self.0))
+        f.write_str(&oncely_core::rfc3339(self.0))
     }
 }
 
@@ -48,29 +48,6 @@ impl Serialize for Time {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
-}
-
-/// Unix ms as an RFC 3339 UTC time with milliseconds (proleptic Gregorian, Howard
-/// Hinnant's days-to-civil).
-pub(crate) fn rfc3339(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let shifted = days + 719_468;
-    let era = shifted.div_euclid(146_097);
-    let doe = shifted.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms.rem_euclid(1000)
-    )
 }
 
 /// The order itself, with its status ([`crate`]'s one vocabulary: `created`, `paid`,
@@ -392,20 +369,4 @@ pub async fn search_orders(
     text: &str,
 ) -> Result<Vec<OrderHit>, StoreError> {
     read::search(db, tenant.as_str(), text.trim(), SEARCH_LIMIT).await
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn times_render_as_rfc3339_utc() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            super::rfc3339(1_764_547_200_250),
-            "2025-12-01T00:00:00.250Z"
-        );
-        assert_eq!(
-            super::rfc3339(951_782_400_000 + 3_661_000),
-            "2000-02-29T01:01:01.000Z"
-        );
-    }
 }

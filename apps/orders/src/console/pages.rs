@@ -28,7 +28,7 @@ li.step .word{float:right;font-size:.85em}details ul{font-family:monospace;font-
 /// Unix ms as `YYYY-MM-DD HH:MM:SS` UTC (the RFC 3339 time of [`crate::Time`] to the
 /// second).
 pub(crate) fn ts(ms: i64) -> String {
-    crate::chain::rfc3339(ms)[..19].replace('T', " ")
+    oncely_core::rfc3339(ms)[..19].replace('T', " ")
 }
 
 fn opt_ts(ms: Option<i64>) -> String {
