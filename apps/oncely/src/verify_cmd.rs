@@ -112,7 +112,8 @@ impl VerifyArgs {
 }
 
 /// Runs the checks, prints the table, writes the JSON report; exits 1 when a check fails
-/// and 2 when the checks cannot run.
+/// and 2 when the checks cannot run, or ran but the endpoint refused (4xx) the sample
+/// request (a wrong `--body` or `--header` says nothing about idempotency).
 pub(crate) async fn run(args: &VerifyArgs) -> anyhow::Result<()> {
     let report = match args.config() {
         Ok(cfg) => oncely_verify::verify(cfg)
@@ -131,6 +132,13 @@ pub(crate) async fn run(args: &VerifyArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         std::fs::write(path, report.to_json())
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(answer) = &report.sample_refused {
+        eprintln!(
+            "oncely verify: the endpoint refused the sample request ({answer}); \
+             the checks need a --body and --header it accepts"
+        );
+        std::process::exit(2);
     }
     if !report.passed() {
         std::process::exit(1);

@@ -78,7 +78,10 @@ pub async fn verify(config: VerifyConfig) -> Result<Report, VerifyError> {
     let probe = Probe::new(config).map_err(VerifyError::Client)?;
     let started = Instant::now();
     for id in ALL_CHECKS {
-        let check = run_check(&probe, id).await;
+        let (check, refused) = run_check(&probe, id).await;
+        if report.sample_refused.is_none() {
+            report.sample_refused = refused;
+        }
         if check.outcome == Outcome::Fails {
             report.all_applicable_hold = false;
         }
@@ -98,6 +101,9 @@ struct Run {
     not_applicable: bool,
     /// The change in the object count this check must cause, when it applies.
     expect_delta: Option<RangeInclusive<u64>>,
+    /// The answer when the endpoint refused S1's first request, the plain sample (a fresh
+    /// key, the first credential), with a 4xx.
+    refused: Option<String>,
 }
 
 impl Run {
@@ -150,7 +156,8 @@ impl Run {
     }
 }
 
-async fn run_check(probe: &Probe, id: CheckId) -> CheckReport {
+/// Runs check `id`: its report, and the endpoint's answer if it refused the plain sample.
+async fn run_check(probe: &Probe, id: CheckId) -> (CheckReport, Option<String>) {
     let started = Instant::now();
     let before = probe.count().await;
     let mut run = Run::default();
@@ -201,7 +208,7 @@ async fn run_check(probe: &Probe, id: CheckId) -> CheckReport {
     } else {
         Outcome::Holds
     };
-    CheckReport {
+    let report = CheckReport {
         id,
         outcome,
         findings: run.findings,
@@ -210,7 +217,8 @@ async fn run_check(probe: &Probe, id: CheckId) -> CheckReport {
         count_before,
         count_after,
         elapsed_ms: ms(started.elapsed()),
-    }
+    };
+    (report, run.refused)
 }
 
 /// A fresh key for one logical operation: `oncely-verify-<UUIDv7>`.
@@ -355,6 +363,9 @@ async fn s1_sequential(probe: &Probe, run: &mut Run) {
     let key = fresh_key();
     let body = probe.cfg.body.render();
     let first = probe.send("first", Cred::A, Some(&key), &body.text).await;
+    if first.status().is_some_and(|s| (400..500).contains(&s)) {
+        run.refused = Some(first.describe());
+    }
     if !run.first_succeeded(&first) {
         return;
     }

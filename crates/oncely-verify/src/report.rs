@@ -160,6 +160,10 @@ pub struct Report {
     pub all_applicable_hold: bool,
     /// Wall time of the whole run, in milliseconds.
     pub elapsed_ms: f64,
+    /// The endpoint's answer when it refused (4xx) the sample request that opens an
+    /// operation, e.g. `400 Bad Request: {"title":…}`: the checks then say nothing about
+    /// idempotency, only that `--body` or `--header` is not what the endpoint accepts.
+    pub sample_refused: Option<String>,
 }
 
 impl Report {
@@ -171,6 +175,7 @@ impl Report {
             checks: Vec::new(),
             all_applicable_hold: true,
             elapsed_ms: 0.0,
+            sample_refused: None,
         }
     }
 

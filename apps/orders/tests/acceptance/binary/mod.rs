@@ -1142,6 +1142,22 @@ async fn verify_command_against_serve_finds_every_check_holding(t: TestDb) {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
+    // Exit status 2 when the endpoint refuses the sample request: the checks could not
+    // judge idempotency (a body without the order's fields is a 4xx of the service).
+    let out = oncely_testkit::process::command(oncely_bin())
+        .args([
+            "verify",
+            "--url",
+            &format!("{}/v1/orders", p.base),
+            "--body",
+            r#"{"source":"verify"}"#,
+        ])
+        .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("refused the sample request"), "{stderr}");
     // Exit status 2 when the checks cannot run.
     let out = oncely_testkit::process::command(oncely_bin())
         .args(["verify", "--url", "ftp://x", "--body", "{}"])
