@@ -77,6 +77,7 @@ where
         // Reads run outside the idempotency layer (which takes only unsafe methods).
         .route("/v1/orders", get(crate::list::list_orders))
         .route("/v1/orders/{id}", get(orders::get_order))
+        .route("/v1/tenant", get(crate::caller::get_tenant))
         // A cancel is idempotent by state (a second one changes nothing): no key needed.
         .route(
             "/v1/orders/{id}/cancel",

@@ -71,6 +71,7 @@
 
 mod app;
 mod billing;
+mod caller;
 mod chain;
 pub mod cli;
 mod collector;

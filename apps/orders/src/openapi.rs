@@ -35,6 +35,7 @@ pub(crate) const API_KEY_SCHEME: &str = "api_key";
         crate::orders::create_order,
         crate::list::list_orders,
         crate::orders::get_order,
+        crate::caller::get_tenant,
         crate::fulfilment::cancel_order,
         crate::stock::get_stock,
         crate::stock::set_stock,

@@ -341,6 +341,45 @@ fn print_line(r: &LineReport, as_json: bool) {
     }
 }
 
+/// Asks the service at `url` which tenant `api_key` authenticates (`GET /v1/tenant`) and
+/// refuses to go on unless it is `tenant`: the tenant enters every derived key, so a
+/// mismatch would import under the key's tenant with keys derived for another.
+///
+/// # Errors
+/// The service cannot be reached, refuses the key, answers without a tenant, or names
+/// another tenant.
+async fn check_tenant(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: &str,
+    tenant: &str,
+) -> anyhow::Result<()> {
+    let endpoint = format!("{}/v1/tenant", url.trim_end_matches('/'));
+    let answer = client
+        .get(&endpoint)
+        .bearer_auth(api_key)
+        .send()
+        .await
+        .with_context(|| format!("asking {endpoint} which tenant the API key is"))?;
+    let status = answer.status();
+    anyhow::ensure!(
+        status.is_success(),
+        "{endpoint} answered {status} for the API key: it is not a key of that service"
+    );
+    let caller: Value = answer
+        .json()
+        .await
+        .with_context(|| format!("reading {endpoint}'s answer"))?;
+    let of_key = caller["tenant"]
+        .as_str()
+        .with_context(|| format!("{endpoint} named no tenant: {caller}"))?;
+    anyhow::ensure!(
+        of_key == tenant,
+        "the API key belongs to tenant {of_key:?}, not --tenant {tenant:?}; nothing imported"
+    );
+    Ok(())
+}
+
 /// Runs `orders import`; the database is connected only for the in-process path.
 ///
 /// # Errors
@@ -351,8 +390,10 @@ pub(super) async fn run(args: ImportArgs) -> anyhow::Result<()> {
     let bytes =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let target = if let (Some(url), Some(api_key)) = (&args.url, &args.api_key) {
+        let client = reqwest::Client::new();
+        check_tenant(&client, url, api_key, &args.tenant).await?;
         Target::Http {
-            client: reqwest::Client::new(),
+            client,
             url: url.clone(),
             api_key: api_key.clone(),
         }

@@ -9,7 +9,7 @@ use std::process::Output;
 use oncely_testkit::TestDb;
 use serde_json::Value;
 
-use super::{serve_with, API_KEY};
+use super::{serve_with, API_KEY, API_KEY_B};
 
 oncely_testkit::matrix! {
     tests: [
@@ -159,6 +159,7 @@ async fn import_twice_and_overlapping_gives_each_order_once_and_reports_every_li
         .unwrap();
     assert_eq!(list["total"], 4, "{list}");
     assert_eq!(list["orders"].as_array().unwrap().len(), 4);
+    another_tenant_than_the_keys_is_refused(&t, &p.base, &overlapping).await;
     assert_eq!(
         scalar(
             &t,
@@ -247,4 +248,30 @@ async fn each_order_once_with_one_event(t: &TestDb) {
         4,
         "one event per order"
     );
+}
+
+/// `--url` with `--tenant` other than the API key's (`cli-b`'s key, `--tenant cli`): refused
+/// before any line is sent, naming both tenants; the other tenant has no orders after it.
+async fn another_tenant_than_the_keys_is_refused(t: &TestDb, base: &str, file: &std::path::Path) {
+    let (url, file, base) = (t.url.clone(), file.to_owned(), base.to_owned());
+    let out: Output = tokio::task::spawn_blocking(move || {
+        oncely_testkit::process::command(super::ORDERS)
+            .arg("import")
+            .arg(&file)
+            .args(["--tenant", "cli", "--json", "--database-url", &url])
+            .args(["--url", &base, "--api-key", API_KEY_B])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(r#"belongs to tenant "cli-b", not --tenant "cli""#),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no line reported");
+    let total = scalar(t, "SELECT COUNT(*) FROM orders WHERE tenant = 'cli-b'").await;
+    assert_eq!(total, 0);
 }
