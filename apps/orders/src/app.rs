@@ -143,6 +143,7 @@ where
         .into_response()
     })
     .layer(middleware::from_fn(crate::metrics::track))
+    .layer(middleware::from_fn(oncely_http::log_request))
 }
 
 /// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight

@@ -95,7 +95,11 @@ pub fn router(
     for (path, methods) in paths {
         router = router.route(&path, methods);
     }
-    Ok(router.fallback(pass))
+    // The request log of every request, passed through or guarded (its `route` is the
+    // configured template, `unmatched` for a pass-through outside every route).
+    Ok(router
+        .fallback(pass)
+        .layer(axum::middleware::from_fn(oncely_http::log_request)))
 }
 
 /// One idempotent route: authentication, then the multi-phase layer (its key, body bound,

@@ -72,7 +72,10 @@
 //! - `metrics` — the names of the metrics the layer records.
 //! - `tenant` — [`TenantLayer`]: the service's own tenant extraction
 //!   ([`TenantExtractor`]: a function of the request head, or bearer [`ApiKeys`]), which
-//!   puts the [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request.
+//!   puts the [`TenantId`](oncely_core::TenantId) the layer scopes keys by into the request
+//!   (and on the answer, for the request log).
+//! - `request_log` — [`log_request`]: one `INFO` line per request (route template, status,
+//!   tenant, replayed, key hash, duration, [`REQUEST_ID`]).
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
 //! - `props` (tests only) — property tests (proptest) of the key header, the request
@@ -92,6 +95,7 @@ mod problem;
 mod props;
 mod reject;
 mod request;
+mod request_log;
 mod tenant;
 
 pub use answer::{NotStored, StoreServerError, IDEMPOTENT_REPLAYED};
@@ -104,6 +108,7 @@ pub use multiphase::{
 };
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
 pub use reject::{Json, Path, Query, Rejection, Unstored};
+pub use request_log::{log_request, REQUEST_ID, REQUEST_LOG_TARGET};
 pub use tenant::{
     bearer, parse_api_keys, ApiKeys, ApiKeysError, Tenant, TenantExtractor, TenantLayer,
 };

@@ -153,8 +153,14 @@ where
         let (mut parts, body) = req.into_parts();
         match self.extract.tenant(&parts) {
             Some(tenant) => {
-                parts.extensions.insert(tenant);
-                Box::pin(self.inner.call(Request::from_parts(parts, body)))
+                parts.extensions.insert(tenant.clone());
+                let answer = self.inner.call(Request::from_parts(parts, body));
+                Box::pin(async move {
+                    let mut res = answer.await?;
+                    // For the layers outside (the request log): who was answered.
+                    res.extensions_mut().insert(tenant);
+                    Ok(res)
+                })
             }
             None => Box::pin(std::future::ready(Ok(self.extract.refusal()))),
         }
