@@ -127,4 +127,37 @@ mod tests {
     fn the_command_line_is_consistent() {
         oncely_cli::Cli::<super::Command>::command().debug_assert();
     }
+
+    /// `serve --help` opens with what a first start needs (`--api-keys`, `--listen`), then
+    /// groups every other flag under a heading, in this order.
+    #[test]
+    fn serve_help_puts_the_needed_flags_first_and_groups_the_rest() {
+        let mut cli = oncely_cli::Cli::<super::Command>::command();
+        let help = cli
+            .find_subcommand_mut("serve")
+            .expect("a serve command")
+            .render_help()
+            .to_string();
+        let at = |needle: &str| {
+            help.find(needle)
+                .unwrap_or_else(|| panic!("{needle:?} not in:\n{help}"))
+        };
+        let headings = [
+            "Options:",
+            "Database:",
+            "Outbox relay:",
+            "Consumers:",
+            "Providers and effects:",
+            "Reconciliation:",
+            "Idempotency:",
+            "HTTP limits:",
+        ];
+        let places: Vec<usize> = headings.iter().map(|h| at(h)).collect();
+        assert!(places.windows(2).all(|w| w[0] < w[1]), "{help}");
+        assert!(at("--api-keys") < at("--listen") && at("--listen") < at("Database:"));
+        assert!(
+            at("--database-url") > at("Database:") && at("--database-url") < at("Outbox relay:")
+        );
+        assert!(at("--max-connections") > at("HTTP limits:"), "{help}");
+    }
 }

@@ -19,39 +19,64 @@ use crate::AppConfig;
 /// `orders serve`.
 #[derive(Debug, Args)]
 pub(super) struct ServeArgs {
-    #[command(flatten)]
+    /// API keys and their tenants: `key=tenant[,key=tenant…]` (keys ≥ 16 characters).
+    #[arg(long, env = "ONCELY_API_KEYS", hide_env_values = true)]
+    api_keys: String,
+    /// Listen address.
+    #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The operator console's admin token (at least 16 characters): `/console` is served and
+    /// a browser signs in with this token. Unset: the console is off (404).
+    #[arg(long, env = "ONCELY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    #[command(flatten, next_help_heading = "Database")]
     db: oncely_cli::DbArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Outbox relay")]
     relay: oncely_cli::RelayArgs,
     /// Do not run the outbox relay in this process (run `oncely relay` elsewhere).
-    #[arg(long, env = "ONCELY_NO_RELAY")]
+    #[arg(help_heading = "Outbox relay", long, env = "ONCELY_NO_RELAY")]
     no_relay: bool,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Consumers")]
     consumer: oncely_cli::ConsumerArgs,
     /// Do not run the `billing` consumer (nor, with `--shipping-url`, the `shipping` one)
     /// in this process (run `orders consume billing|shipping` elsewhere). They read from
     /// the relay's broker (`--broker`).
-    #[arg(long, env = "ONCELY_NO_CONSUMER")]
+    #[arg(help_heading = "Consumers", long, env = "ONCELY_NO_CONSUMER")]
     no_consumer: bool,
-    #[command(flatten)]
+    /// Topic of the order service's events: AMQP routing key, NATS subject, SQL-transport
+    /// topic.
+    #[arg(help_heading = "Consumers", long, env = "ONCELY_EVENTS_TOPIC", default_value = crate::ORDERS_TOPIC)]
+    events_topic: String,
+    #[command(flatten, next_help_heading = "Providers and effects")]
     providers: oncely_cli::ProviderArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Providers and effects")]
     fulfilment: FulfilmentArgs,
     /// Do not run the effect runner in this process although a provider is configured (run
     /// `orders effects run` elsewhere).
-    #[arg(long, env = "ONCELY_NO_RUNNER")]
+    #[arg(help_heading = "Providers and effects", long, env = "ONCELY_NO_RUNNER")]
     no_runner: bool,
     /// Lease of a `POST /v1/orders/{id}/payments` holder (multi-phase mode), in seconds;
     /// must exceed --provider-timeout-ms. Past it a retry asks the provider by reference.
-    #[arg(long, env = "ONCELY_PAYMENT_LEASE_SECS", default_value_t = 60)]
+    #[arg(
+        help_heading = "Providers and effects",
+        long,
+        env = "ONCELY_PAYMENT_LEASE_SECS",
+        default_value_t = 60
+    )]
     payment_lease_secs: u64,
     /// How often multi-phase records whose lease ran out are turned `unknown` (and the
     /// lease gauges set), in seconds.
-    #[arg(long, env = "ONCELY_LEASE_SWEEP_SECS", default_value_t = 10)]
+    #[arg(
+        help_heading = "Providers and effects",
+        long,
+        env = "ONCELY_LEASE_SWEEP_SECS",
+        default_value_t = 10
+    )]
     lease_sweep_secs: u64,
     /// Reconcile every configured provider every SECS seconds, in process (0: off — run
     /// `oncely reconcile` by hand or from cron).
     #[arg(
+        help_heading = "Reconciliation",
         long,
         env = "ONCELY_RECONCILE_EVERY",
         default_value_t = 0,
@@ -59,56 +84,82 @@ pub(super) struct ServeArgs {
     )]
     reconcile_every: u64,
     /// Window of each periodic reconciliation run, in seconds back from its start.
-    #[arg(long, env = "ONCELY_RECONCILE_WINDOW_SECS", default_value_t = 86_400)]
+    #[arg(
+        help_heading = "Reconciliation",
+        long,
+        env = "ONCELY_RECONCILE_WINDOW_SECS",
+        default_value_t = 86_400
+    )]
     reconcile_window_secs: u64,
-    /// Listen address.
-    #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// API keys and their tenants: `key=tenant[,key=tenant…]` (keys ≥ 16 characters).
-    #[arg(long, env = "ONCELY_API_KEYS", hide_env_values = true)]
-    api_keys: String,
-    /// The operator console's admin token (at least 16 characters): `/console` is served and
-    /// a browser signs in with this token. Unset: the console is off (404).
-    #[arg(long, env = "ONCELY_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
     /// Retention of finished idempotency records, in seconds (default 24 h).
-    #[arg(long, env = "ONCELY_RETENTION_SECS", default_value_t = 86_400)]
+    #[arg(
+        help_heading = "Idempotency",
+        long,
+        env = "ONCELY_RETENTION_SECS",
+        default_value_t = 86_400
+    )]
     retention_secs: u64,
     /// How long a retry that finds its key in flight waits for the first answer, in ms
     /// (0: answer 409 with Retry-After at once).
-    #[arg(long, env = "ONCELY_IN_FLIGHT_WAIT_MS", default_value_t = 0)]
+    #[arg(
+        help_heading = "Idempotency",
+        long,
+        env = "ONCELY_IN_FLIGHT_WAIT_MS",
+        default_value_t = 0
+    )]
     in_flight_wait_ms: u64,
     /// Largest request body, in bytes.
-    #[arg(long, env = "ONCELY_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
+    #[arg(help_heading = "Idempotency", long, env = "ONCELY_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
     max_request_bytes: usize,
     /// Largest response stored for replay, in bytes.
-    #[arg(long, env = "ONCELY_MAX_STORED_RESPONSE_BYTES", default_value_t = 256 * 1024)]
+    #[arg(help_heading = "Idempotency", long, env = "ONCELY_MAX_STORED_RESPONSE_BYTES", default_value_t = 256 * 1024)]
     max_stored_response_bytes: usize,
     /// Interval of the retention collector, in seconds.
-    #[arg(long, env = "ONCELY_COLLECTOR_INTERVAL_SECS", default_value_t = 60)]
+    #[arg(
+        help_heading = "Idempotency",
+        long,
+        env = "ONCELY_COLLECTOR_INTERVAL_SECS",
+        default_value_t = 60
+    )]
     collector_interval_secs: u64,
-    /// Topic of the order service's events: AMQP routing key, NATS subject, SQL-transport
-    /// topic.
-    #[arg(long, env = "ONCELY_EVENTS_TOPIC", default_value = crate::ORDERS_TOPIC)]
-    events_topic: String,
     /// Seconds a client may take to send a request's head before its connection is closed
     /// (slowloris guard).
-    #[arg(long, env = "ONCELY_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(
+        help_heading = "HTTP limits",
+        long,
+        env = "ONCELY_HEADER_READ_TIMEOUT_SECS",
+        default_value_t = 30
+    )]
     header_read_timeout_secs: u64,
     /// Seconds a client may take to send a request's whole body after its head (a total
     /// deadline; 408 past it).
-    #[arg(long, env = "ONCELY_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(
+        help_heading = "HTTP limits",
+        long,
+        env = "ONCELY_BODY_READ_TIMEOUT_SECS",
+        default_value_t = 30
+    )]
     body_read_timeout_secs: u64,
     /// Seconds a response write may stall (the client not reading) before the connection
     /// is closed.
-    #[arg(long, env = "ONCELY_WRITE_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(
+        help_heading = "HTTP limits",
+        long,
+        env = "ONCELY_WRITE_TIMEOUT_SECS",
+        default_value_t = 30
+    )]
     write_timeout_secs: u64,
     /// Most connections served at once; more wait in the listen backlog.
-    #[arg(long, env = "ONCELY_MAX_CONNECTIONS", default_value_t = 512)]
+    #[arg(
+        help_heading = "HTTP limits",
+        long,
+        env = "ONCELY_MAX_CONNECTIONS",
+        default_value_t = 512
+    )]
     max_connections: usize,
     /// Most request-body bytes buffered at once over all requests; a request beyond it gets
     /// 503 with Retry-After.
-    #[arg(long, env = "ONCELY_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    #[arg(help_heading = "HTTP limits", long, env = "ONCELY_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
     max_body_bytes_in_flight: usize,
 }
 
