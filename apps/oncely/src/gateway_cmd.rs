@@ -97,7 +97,10 @@ pub(crate) async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     let auth = args.authentication()?;
     let db = args.db.connect_oncely().await?;
-    let router = oncely_gateway::router(&config, &db, auth)?;
+    let router = oncely_gateway::with_metrics(
+        oncely_gateway::router(&config, &db, auth)?,
+        oncely_cli::metrics_handle(),
+    );
     let listener = oncely_cli::bind(args.listen, "--listen").await?;
     tracing::info!(
         listen = %listener.local_addr()?,

@@ -145,6 +145,7 @@ fn guarded_route(
         ..IdempotencyConfig::default()
     };
     let forwarding = Arc::new(Forwarding {
+        route: route.name(),
         timeout,
         max_answer: route.max_stored_response_bytes,
         on_5xx: route.on_5xx,

@@ -203,9 +203,21 @@ impl Upstream {
             .extensions
             .get::<OperationContext>()
             .map(|c| c.key.clone());
+        let started = std::time::Instant::now();
         let sent = self
             .send_once(&parts, body, options.timeout, options.max_answer)
             .await;
+        let (outcome, status) = match &sent {
+            Forwarded::Answer(status, ..) => ("answered", status.as_str().to_owned()),
+            Forwarded::NotSent(_) => ("not_sent", "-".to_owned()),
+            Forwarded::Unknown(_) => ("unknown", "-".to_owned()),
+        };
+        crate::metrics::forwarded(
+            &options.route,
+            outcome,
+            status,
+            started.elapsed().as_secs_f64(),
+        );
         match sent {
             Forwarded::Answer(status, headers, body) => {
                 let mut res = Response::new(Body::from(body));
@@ -258,6 +270,8 @@ impl Upstream {
 /// The per-route settings of a guarded forward.
 #[derive(Debug, Clone)]
 pub(crate) struct Forwarding {
+    /// The route's name (`POST /orders`), the metrics' `route` label.
+    pub(crate) route: String,
     pub(crate) timeout: Duration,
     pub(crate) max_answer: usize,
     pub(crate) on_5xx: On5xx,

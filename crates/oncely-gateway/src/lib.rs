@@ -28,6 +28,7 @@
 //!   [`On5xx`]: flags and the TOML file.
 //! - `forward` — [`Upstream`]: the guarded forward and its classification, the
 //!   pass-through; the problem kinds the gateway adds ([`kind`]).
+//! - `metrics` — the gateway's metric names and [`with_metrics`] (`/_oncely/metrics`).
 //! - `probe` — the status probe, an [`oncely_http::Resolver`].
 //! - `app` — [`router`], the status resource, health, and [`serve`] with the retention
 //!   sweeps.
@@ -35,6 +36,7 @@
 mod app;
 mod config;
 mod forward;
+pub mod metrics;
 mod probe;
 mod template;
 
@@ -45,6 +47,7 @@ use oncely_http::{bearer, ApiKeys};
 pub use app::{router, serve, status_link};
 pub use config::{ConfigError, GatewayConfig, KeyPolicy, On5xx, ProbeConfig, RouteConfig};
 pub use forward::{kind, Upstream, TENANT_HEADER};
+pub use metrics::with_metrics;
 pub use probe::RESOLVED_BY;
 
 /// How the gateway learns a request's tenant, which scopes every key.

@@ -212,3 +212,42 @@ async fn requests_off_the_routes_pass_through_untouched() {
     assert_eq!(res.json::<Value>().await.unwrap(), json!([]));
     assert_eq!(up.count().await, 0);
 }
+
+/// `/_oncely/metrics` counts the forward by route and outcome with its upstream latency,
+/// and the layer's replays beside it (the recorder is shared by the binary's tests, so
+/// only this test's route is read).
+#[tokio::test]
+async fn metrics_count_forwards_by_route_and_outcome_with_upstream_latency_and_replays() {
+    let up = Upstream::start();
+    let db = test_db(TestBackend::Sqlite, 4).await.unwrap();
+    let route = oncely_gateway::RouteConfig::parse("POST /metered").unwrap();
+    let gw = gateway(&db.db, &up.base, vec![route]).await;
+    let body = json!({"external_ref": "m-1", "amount_minor": 100});
+    // The upstream has no `/metered`: its 404 is stored and the second request replayed.
+    post(&gw.base, "/metered", KEY_A, Some("m-1"), &body).await;
+    let again = post(&gw.base, "/metered", KEY_A, Some("m-1"), &body).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let text = reqwest::get(format!("{}/_oncely/metrics", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix) && l.contains(r#"route="POST /metered""#))
+            .unwrap_or_else(|| panic!("no {prefix} line for the route in:\n{text}"))
+            .to_owned()
+    };
+    let forwards = line("oncely_gateway_forwards_total{");
+    assert!(
+        forwards.contains(r#"outcome="answered""#) && forwards.ends_with(" 1"),
+        "one forward for two requests: {forwards}"
+    );
+    assert!(line("oncely_gateway_upstream_duration_seconds_count{").ends_with(" 1"));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("oncely_idempotency_replays_total")),
+        "{text}"
+    );
+}

@@ -98,9 +98,27 @@ pub(crate) async fn gateway(db: &Database, upstream: &str, routes: Vec<RouteConf
     gateway_with(db, &config).await
 }
 
-/// A gateway on `db` for `config`.
+/// The test process's Prometheus recorder, installed once as the global one (every
+/// gateway of this binary records into it; tests read it through `/_oncely/metrics`).
+pub(crate) fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).expect("the first recorder");
+            handle
+        })
+        .clone()
+}
+
+/// A gateway on `db` for `config` (with `/_oncely/metrics`).
 pub(crate) async fn gateway_with(db: &Database, config: &GatewayConfig) -> Gateway {
-    let router = oncely_gateway::router(config, db, api_keys()).unwrap();
+    let router = oncely_gateway::with_metrics(
+        oncely_gateway::router(config, db, api_keys()).unwrap(),
+        metrics_handle(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let db = db.clone();
