@@ -13,6 +13,10 @@ use std::time::Duration;
 use oncely_testkit::TestDb;
 use serde_json::Value;
 
+#[path = "cli/idempotency.rs"]
+mod idempotency;
+use idempotency::idempotency_resolve_stores_a_found_answer_or_frees_the_key_with_an_audit_row;
+
 #[path = "cli/reconcile.rs"]
 mod reconcile;
 use reconcile::reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row;
@@ -39,6 +43,7 @@ impl Drop for Proc {
 oncely_testkit::matrix! {
     tests: [
         idempotency_list_shows_multi_phase_records_by_state,
+        idempotency_resolve_stores_a_found_answer_or_frees_the_key_with_an_audit_row,
         saga_commands_list_show_and_retry_a_parked_saga_with_its_audit,
         reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row,
         outbox_stats_dead_list_and_requeue_commands_show_and_revive_a_dead_event,

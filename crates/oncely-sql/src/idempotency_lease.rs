@@ -304,6 +304,32 @@ impl IdempotencyStore {
             .await
     }
 
+    /// Deletes an `unknown` record whose fence is still `fence`, freeing the key: a person
+    /// found at the other side that the operation had no effect (`oncely idempotency
+    /// resolve --absent`), so the next request with the key runs it once more.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] when a retry took it over first; [`StoreError::NotHeld`]
+    /// when it is no longer `unknown`; [`StoreError`] when the database fails.
+    pub async fn release_unknown(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fence: i64,
+    ) -> Result<(), StoreError> {
+        let ids = (
+            scope.tenant.as_str(),
+            scope.operation.as_str(),
+            key.as_str(),
+        );
+        let sql = format!(
+            "DELETE FROM oncely_idempotency WHERE {} AND state = 'unknown'",
+            by_fence(key_column(self.database()), 1)
+        );
+        let delete = query(sql).bind(ids.0).bind(ids.1).bind(ids.2).bind(fence);
+        self.fenced_write(delete, ids, fence).await
+    }
+
     /// Turns the holder's `processing` record `unknown` now (lease ended at `now_ms`): the
     /// operation failed or was cut off after it may have called out, so only a status check
     /// may decide its outcome.
