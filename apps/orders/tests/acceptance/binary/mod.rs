@@ -99,21 +99,26 @@ fn serve_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
         .expect("spawn orders");
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
-    let listen = loop {
+    let listen = listen_of(&mut lines);
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Proc {
+        child,
+        base: format!("http://{listen}"),
+    }
+}
+
+/// Reads a serve process's JSON log `lines` up to the one naming its bound address.
+fn listen_of(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> String {
+    loop {
         let line = lines
             .next()
             .expect("orders exited before listening")
             .unwrap();
         let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
         if let Some(addr) = v["fields"]["listen"].as_str() {
-            break addr.to_owned();
+            return addr.to_owned();
         }
-    };
-    // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Proc {
-        child,
-        base: format!("http://{listen}"),
     }
 }
 

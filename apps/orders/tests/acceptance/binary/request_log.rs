@@ -26,16 +26,7 @@ fn serve_logged(dir: &std::path::Path) -> (Proc, Arc<Mutex<Vec<Value>>>) {
         .spawn_tied()
         .expect("spawn orders");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let listen = loop {
-        let line = lines
-            .next()
-            .expect("orders exited before listening")
-            .unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-        if let Some(addr) = v["fields"]["listen"].as_str() {
-            break addr.to_owned();
-        }
-    };
+    let listen = super::listen_of(&mut lines);
     let logs = Arc::new(Mutex::new(Vec::new()));
     let sink = logs.clone();
     std::thread::spawn(move || {
