@@ -30,7 +30,8 @@ pub(crate) struct IntakeArgs {
     rounds: u32,
 }
 
-const API_KEY: &str = "bench-key-0123456789abcdef";
+/// The benchmark clients' API key (tenant `bench`).
+pub(crate) const API_KEY: &str = "bench-key-0123456789abcdef";
 
 async fn start(router: axum::Router) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -53,7 +54,7 @@ fn body(n: u64, run: &str) -> String {
 
 /// Runs `concurrency` clients for `secs`; each request is built by `make(n)` and counts
 /// when its status is `expect`. Returns successful requests per second.
-async fn load(
+pub(crate) async fn load(
     client: &reqwest::Client,
     url: &str,
     concurrency: usize,

@@ -21,6 +21,7 @@
 
 mod db;
 mod effects;
+mod gateway;
 mod inbox;
 mod intake;
 mod relay;
@@ -57,6 +58,9 @@ enum BenchCommand {
     /// settle with evidence) beside the same charges as raw HTTP calls to the payments
     /// simulator, at the same concurrency.
     Effects(effects::EffectsBenchArgs),
+    /// Gateway: requests/s through `oncely gateway` (new keys, and replays) beside the same
+    /// requests sent directly to the same upstream.
+    Gateway(gateway::GatewayBenchArgs),
 }
 
 #[tokio::main]
@@ -69,5 +73,6 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Inbox(args) => inbox::run(args).await,
         BenchCommand::Saga(args) => saga::run(args).await,
         BenchCommand::Effects(args) => effects::run(args).await,
+        BenchCommand::Gateway(args) => gateway::run(args).await,
     }
 }

@@ -40,4 +40,8 @@ fn oncely_bench_offers_the_intake_relay_and_inbox_benchmarks_with_their_flags() 
     for flag in ["--database-url", "--messages", "--concurrency", "--batch"] {
         assert!(inbox.contains(flag), "inbox lacks {flag}: {inbox}");
     }
+    let gateway = help(&["gateway"]);
+    for flag in ["--database-url", "--seconds", "--concurrency", "--rounds"] {
+        assert!(gateway.contains(flag), "gateway lacks {flag}: {gateway}");
+    }
 }
