@@ -11,10 +11,11 @@ use oncely_runtime::ConsumerSettings;
 /// [`BrokerArgs`](crate::BrokerArgs) (`--broker`, the relay's).
 #[derive(Debug, Args)]
 pub struct ConsumerArgs {
-    /// Topic the consumer reads (the service's events topic). A service's `serve` ignores
-    /// it: its in-process consumers read the service's own `--events-topic`.
-    #[arg(long, env = "ONCELY_CONSUMER_TOPIC", default_value = "orders")]
-    pub consumer_topic: String,
+    /// Topic the consumer reads (the service's events topic; default `orders`). A
+    /// service's `serve` refuses another one ([`ConsumerArgs::refuse_topic_other_than`]):
+    /// its in-process consumers read the service's own `--events-topic`.
+    #[arg(long, env = "ONCELY_CONSUMER_TOPIC")]
+    pub consumer_topic: Option<String>,
     /// Messages handled at once.
     #[arg(long, env = "ONCELY_CONSUMER_CONCURRENCY", default_value_t = 8)]
     consumer_concurrency: usize,
@@ -41,7 +42,33 @@ pub struct ConsumerArgs {
     inbox_retention_secs: u64,
 }
 
+/// The topic a consumer reads when `--consumer-topic` is not given.
+pub const DEFAULT_CONSUMER_TOPIC: &str = "orders";
+
 impl ConsumerArgs {
+    /// The topic consumed: `--consumer-topic`, else [`DEFAULT_CONSUMER_TOPIC`].
+    pub fn topic(&self) -> &str {
+        self.consumer_topic.as_deref().unwrap_or(DEFAULT_CONSUMER_TOPIC)
+    }
+
+    /// For a command whose consumers read the topic it publishes to (`serve`): a
+    /// `--consumer-topic` (or `ONCELY_CONSUMER_TOPIC`) other than `events_topic` would be
+    /// ignored, so it is refused at start as a usage error naming both flags (exit status
+    /// 2), instead of a service that silently reads another topic than the operator set.
+    pub fn refuse_topic_other_than(&self, events_topic: &str) {
+        let Some(topic) = self.consumer_topic.as_deref() else {
+            return;
+        };
+        if topic != events_topic {
+            let message = format!(
+                "--consumer-topic {topic} (or ONCELY_CONSUMER_TOPIC) is not used here: this \
+                 command's consumers read the topic it publishes to, --events-topic \
+                 {events_topic}. Drop it, or set --events-topic {topic}\n"
+            );
+            clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, message).exit();
+        }
+    }
+
     fn config(&self) -> ConsumerConfig {
         ConsumerConfig {
             concurrency: self.consumer_concurrency.max(1),
@@ -61,7 +88,7 @@ impl ConsumerArgs {
     pub fn settings(&self, group: &str) -> ConsumerSettings {
         ConsumerSettings {
             group: group.to_owned(),
-            topic: self.consumer_topic.clone(),
+            topic: self.topic().to_owned(),
             lease: Duration::from_secs(self.consumer_lease_secs.max(1)),
             consumer: self.config(),
         }

@@ -30,7 +30,7 @@ mod reconcile;
 
 pub use broker::{BrokerArgs, RelayArgs};
 pub use command::{Cli, LogArgs};
-pub use consumer::ConsumerArgs;
+pub use consumer::{ConsumerArgs, DEFAULT_CONSUMER_TOPIC};
 pub use db::{DbArgs, PoolUser};
 pub use listen::bind;
 pub use metrics::metrics_handle;

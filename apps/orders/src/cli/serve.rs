@@ -165,6 +165,7 @@ pub(super) struct ServeArgs {
 
 /// `orders serve`: the service and what runs beside it, until SIGTERM / Ctrl-C.
 pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    args.consumer.refuse_topic_other_than(&args.events_topic);
     let listener = oncely_cli::bind(args.listen, "--listen").await?;
     serve_on(args, listener).await
 }
@@ -316,7 +317,7 @@ async fn spawn_workers(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut workers = Vec::new();
     // The in-process consumers read what this service publishes.
-    args.consumer.consumer_topic.clone_from(&args.events_topic);
+    args.consumer.consumer_topic = Some(args.events_topic.clone());
     let broker = args.relay.broker.config();
     let order_effects = service_handler(&args.events_topic);
     let saga = args.fulfilment.saga().then(|| {

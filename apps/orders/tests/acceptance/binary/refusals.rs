@@ -62,3 +62,23 @@ async fn serve_consume_and_effects_run_refuse_a_pool_too_small_for_what_they_run
     assert_eq!(code, Some(1), "{err}");
     assert!(!err.contains("too small"), "{err}");
 }
+
+/// A flag `serve` would ignore is refused, naming the flag that decides instead: its
+/// in-process consumers read `--events-topic`, so another `--consumer-topic` is a usage
+/// error (status 2); the same topic is accepted (and `serve` goes on to connect).
+#[tokio::test]
+async fn serve_refuses_a_consumer_topic_it_would_ignore() {
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--events-topic", "shop"];
+    let (code, err) = orders(&[&serve[..], &["--consumer-topic", "orders"]].concat()).await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "--consumer-topic orders (or ONCELY_CONSUMER_TOPIC) is not used here: this \
+             command's consumers read the topic it publishes to, --events-topic shop"
+        ),
+        "{err}"
+    );
+    let (code, err) = orders(&[&serve[..], &["--consumer-topic", "shop"]].concat()).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!err.contains("not used here"), "{err}");
+}
