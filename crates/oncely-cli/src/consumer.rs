@@ -48,7 +48,9 @@ pub const DEFAULT_CONSUMER_TOPIC: &str = "orders";
 impl ConsumerArgs {
     /// The topic consumed: `--consumer-topic`, else [`DEFAULT_CONSUMER_TOPIC`].
     pub fn topic(&self) -> &str {
-        self.consumer_topic.as_deref().unwrap_or(DEFAULT_CONSUMER_TOPIC)
+        self.consumer_topic
+            .as_deref()
+            .unwrap_or(DEFAULT_CONSUMER_TOPIC)
     }
 
     /// For a command whose consumers read the topic it publishes to (`serve`): a
