@@ -266,17 +266,25 @@ impl KafkaSubscriber {
         tpl
     }
 
+    /// Registers a record read from the group's topics as unsettled, so that no commit of
+    /// its partition passes it until it is settled: whether handed out now or held as a
+    /// retry not due yet. A held record is unsettled too: a later record of its partition
+    /// read before the pause took hold, or due sooner, may be acknowledged first, and a
+    /// commit past the held one would lose it to the next owner of the partition (a
+    /// rebalance, a restart).
+    fn track(&self, message: &OwnedMessage) {
+        let mut state = self.state.lock().expect("state lock");
+        let p = state
+            .partitions
+            .entry((message.topic().to_owned(), message.partition()))
+            .or_default();
+        p.in_flight.insert(message.offset());
+        p.next = p.next.max(message.offset() + 1);
+    }
+
     /// Registers a record as handed out and decodes it.
     fn hand_out(&self, message: OwnedMessage) -> Incoming<KafkaHandle> {
-        {
-            let mut state = self.state.lock().expect("state lock");
-            let p = state
-                .partitions
-                .entry((message.topic().to_owned(), message.partition()))
-                .or_default();
-            p.in_flight.insert(message.offset());
-            p.next = p.next.max(message.offset() + 1);
-        }
+        self.track(&message);
         let mut hdrs = header_map(&message);
         let attempts = if message.topic() == self.config.topic {
             0
@@ -330,6 +338,7 @@ impl KafkaSubscriber {
             .and_then(|v| v.parse::<i64>().ok())
             .unwrap_or(0);
         if not_before > now_ms {
+            self.track(&message);
             if let Err(e) = consumer.pause(&Self::tpl(message.topic(), message.partition())) {
                 tracing::warn!(error = %e, "cannot pause the retry partition");
             }
