@@ -12,7 +12,7 @@ use oncely_sql::{Effect, EffectState, EffectStore, EvidenceRow};
 use oncely_testkit::TestDb;
 use serde_json::{json, Value};
 
-use super::{order, post, serve_with, sim, Proc};
+use super::{order, post, serve_with, sim, Proc, API_KEY_B};
 
 /// The simulators' secret key.
 const SK: &str = "sk_test_oncely_sim";
@@ -175,15 +175,31 @@ async fn stripe_webhook_settles_unknown_charges_once_and_never_moves_them_back(t
     drop_answers(&payments, 2).await;
     let serve = serve_charging(&t.url, &payments, &[], true);
     let client = reqwest::Client::new();
-    for ext in ["wh-1", "wh-2"] {
-        assert_eq!(post(&client, &serve.base, ext, &order(ext)).await.0, 201);
-    }
+    // Two tenants' orders: `cli`'s charge and `cli-b`'s.
+    assert_eq!(
+        post(&client, &serve.base, "wh-1", &order("wh-1")).await.0,
+        201
+    );
+    let other_tenant = client
+        .post(format!("{}/v1/orders", serve.base))
+        .bearer_auth(API_KEY_B)
+        .header("idempotency-key", "wh-2")
+        .json(&order("wh-2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_tenant.status(), 201);
     let unknown = unknown_charges(&t, 2).await;
-    let (a, b) = (&unknown[0], &unknown[1]);
+    let of = |tenant: &str| unknown.iter().find(|e| e.tenant == tenant).unwrap();
+    let (a, b) = (of("cli"), of("cli-b"));
     let pi = intent_of(&payments, &a.reference).await;
     assert_eq!(pi["status"], "succeeded", "{pi}");
     refused_events_change_nothing(&t, &serve.base, a, &pi).await;
     let body = ten_deliveries_at_once_apply_once(&t, &serve.base, a, &pi).await;
+    // One tenant's event touched its own charge only.
+    let (untouched, trail) = effect(&t, &b.id).await;
+    assert_eq!(untouched.state_word, "unknown");
+    assert!(from_webhooks(&trail).is_empty(), "{trail:?}");
     late_and_foreign_events_are_acknowledged(&t, &serve.base, a, &pi).await;
     an_unlisted_status_parks_the_charge(&t, &serve.base, &payments, b).await;
 
