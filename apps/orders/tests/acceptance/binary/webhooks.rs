@@ -237,7 +237,8 @@ async fn refused_events_change_nothing(t: &TestDb, base: &str, a: &Effect, pi: &
     );
 }
 
-/// The same event ten times at once: applied once, every delivery 2xx. Returns its body.
+/// An event refused while a runner holds the effect, then the same event ten times at
+/// once: applied once, every delivery 2xx. Returns its body.
 async fn ten_deliveries_at_once_apply_once(
     t: &TestDb,
     base: &str,
@@ -246,6 +247,25 @@ async fn ten_deliveries_at_once_apply_once(
 ) -> String {
     let evt = format!("evt_{}", uuid::Uuid::new_v4().simple());
     let body = event(&evt, "payment_intent.succeeded", pi);
+    // While a runner holds the effect the delivery is refused for now (503) and leaves no
+    // trace: the same event delivered after the lease is applied.
+    let held = EffectStore::new(t.db.clone())
+        .lease_unknown(
+            &a.id,
+            "a-runner",
+            Duration::from_secs(1),
+            oncely_core::now_ms(),
+        )
+        .await
+        .unwrap();
+    assert!(held.is_some());
+    let (status, answer) = post_event(base, &body).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(
+        problem_type(&answer),
+        "urn:oncely:problem:webhook-retry-later"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let deliveries: Vec<_> = (0..10)
         .map(|_| {
             let (base, body) = (base.to_owned(), body.clone());
