@@ -34,7 +34,8 @@ pub async fn migrate(db: &Database) -> Result<(), StoreError> {
 /// `POST /v1/orders/{id}/cancel`, `GET`/`PUT /v1/stock/{sku}`, `GET /healthz` (liveness),
 /// `GET /readyz` (database, broker and providers), `GET /metrics`, `GET /openapi.json` (the
 /// OpenAPI 3.1 document, [`crate::openapi_document`]).
-/// With [`AppConfig::admin_token`], the operator console under `/console`.
+/// With [`AppConfig::admin_token`], the operator console under `/console`; with
+/// [`AppConfig::stripe_webhook`], `POST /v1/webhooks/stripe`.
 pub fn router(db: Database, config: &AppConfig) -> Router {
     let store = IdempotencyStore::new(db.clone(), config.retention);
     build(
@@ -117,7 +118,9 @@ where
             dependencies: Arc::new(config.dependencies.clone()),
         }))
         .with_state(db);
-    let mut app = api.merge(ops);
+    let mut app = api
+        .merge(ops)
+        .merge(crate::webhooks::routes(&db_console, config));
     if let Some(token) = &config.admin_token {
         app = app.merge(crate::console::router(
             db_console,

@@ -64,6 +64,9 @@ pub struct AppConfig {
     /// dead-letter page (list, requeue) and overview counts. `None`: the SQL transport's, in
     /// the service's database. Default `None`.
     pub dead_letters: Option<std::sync::Arc<dyn oncely_broker::DeadLetters>>,
+    /// Stripe's webhook endpoint, `POST /v1/webhooks/stripe` (docs/webhooks.md). `None`:
+    /// the route is absent (the service's 404). Default `None`.
+    pub stripe_webhook: Option<crate::StripeWebhookSettings>,
 }
 
 impl Default for AppConfig {
@@ -86,6 +89,7 @@ impl Default for AppConfig {
             lease_sweep_interval: Duration::from_secs(10),
             admin_token: None,
             dead_letters: None,
+            stripe_webhook: None,
         }
     }
 }

@@ -62,6 +62,9 @@
 //!   and `order_payment_evidence` (every call and status check).
 //! - `operations` — `GET /v1/operations/{key}`: a payment operation's state, attempts,
 //!   lease and evidence (the 409s' status link).
+//! - `webhooks` — `POST /v1/webhooks/stripe` ([`StripeWebhookSettings`]): Stripe's signed
+//!   events, a `payment_intent.*` one applied once to the charge effect it names
+//!   (docs/webhooks.md).
 //! - `payments_source` — [`PaymentsSource`]: the endpoint's payments as reconciliation's
 //!   local intents.
 //! - [`cli`] — the `orders` binary's commands (`serve`, `migrate`, `consume`, `import`,
@@ -98,6 +101,7 @@ mod schema;
 mod shipping;
 mod status;
 mod stock;
+mod webhooks;
 
 pub use app::{migrate, router, router_without_idempotency, serve};
 pub use billing::{
@@ -126,3 +130,4 @@ pub use probes::metrics_handle;
 pub use ready::{Dependency, CHECK_TIMEOUT};
 pub use routes::{OPERATIONS_ROUTE, PAYMENT_ROUTE};
 pub use shipping::{shipping_consumer, ShippingHandler, SHIPPING_CONSUMER};
+pub use webhooks::{StripeWebhookSettings, STRIPE_WEBHOOK_ROUTE};

@@ -57,6 +57,17 @@ pub const FORBIDDEN: &str = "forbidden";
 /// 403: a console form without its session's CSRF token; nothing was done.
 pub const CSRF_REJECTED: &str = "csrf-rejected";
 
+/// 400: `POST /v1/webhooks/stripe` without a valid `Stripe-Signature` (none, malformed, a
+/// timestamp outside the tolerance, or no `v1` that a configured secret signed); nothing
+/// was applied.
+pub const WEBHOOK_SIGNATURE_INVALID: &str = "webhook-signature-invalid";
+/// 400: a correctly signed `POST /v1/webhooks/stripe` whose body is not a Stripe event.
+pub const INVALID_WEBHOOK_EVENT: &str = "invalid-webhook-event";
+/// 503 + `Retry-After`: the webhook's effect is being worked on (a runner holds it, or its
+/// call has not returned), or the database is unavailable; nothing was applied and the
+/// provider's redelivery applies it.
+pub const WEBHOOK_RETRY_LATER: &str = "webhook-retry-later";
+
 /// Every kind above, for the OpenAPI document (which names each `type` URI); a test keeps
 /// it complete.
 pub const ALL: &[&str] = &[
@@ -80,6 +91,9 @@ pub const ALL: &[&str] = &[
     INVALID_PAYMENT,
     FORBIDDEN,
     CSRF_REJECTED,
+    WEBHOOK_SIGNATURE_INVALID,
+    INVALID_WEBHOOK_EVENT,
+    WEBHOOK_RETRY_LATER,
 ];
 
 #[cfg(test)]

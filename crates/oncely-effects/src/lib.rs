@@ -21,6 +21,13 @@
 //!   step.
 //! - `http` — how a `reqwest` failure or an HTTP answer maps to an outcome class.
 //! - `stripe` — [`StripePayments`]: PaymentIntents and Refunds on Stripe's API v1.
+//! - `stripe_webhook` — [`StripeWebhook`], [`StripeWebhookConfig`], [`StripeEvent`],
+//!   [`WebhookError`]: Stripe's webhook deliveries, their `Stripe-Signature` checked
+//!   ([`verify_stripe_signature`], [`sign_stripe_event`]) and a `payment_intent.*` event
+//!   read as a [`PushedEvent`].
+//! - `pushed` — [`apply_pushed`], [`PushedEvent`], [`Applied`]: a provider's pushed word
+//!   about an object applied once (the inbox, [`PUSHED_CONSUMER`]) to the effect it names,
+//!   through the status check's decision, under a lease taken in the same transaction.
 //! - `runner` — [`EffectRunner`], [`RunnerConfig`], [`EffectHandler`], [`Settled`]: the
 //!   library runtime that claims due effects, calls or checks each, and settles it with the
 //!   business update in one transaction, and continues the outcomes decided elsewhere
@@ -43,10 +50,12 @@ mod key;
 pub mod metrics;
 mod operator;
 mod provider;
+mod pushed;
 mod reconcile;
 mod runner;
 mod shipping;
 mod stripe;
+mod stripe_webhook;
 
 #[cfg(test)]
 mod model;
@@ -57,6 +66,7 @@ pub use provider::{
     not_found, CallOutcome, EffectRequest, ListPage, ObjectState, Provider, ProviderError,
     RemoteObject, StatusOutcome, StatusQuery, StatusVocabulary,
 };
+pub use pushed::{apply_pushed, Applied, PushedEvent, PUSHED_CONSUMER};
 pub use reconcile::{
     default_operation, resolve, Completion, EffectsSource, LocalIntent, LocalSource, LocalStatus,
     ReconcileConfig, ReconcileError, ReconcileReport, Reconciler, ResolveAction,
@@ -64,3 +74,7 @@ pub use reconcile::{
 pub use runner::{Continue, EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
 pub use shipping::{ShippingClient, ShippingConfig};
 pub use stripe::{StripeConfig, StripePayments};
+pub use stripe_webhook::{
+    sign as sign_stripe_event, verify_signature as verify_stripe_signature, StripeEvent,
+    StripeWebhook, StripeWebhookConfig, WebhookError,
+};

@@ -96,6 +96,11 @@ impl StripePayments {
         Ok(Self { config, client })
     }
 
+    /// The adapter's settings.
+    pub fn config(&self) -> &StripeConfig {
+        &self.config
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.config.base_url.trim_end_matches('/'))
     }
@@ -158,14 +163,17 @@ impl StripePayments {
             Err(outcome) => return outcome,
         };
         if (200..300).contains(&answer.status) {
-            let intent = answer.body.is_object().then(|| self.intent(&answer.body));
+            let intent = answer
+                .body
+                .is_object()
+                .then(|| self.payment_intent(&answer.body));
             return http::answered(&answer, intent);
         }
         // A declined card (402) leaves its PaymentIntent in `error.payment_intent`.
         let object = answer.body["error"]
             .get("payment_intent")
             .filter(|v| v.is_object())
-            .map(|pi| self.intent(pi));
+            .map(|pi| self.payment_intent(pi));
         stripe_refusal(&answer, object)
     }
 
@@ -289,7 +297,7 @@ impl StripePayments {
         let mut older = false;
         for item in data(&answer)? {
             let object = if operation == "charge" {
-                self.intent(item)
+                self.payment_intent(item)
             } else {
                 self.refund_object(item, "")
             };
@@ -319,10 +327,17 @@ impl StripePayments {
     }
 
     fn intents(&self, answer: &Answer) -> Result<Vec<RemoteObject>, ProviderError> {
-        Ok(data(answer)?.iter().map(|pi| self.intent(pi)).collect())
+        Ok(data(answer)?
+            .iter()
+            .map(|pi| self.payment_intent(pi))
+            .collect())
     }
 
-    fn intent(&self, pi: &Value) -> RemoteObject {
+    /// A PaymentIntent (an API answer's object, or an event's `data.object`) as a
+    /// [`RemoteObject`]: its status read through [`StripeConfig::intent_statuses`], its
+    /// reference from `metadata[<reference_field>]`. The one reading the call, the status
+    /// check, the list and a webhook event share.
+    pub fn payment_intent(&self, pi: &Value) -> RemoteObject {
         let status = pi["status"].as_str().unwrap_or_default().to_owned();
         RemoteObject {
             id: pi["id"].as_str().unwrap_or_default().to_owned(),

@@ -561,8 +561,29 @@ impl EffectStore {
         lease: Duration,
         now_ms: i64,
     ) -> Result<Option<Effect>, StoreError> {
-        let until = oncely_core::ms_after(now_ms, lease);
         let mut tx = self.database().begin().await?;
+        let effect = self
+            .lease_unknown_in(&mut tx, id, runner, lease, now_ms)
+            .await?;
+        tx.commit().await?;
+        Ok(effect)
+    }
+
+    /// [`EffectStore::lease_unknown`] in the caller's `tx`: the lease and what the caller
+    /// settles under it commit together, or — a crash, a rollback — neither does, so no
+    /// lease outlives its holder (a provider's pushed event is applied this way).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn lease_unknown_in(
+        &self,
+        tx: &mut Tx,
+        id: &str,
+        runner: &str,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<Option<Effect>, StoreError> {
+        let until = oncely_core::ms_after(now_ms, lease);
         let n = tx
             .execute(
                 query(
@@ -578,20 +599,16 @@ impl EffectStore {
             )
             .await?;
         if n == 0 {
-            tx.commit().await?;
             return Ok(None);
         }
         let columns = self.effect_columns();
-        let effect = tx
-            .fetch_optional(
-                query(format!(
-                    "SELECT {columns} FROM oncely_effects WHERE id = $1"
-                ))
-                .bind(id),
-            )
-            .await?;
-        tx.commit().await?;
-        Ok(effect)
+        tx.fetch_optional(
+            query(format!(
+                "SELECT {columns} FROM oncely_effects WHERE id = $1"
+            ))
+            .bind(id),
+        )
+        .await
     }
 }
 

@@ -73,6 +73,26 @@ pub(super) struct ServeArgs {
         default_value_t = 10
     )]
     lease_sweep_secs: u64,
+    /// Stripe webhook signing secrets (`whsec_…`), comma-separated or the flag repeated
+    /// (several while a secret rolls): serves `POST /v1/webhooks/stripe`, which settles an
+    /// unknown charge from Stripe's signed event. Needs --payments-url. Unset: no such
+    /// route (404).
+    #[arg(
+        help_heading = "Providers and effects",
+        long,
+        env = "ONCELY_STRIPE_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    stripe_webhook_secret: Vec<String>,
+    /// How far a Stripe-Signature timestamp may lie from our clock, either way, in seconds.
+    #[arg(
+        help_heading = "Providers and effects",
+        long,
+        env = "ONCELY_STRIPE_WEBHOOK_TOLERANCE_SECS",
+        default_value_t = 300
+    )]
+    stripe_webhook_tolerance_secs: u64,
     /// Reconcile every configured provider every SECS seconds, in process (0: off — run
     /// `oncely reconcile` by hand or from cron).
     #[arg(
@@ -191,7 +211,7 @@ pub(super) async fn serve_on(
             "--admin-token must not also be a tenant API key"
         );
     }
-    let config = AppConfig {
+    let mut config = AppConfig {
         admin_token: args.admin_token.clone(),
         dead_letters: {
             let broker = args.relay.broker.config();
@@ -238,6 +258,7 @@ pub(super) async fn serve_on(
     );
     args.db.require_pool(&pool_users(&args));
     let db = super::connect(&args.db).await?;
+    config.stripe_webhook = stripe_webhook(&args, &db)?;
     let shutdown = shutdown_signal();
     tracing::info!(
         listen = %listener.local_addr()?,
@@ -257,6 +278,55 @@ pub(super) async fn serve_on(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `POST /v1/webhooks/stripe`'s settings, with `--stripe-webhook-secret`: the payments
+/// provider's PaymentIntent reading, and the handler the service's runner settles with
+/// (the saga's orchestrator under `--fulfilment saga`, else the resolution handler).
+///
+/// # Errors
+/// Secrets without `--payments-url`; an empty secret; an HTTP client that cannot be built.
+fn stripe_webhook(
+    args: &ServeArgs,
+    db: &Database,
+) -> anyhow::Result<Option<crate::StripeWebhookSettings>> {
+    let secrets: Vec<String> = args
+        .stripe_webhook_secret
+        .iter()
+        .map(|s| s.trim().to_owned())
+        .collect();
+    if secrets.is_empty() {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        secrets.iter().all(|s| !s.is_empty()),
+        "--stripe-webhook-secret: an empty secret"
+    );
+    let Some(payments) = args.providers.config().payments else {
+        anyhow::bail!("--stripe-webhook-secret needs payments configured (--payments-url)");
+    };
+    let handler: Arc<dyn oncely_effects::EffectHandler> = if args.fulfilment.saga() {
+        Arc::new(crate::fulfilment_orchestrator(
+            db.clone(),
+            &args.fulfilment.config(),
+            oncely_saga::OrchestratorConfig::default(),
+            service_handler(&args.events_topic),
+        ))
+    } else {
+        crate::resolution_handler(db.clone(), &args.events_topic)
+    };
+    let config = oncely_effects::StripeWebhookConfig {
+        secrets,
+        tolerance: Duration::from_secs(args.stripe_webhook_tolerance_secs),
+    };
+    Ok(Some(crate::StripeWebhookSettings {
+        webhook: oncely_effects::StripeWebhook::new(
+            config,
+            oncely_effects::StripePayments::new(payments)?,
+        ),
+        handler,
+        lease: Duration::from_secs(60),
+    }))
 }
 
 /// What shares `serve`'s pool: the service, and the workers it runs in-process.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use oncely_sql::{Effect, EffectState, EffectStore, Evidence, EvidenceKind, Settle, StoreError};
 
-use crate::runner::{continue_outcome, Outcome};
-use crate::{Continue, EffectHandler, ObjectState, RemoteObject, Settled};
+use crate::runner::{continue_outcome, verdict};
+use crate::{Continue, EffectHandler, RemoteObject};
 
 /// Where a local intent stands, as reconciliation reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,52 +190,17 @@ impl EffectsSource {
             detail: format!("reconciliation run {run_id}"),
         };
         // Three-valued, as the runner reads a status (docs/DESIGN.md "Status
-        // vocabularies"): pending stays unknown for the runner's next check; a word nobody
-        // listed is parked for a person; only an ended object fails the effect.
-        let (settle, settled_error) = match object.state {
-            ObjectState::Live => (
-                Settle::Succeeded {
-                    provider_id: object.id.clone(),
-                    response: object.raw.to_string(),
-                },
-                None,
-            ),
-            ObjectState::Pending => return Ok(()),
-            ObjectState::Ended => {
-                let error = format!("found {} {}", object.id, object.status);
-                (
-                    Settle::Failed {
-                        error: error.clone(),
-                        response: Some(object.raw.to_string()),
-                    },
-                    Some((false, error)),
-                )
-            }
-            _ => {
-                let error = format!(
-                    "found {} in a status the vocabulary does not list ({:?})",
-                    object.id, object.status
-                );
-                (
-                    Settle::NeedsReview {
-                        error: error.clone(),
-                    },
-                    Some((true, error)),
-                )
-            }
+        // vocabularies"): pending stays unknown for the runner's next check.
+        let Some((settle, outcome)) = verdict(object) else {
+            return Ok(());
         };
         let mut tx = self.store.database().begin().await?;
         EffectStore::settle(&mut tx, effect, &settle, &evidence, now).await?;
-        let settled = match &settled_error {
-            None => Settled::Succeeded(object),
-            Some((false, error)) => Settled::Failed { error },
-            Some((true, error)) => Settled::NeedsReview { error },
-        };
         let how = match &self.handler {
             Some(handler) => Continue::Here(&**handler),
             None => Continue::ByRunner,
         };
-        continue_outcome(&mut tx, effect, &Outcome::from(settled), how, now).await?;
+        continue_outcome(&mut tx, effect, &outcome, how, now).await?;
         tx.commit().await
     }
 

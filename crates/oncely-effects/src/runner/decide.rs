@@ -6,6 +6,7 @@ use oncely_core::{Failure, GiveUpReason, OutcomeClass, RetryDecision, RetryPolic
 use oncely_sql::{Effect, Evidence, EvidenceKind, Settle};
 
 use crate::metrics as metric;
+use crate::{ObjectState, RemoteObject};
 
 use super::{now_ms, since, EffectRunner, Lane, Outcome, Pending, Settled};
 
@@ -119,6 +120,47 @@ impl EffectRunner {
             settle: settle.clone(),
             evidence: evidence.clone(),
             outcome: settled.map(Outcome::from),
+        }
+    }
+}
+
+/// What one provider object found for an effect settles it into, read three-valued as a
+/// status check reads it (docs/DESIGN.md "Status vocabularies"): live → `succeeded`,
+/// ended in the provider's own words → `failed`, a word nobody listed → `needs_review`
+/// with the object named; `None` for a pending object (the effect stays unknown and the
+/// runner's own checks decide). Reconciliation's completions and a provider's pushed
+/// events ([`crate::apply_pushed`]) settle through it.
+pub(crate) fn verdict(object: &RemoteObject) -> Option<(Settle, Outcome)> {
+    match object.state {
+        ObjectState::Live => Some((
+            Settle::Succeeded {
+                provider_id: object.id.clone(),
+                response: object.raw.to_string(),
+            },
+            Outcome::Succeeded(object.clone()),
+        )),
+        ObjectState::Pending => None,
+        ObjectState::Ended => {
+            let error = format!("found {} {}", object.id, object.status);
+            Some((
+                Settle::Failed {
+                    error: error.clone(),
+                    response: Some(object.raw.to_string()),
+                },
+                Outcome::Failed(error),
+            ))
+        }
+        _ => {
+            let error = format!(
+                "found {} in a status the vocabulary does not list ({:?})",
+                object.id, object.status
+            );
+            Some((
+                Settle::NeedsReview {
+                    error: error.clone(),
+                },
+                Outcome::NeedsReview(error),
+            ))
         }
     }
 }

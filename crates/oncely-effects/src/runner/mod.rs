@@ -20,6 +20,7 @@ use crate::metrics as metric;
 use crate::{Provider, RemoteObject};
 pub(crate) use continuation::continue_outcome;
 pub use continuation::Continue;
+pub(crate) use decide::verdict;
 
 /// How an effect ended, handed to [`EffectHandler::settled`].
 #[derive(Debug, Clone, Copy)]

@@ -196,9 +196,25 @@ impl EffectStore {
             .filter_map(|(item, held)| held.then_some(item))
             .collect();
         for chunk in kept.chunks(SETTLE_CHUNK) {
-            Self::record_evidence(tx, chunk).await?;
+            let rows: Vec<(&str, &Evidence)> = chunk
+                .iter()
+                .map(|item| (item.effect.id.as_str(), item.evidence))
+                .collect();
+            Self::record_evidence(tx, &rows).await?;
         }
         Ok(held)
+    }
+
+    /// Adds `evidence` to effect `effect_id` without changing the effect, in `tx`: what a
+    /// provider said of an effect already settled (`succeeded`, `failed`, `needs_review`),
+    /// which nobody settles any more. Numbered after the rows the effect has; a concurrent
+    /// writer of the same effect's evidence makes this fail on the primary key
+    /// `(effect_id, n)` rather than overwrite (the caller rolls back and may try again).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails or the number was taken meanwhile.
+    pub async fn note(tx: &mut Tx, effect_id: &str, evidence: &Evidence) -> Result<(), StoreError> {
+        Self::record_evidence(tx, &[(effect_id, evidence)]).await
     }
 
     /// The portable settle: one fenced `UPDATE` per row (its rows affected say whether the
@@ -239,12 +255,12 @@ impl EffectStore {
         Ok(held)
     }
 
-    /// Records the evidence of `items` (their leases held): each numbered after the rows
-    /// its effect already has — one grouped `COUNT` for all of them (only the lease holder
+    /// Records the evidence of `items` (effect id, evidence; their leases held): each
+    /// numbered after the rows its effect already has — one grouped `COUNT` for all of them (only the lease holder
     /// records, so counting cannot race) — in one multi-row `INSERT`.
     pub(crate) async fn record_evidence(
         tx: &mut Tx,
-        items: &[&SettleItem<'_>],
+        items: &[(&str, &Evidence)],
     ) -> Result<(), StoreError> {
         if items.is_empty() {
             return Ok(());
@@ -255,8 +271,8 @@ impl EffectStore {
              WHERE effect_id IN ({}) GROUP BY effect_id",
             placeholders.join(", ")
         ));
-        for item in items {
-            counting = counting.bind(item.effect.id.as_str());
+        for (id, _) in items {
+            counting = counting.bind(*id);
         }
         // COUNT is a 64-bit integer on every backend (MAX(n) keeps n's own width).
         let counts: Vec<(String, i64)> = tx.fetch_all(counting).await?;
@@ -285,12 +301,11 @@ impl EffectStore {
              finished_at, outcome, http_status, provider_ids, detail) VALUES {}",
             values.join(", ")
         ));
-        for item in items {
-            let e = item.evidence;
-            let n = last.entry(item.effect.id.as_str()).or_insert(0);
+        for (id, e) in items {
+            let n = last.entry(*id).or_insert(0);
             *n += 1;
             insert = insert
-                .bind(item.effect.id.as_str())
+                .bind(*id)
                 .bind(*n)
                 .bind(match e.kind {
                     EvidenceKind::Call => "call",

@@ -1257,6 +1257,9 @@ mod refusals;
 #[path = "request_log.rs"]
 mod request_log;
 
+#[path = "webhooks.rs"]
+mod webhooks;
+
 /// Slow clients (issue 14 §4), against the real `orders serve` process: bodies that stall or
 /// trickle are cut by the body deadline, and the memory stalled uploads can pin is bounded
 /// by the body budget. Settings go in as environment variables, so an older binary runs the

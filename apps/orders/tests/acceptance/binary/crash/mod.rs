@@ -24,6 +24,7 @@
 mod check;
 pub(super) mod drive;
 mod points;
+mod webhook;
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::time::Duration;
@@ -49,6 +50,10 @@ pub(super) enum Flow {
     /// The choreography settles, then `orders reconcile` finds a charge seeded at the
     /// simulator; the reconcile process is the one that crashes.
     Reconcile,
+    /// The choreography with every charge's answer dropped (each `unknown`, its status
+    /// check ten minutes off): Stripe's signed events settle them through
+    /// `POST /v1/webhooks/stripe` ([`webhook`]).
+    Webhook,
 }
 
 /// One crash test: the points successive processes die at, and the flow that reaches
@@ -99,6 +104,7 @@ crash_tests! {
     crash_payments_before_call => ["payments.before_call"] Payment;
     crash_payments_after_call => ["payments.after_call"] Payment;
     crash_reconcile_before_apply => ["reconcile.before_apply"] Reconcile;
+    crash_webhook_before_resolve => ["webhook.before_resolve"] Webhook;
 }
 
 /// The simulators' secret key.
@@ -133,6 +139,12 @@ fn flags(flow: Flow, payments: &str, shipping: &str) -> Vec<String> {
     match flow {
         Flow::Saga => f.extend(super::chaos::strings(&["--fulfilment", "saga"])),
         Flow::Payment => f.push("--no-consumer".to_owned()),
+        Flow::Webhook => f.extend(super::chaos::strings(&[
+            "--runner-check-delay-ms",
+            "600000",
+            "--stripe-webhook-secret",
+            super::webhooks::SECRET,
+        ])),
         Flow::Choreography | Flow::RabbitMq | Flow::Reconcile => {}
     }
     f
@@ -289,7 +301,10 @@ async fn run(scenario: Scenario, t: TestDb) {
         flags.extend(r.flags());
     }
     let mut client = Client::new(scenario.flow, n);
-    if scenario.flow == Flow::Reconcile {
+    if scenario.flow == Flow::Webhook {
+        let sims = (payments.base.as_str(), shipping.base.as_str());
+        webhook::webhook_crash(&t, &mut client, &flags, sims, scenario.points, settle).await;
+    } else if scenario.flow == Flow::Reconcile {
         reconcile_crash(
             &t,
             &mut client,
