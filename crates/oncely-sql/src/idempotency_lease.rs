@@ -14,7 +14,7 @@ use std::time::Duration;
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
 
 use crate::backend::with_store;
-use crate::idempotency::{key_column, IdempotencyBackend, Reservation};
+use crate::idempotency::{key_column, IdempotencyBackend};
 use crate::{query, Database, IdempotencyStore, Query, Record, StoreError};
 
 /// Proof of holding a multi-phase record under one fencing token: required to complete,
@@ -152,11 +152,16 @@ fn by_fence(key_column: &str, n: u32) -> String {
 
 impl IdempotencyStore {
     /// Reserves `key` in `scope` for a multi-phase operation and **commits** the record as
-    /// `processing`, fence 1, leased until `now_ms + lease`, in a transaction of its own
-    /// (the key's claim as in [`IdempotencyStore::reserve`], then `INSERT … ON CONFLICT DO
-    /// NOTHING` under the primary key). `lease` must exceed the longest the holder may
-    /// take (its provider call's timeout included): past it, retries treat the outcome as
-    /// unknown.
+    /// `processing`, fence 1, leased until `now_ms + lease`: one autocommit `INSERT … ON
+    /// CONFLICT DO NOTHING` (MySQL: a plain `INSERT` whose duplicate-key error means the
+    /// same). The primary key is the claim: unlike the atomic mode, whose record is written
+    /// only at the end of the business transaction (so a lock must hold the key while the
+    /// handler runs), a multi-phase record exists before the operation runs, and the
+    /// unique index alone lets one of several concurrent requests of a key insert it and
+    /// makes the others wait for that commit. A key already taken reads the record
+    /// (`Existing`), or answers `InFlight` when it is gone by then (released). `lease`
+    /// must exceed the longest the holder may take (its provider call's timeout
+    /// included): past it, retries treat the outcome as unknown.
     ///
     /// # Errors
     /// [`StoreError`] when the database fails (the caller must not run the operation; a
@@ -169,17 +174,7 @@ impl IdempotencyStore {
         now_ms: i64,
         lease: Duration,
     ) -> Result<LeaseReservation, StoreError> {
-        let mut tx = self.database().begin().await?;
-        let token = match self.reserve(&mut tx, scope, key, fingerprint, now_ms).await {
-            Ok(Reservation::Reserved(token)) => token,
-            found => {
-                drop(tx.rollback().await);
-                return match found? {
-                    Reservation::Existing(record) => Ok(LeaseReservation::Existing(record)),
-                    _ => Ok(LeaseReservation::InFlight),
-                };
-            }
-        };
+        let owner = uuid::Uuid::new_v4().to_string();
         let lease_until = oncely_core::ms_after(now_ms, lease);
         let insert = query(format!(
             "INSERT INTO oncely_idempotency (tenant, operation, {}, fingerprint, \
@@ -187,31 +182,29 @@ impl IdempotencyStore {
              VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, 1, $8)",
             key_column(self.database())
         ))
-        .bind(token.tenant.as_str())
-        .bind(token.operation.as_str())
-        .bind(token.key.as_str())
-        .bind(&token.fingerprint.full()[..])
-        .bind(&token.fingerprint.route()[..])
-        .bind(token.owner.as_str())
+        .bind(scope.tenant.as_str())
+        .bind(scope.operation.as_str())
+        .bind(key.as_str())
+        .bind(&fingerprint.full()[..])
+        .bind(&fingerprint.route()[..])
+        .bind(owner.as_str())
         .bind(lease_until)
         .bind(now_ms);
-        if !tx
+        if !self
+            .database()
             .insert_ignoring_duplicate(insert, "(tenant, operation, key)")
             .await?
         {
-            // Committed by another request between the claim and the insert.
-            drop(tx.rollback().await);
             return Ok(match self.lookup(scope, key).await? {
                 Some(record) => LeaseReservation::Existing(record),
                 None => LeaseReservation::InFlight,
             });
         }
-        tx.commit().await?;
         Ok(LeaseReservation::Leased(Lease {
-            tenant: token.tenant,
-            operation: token.operation,
-            key: token.key,
-            owner: token.owner,
+            tenant: scope.tenant.as_str().to_owned(),
+            operation: scope.operation.as_str().to_owned(),
+            key: key.as_str().to_owned(),
+            owner,
             fence: 1,
             until: lease_until,
         }))

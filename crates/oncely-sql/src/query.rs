@@ -287,6 +287,30 @@ impl Database {
         Ok(n)
     }
 
+    /// [`Tx::insert_ignoring_duplicate`] outside any transaction (autocommit, one round
+    /// trip): `true` when `insert` inserted, `false` when a row with the same `target` key
+    /// exists (a concurrent insert of that key is waited for until it commits or rolls
+    /// back, by the unique index).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    ///
+    /// # Panics
+    /// As [`Tx::execute`].
+    pub async fn insert_ignoring_duplicate(
+        &self,
+        insert: Query,
+        target: &str,
+    ) -> Result<bool, StoreError> {
+        let backend = self.backend();
+        let sql = backend.insert_ignoring_duplicate_sql(&insert.sql, target);
+        let n = on_writer!(self, |p| bind_values!(sqlx::query(&sql), &insert.args)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()));
+        Ok(backend.duplicate_ignored(n)?)
+    }
+
     /// Runs `query` on the read pool (SQLite's readers) and decodes the first row, if any.
     ///
     /// # Errors
