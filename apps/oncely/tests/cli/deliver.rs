@@ -152,6 +152,9 @@ impl World {
             cap.as_str(),
             "--delivery-timeout-secs",
             "5",
+            // Does not apply to delivery: were it applied, the first 500 would kill.
+            "--consumer-max-attempts",
+            "1",
         ]
         .map(str::to_owned)
         .into();
@@ -202,10 +205,16 @@ impl World {
             .collect()
     }
 
-    /// Waits until the receiver applied `n` messages (`within` at most).
-    async fn wait_applied(&self, n: usize, within: Duration, oncely: &Oncely) {
+    /// Waits until the receiver applied `n` messages (`within` at most), failing at once
+    /// when the consumer dead-letters more than `dead` messages.
+    async fn wait_applied(&self, n: usize, dead: usize, within: Duration, oncely: &Oncely) {
         let started = Instant::now();
         while self.applied().len() < n {
+            assert!(
+                oncely.count("dead-lettered") <= dead,
+                "dead-lettered: {:#?}",
+                oncely.tail(20)
+            );
             assert!(
                 started.elapsed() < within,
                 "{} of {n} applied after {within:?}; consumer log tail: {:#?}",
@@ -390,13 +399,14 @@ async fn every_message_is_applied_once_through_500s_drops_and_a_receiver_outage(
     let events = events(&w, n);
     enqueue(&w.t, &events).await;
     let relay = w.relay();
-    w.wait_applied(n / 3, Duration::from_secs(120), &consume)
+    w.wait_applied(n / 3, 0, Duration::from_secs(120), &consume)
         .await;
     drop(receiver);
     println!("receiver stopped after {} applied", w.applied().len());
     tokio::time::sleep(CAP * 3).await;
     let _receiver = w.receiver(port, &faults(seed + 1));
-    w.wait_applied(n, Duration::from_secs(300), &consume).await;
+    w.wait_applied(n, 0, Duration::from_secs(300), &consume)
+        .await;
     // Acknowledged means recorded: the consumer's inbox holds every message.
     let started = Instant::now();
     while inbox_rows(&w).await < i64::try_from(n).unwrap() {
@@ -430,7 +440,8 @@ async fn a_refused_message_is_dead_with_the_answer_and_delivered_after_requeue(
     consume.wait_for("inbox consumer starting").await;
     enqueue(&w.t, &events).await;
     let relay = w.relay();
-    w.wait_applied(4, Duration::from_secs(60), &consume).await;
+    w.wait_applied(4, 1, Duration::from_secs(60), &consume)
+        .await;
     let started = Instant::now();
     let dead = loop {
         let dead = w.dead_letters();
@@ -456,7 +467,8 @@ async fn a_refused_message_is_dead_with_the_answer_and_delivered_after_requeue(
     drop(receiver);
     let _receiver = w.receiver(port, &[]);
     assert!(w.dead(&["requeue", &refused]).contains("requeued 1"));
-    w.wait_applied(5, Duration::from_secs(60), &consume).await;
+    w.wait_applied(5, 1, Duration::from_secs(60), &consume)
+        .await;
     assert_applied_once(&w.applied(), &events);
     assert_eq!(w.dead_letters(), Vec::<Value>::new());
     assert!(consume.stop().await.success());
