@@ -141,7 +141,7 @@ impl DeliveryHandler {
                 // A value no HTTP header can carry (a line break) is left out, not sent
                 // mangled.
                 Err(_) => {
-                    tracing::debug!(message_id = %id, header = name, "not a header value; left out")
+                    tracing::debug!(message_id = %id, header = name, "not a header value; left out");
                 }
             }
         }

@@ -231,7 +231,7 @@ impl World {
             return;
         }
         let config = oncely_broker::RabbitMqSubscriberConfig::new(
-            &oncely_testkit::amqp_url(),
+            oncely_testkit::amqp_url(),
             &self.group,
             &self.topic,
         )
