@@ -3,6 +3,12 @@ use std::time::Duration;
 /// What a receiver's answer says about one delivery attempt: the rule of docs/DESIGN.md
 /// ("only a message's own defect counts toward dead-lettering") applied to an HTTP
 /// endpoint that deduplicates by `webhook-id`, so that a repeated attempt is harmless.
+///
+/// Not [`oncely_core::OutcomeClass::of_answer`]: that classifier serves calls to providers,
+/// where an unknown outcome must be checked before any new attempt. A delivery's receiver
+/// deduplicates by `webhook-id`, so an unknown outcome is simply delivered again, and a
+/// refusal is safe to requeue once the receiver is fixed: the only question left is whether
+/// the message or the receiver is at fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
