@@ -9,6 +9,8 @@
 //! - `oncely relay` — the outbox relay alone.
 //! - `oncely outbox stats|dead list|dead requeue` — outbox operator commands.
 //! - `oncely inbox dead list|requeue` — a consumer group's dead letters on any broker.
+//! - `oncely consume --deliver-to URL` — a consumer group's messages POSTed to a service in
+//!   any language, signed as Standard Webhooks (logic in `oncely-delivery`).
 //! - `oncely effects list|show|retry|resolve` — outgoing effects, audited operator actions.
 //! - `oncely saga list|show|retry` — sagas across tenants, one with its step log and
 //!   evidence, the audited retry of a parked step (logic in `oncely-saga`).
@@ -24,6 +26,7 @@
 //!
 //! The benchmarks are their own binary: `cargo run --release -p oncely-bench -- intake|relay|inbox …`.
 
+mod consume_cmd;
 mod effects_cmd;
 mod gateway_cmd;
 mod idempotency_cmd;
@@ -49,6 +52,9 @@ enum Command {
     Outbox(OperatorArgs<outbox_cmd::OutboxCommand>),
     /// Inbox consumer operator commands: dead letters on the broker `--broker` names.
     Inbox(OperatorArgs<inbox_cmd::InboxCommand>),
+    /// Deliver a consumer group's messages to an HTTP endpoint (any language), signed as
+    /// Standard Webhooks; an unavailable receiver is retried, a refused message is dead.
+    Consume(consume_cmd::ConsumeArgs),
     /// Outgoing effects: list, show with evidence, retry, resolve (audited).
     Effects(OperatorArgs<effects_cmd::EffectsCommand>),
     /// Sagas: list, show with steps and evidence, retry a parked step (audited).
@@ -161,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
             };
             inbox_cmd::inbox(broker.dead_letters(db.as_ref())?, args.command).await
         }
+        Command::Consume(args) => consume_cmd::run(args).await,
         Command::Effects(args) => {
             effects_cmd::effects(args.db.connect_existing().await?, args.command).await
         }

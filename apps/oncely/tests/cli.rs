@@ -1,6 +1,7 @@
 //! The `oncely` binary as a process: migrations, the relay (with SIGTERM drains, an
 //! aborted process, a broker outage, SIGKILLed at random), the operator commands
-//! (outbox, inbox on every broker, effects, saga, idempotency, reconcile) and `oncely sim`.
+//! (outbox, inbox on every broker, effects, saga, idempotency, reconcile), `oncely sim` and
+//! `oncely consume --deliver-to` (module `deliver`).
 //! The order service's binary (`orders serve`, its consumers, `orders import`) is tested
 //! in apps/orders's acceptance tests (module `binary`).
 
@@ -12,6 +13,9 @@ use std::time::Duration;
 
 use oncely_testkit::TestDb;
 use serde_json::Value;
+
+#[path = "cli/deliver.rs"]
+mod deliver;
 
 #[path = "cli/idempotency.rs"]
 mod idempotency;
