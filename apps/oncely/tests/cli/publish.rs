@@ -545,3 +545,115 @@ async fn python_writer_on_sqlite_with_relays_sigkilled_publishes_each_committed_
 ) {
     python_writer_with_relays_sigkilled(TestBackend::Sqlite, TestBroker::Sql).await;
 }
+
+/// Rows a foreign writer could get wrong, each with what is wrong with it: (message id,
+/// headers). Before migration 0035 each went in, and the relays' claims failed on it for
+/// good (`a stored record is corrupt`), stopping every partition.
+const BROKEN_ROWS: [(&str, &str, &str); 6] = [
+    ("not-a-uuid", "{}", "a message id that is not a UUID"),
+    (
+        "8f0c3c1e-5b1a-8c2d-9e3f-4a5b6c7d8e9f0",
+        "{}",
+        "a message id one digit too long",
+    ),
+    (
+        "8f0c3c1e-5b1a-8c2d-9e3f-4a5b6c7d8e9f",
+        "not json",
+        "headers that are not JSON",
+    ),
+    (
+        "8f0c3c1e-5b1a-8c2d-9e3f-4a5b6c7d8e9f",
+        "[\"tenant\"]",
+        "headers that are an array",
+    ),
+    (
+        "8f0c3c1e-5b1a-8c2d-9e3f-4a5b6c7d8e9f",
+        "{\"tenant\": \"acme\", \"n\": 1}",
+        "a header value that is a number",
+    ),
+    (
+        "8f0c3c1e-5b1a-8c2d-9e3f-4a5b6c7d8e9f",
+        "{\"tenant\": {\"id\": \"acme\"}}",
+        "a header value that is an object",
+    ),
+];
+
+/// Inserts an outbox row as a foreign writer would (the page's column list) with the given
+/// message id and headers, in a transaction of its own.
+async fn insert_foreign_row(t: &TestDb, message_id: &str, headers: &str) -> Result<(), String> {
+    let sql = format!(
+        "INSERT INTO oncely_outbox (message_id, topic, partition_key, event_type, payload, \
+         headers, created_at, available_at) VALUES ('{message_id}', 'orders', 'c-1', \
+         'order.placed', '{{}}', '{headers}', {now}, {now})",
+        now = oncely_core::now_ms()
+    );
+    let r = if let Some(pool) = t.db.as_mysql() {
+        sqlx::query(&sql).execute(pool).await.map(drop)
+    } else if let Some((writer, _)) = t.db.as_sqlite() {
+        sqlx::query(&sql).execute(writer).await.map(drop)
+    } else {
+        let pool = t.db.as_postgres().expect("postgres");
+        sqlx::query(&sql).execute(pool).await.map(drop)
+    };
+    r.map_err(|e| e.to_string())
+}
+
+/// The schema refuses a row the relay could not publish (migration 0035), so the writer's
+/// transaction fails instead of the relays, and a row by the contract goes in and out.
+async fn outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+    backend: TestBackend,
+) {
+    let Some(t) = TestDb::new(backend).await else {
+        return;
+    };
+    t.db.migrate().await.unwrap();
+    for (id, headers, what) in BROKEN_ROWS {
+        let r = insert_foreign_row(&t, id, headers).await;
+        assert!(r.is_err(), "{backend:?} took a row with {what}");
+    }
+    let good = derived_id("order-1");
+    insert_foreign_row(&t, &good, "{\"tenant\": \"acme\"}")
+        .await
+        .unwrap();
+    insert_foreign_row(&t, &derived_id("order-2"), "{}")
+        .await
+        .unwrap();
+    let store = oncely_sql::OutboxStore::new(t.db.clone());
+    let rows = store
+        .claim("test", 10, Duration::from_secs(30), oncely_core::now_ms())
+        .await
+        .expect("the relay's claim reads the foreign rows");
+    assert_eq!(rows.len(), 1, "one head of partition c-1");
+    assert_eq!(rows[0].event.message_id.to_string(), good);
+    assert_eq!(
+        rows[0].event.headers.get("tenant").map(String::as_str),
+        Some("acme")
+    );
+}
+
+#[tokio::test]
+async fn postgres_outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+) {
+    outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+        TestBackend::Postgres,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mariadb_outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+) {
+    outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+        TestBackend::MySql,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+) {
+    outbox_refuses_rows_that_break_the_contract_so_a_foreign_writer_cannot_stop_the_relay(
+        TestBackend::Sqlite,
+    )
+    .await;
+}
