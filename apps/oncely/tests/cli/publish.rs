@@ -349,15 +349,16 @@ async fn python_writer_with_relays_sigkilled(backend: TestBackend, broker: TestB
         .collect();
     kill_until_written(&mut relays, &mut writers, Rng(seed), min_kills).await;
     drain(&t).await;
+    let kills = relays.kills;
     for slot in 0..RELAYS {
         relays.kill(slot);
     }
     let written: Vec<Written> = writers.iter().map(Writer::written).collect();
     let committed: usize = written.iter().map(|w| w.committed.len()).sum();
     eprintln!(
-        "publish test: {committed} committed, {} rolled back, {} kills, {} relay processes",
+        "publish test: {committed} committed, {} rolled back, {kills} kills while running, \
+         {} relay processes",
         written.iter().map(|w| w.rolled_back.len()).sum::<usize>(),
-        relays.kills,
         relays.started
     );
     let delivered = collector
