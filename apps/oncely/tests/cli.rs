@@ -25,6 +25,9 @@ use idempotency::idempotency_resolve_stores_a_found_answer_or_frees_the_key_with
 mod reconcile;
 use reconcile::reconcile_command_reports_as_json_and_table_and_resolve_writes_an_audit_row;
 
+#[path = "cli/publish.rs"]
+mod publish;
+
 #[path = "cli/refusals.rs"]
 mod refusals;
 
