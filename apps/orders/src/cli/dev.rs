@@ -235,7 +235,7 @@ impl Dev {
              curl -s $PAY/_sim/faults/next -H 'Content-Type: application/json' \
              -d '{{\"kind\":\"drop_after\"}}'\n    {}\n\
              \x20  a few seconds later:\n    {}\n    \
-             cargo run -q -p oncely -- effects list --database-url sqlite://{db}\n\
+             cargo run --release -q -p oncely -- effects list --database-url sqlite://{db}\n\
              4. A saga compensated: shipping refuses {UNDELIVERABLE} for good, so the charge \
              is refunded and the stock released (status rejected):\n    {}\n\
              \x20  a few seconds later:\n    {}\n\
