@@ -37,13 +37,28 @@ pub(crate) struct GatewayBenchArgs {
     /// Alternating rounds of (direct, gateway, replay); figures are summed over rounds.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
+    /// Milliseconds the upstream works per create besides its insert (a real service's
+    /// validation and calls). 0 measures the gateway beside the cheapest upstream there
+    /// is: one insert, where the gateway's own two commits per new key dominate.
+    #[arg(long, default_value_t = 0)]
+    upstream_ms: u64,
+}
+
+/// The upstream's state: its database and its work per create.
+#[derive(Clone)]
+struct Upstream {
+    db: Database,
+    work: std::time::Duration,
 }
 
 /// `POST /orders` of the upstream: one row, 201 with it.
 async fn create(
-    axum::extract::State(db): axum::extract::State<Database>,
+    axum::extract::State(Upstream { db, work }): axum::extract::State<Upstream>,
     body: String,
 ) -> (http::StatusCode, String) {
+    if !work.is_zero() {
+        tokio::time::sleep(work).await;
+    }
     let id = uuid::Uuid::now_v7().to_string();
     let insert = query("INSERT INTO bench_upstream_orders (id, body) VALUES ($1, $2)")
         .bind(id.as_str())
@@ -77,7 +92,10 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
     let upstream = start(
         axum::Router::new()
             .route("/orders", axum::routing::post(create))
-            .with_state(db.clone()),
+            .with_state(Upstream {
+                db: db.clone(),
+                work: std::time::Duration::from_millis(args.upstream_ms),
+            }),
     )
     .await?;
     let mut config = GatewayConfig::new(upstream.as_str());
@@ -99,11 +117,12 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
     println!(
-        "oncely-gateway bench — {}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase",
+        "oncely-gateway bench — {}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase, upstream work {} ms per create",
         db.backend(),
         args.concurrency,
         args.rounds,
-        args.seconds
+        args.seconds,
+        args.upstream_ms
     );
     let seeded = seed(&client, &gateway).await?;
     let (mut bare, mut guarded, mut replayed) = (0.0, 0.0, 0.0);

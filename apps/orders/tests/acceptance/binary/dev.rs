@@ -168,7 +168,10 @@ async fn dev_banner_commands_replay_a_retry_resolve_a_fault_by_status_check_and_
     let got = b.until(show, &id, |v| v["status"] == "fulfilled").await;
     assert!(step_succeeded(&got, "charge", "forward"), "{got}");
     let oncely = super::oncely_bin().display().to_string();
-    let effects = b.run(&effects.replace("cargo run --release -q -p oncely --", &oncely), "");
+    let effects = b.run(
+        &effects.replace("cargo run --release -q -p oncely --", &oncely),
+        "",
+    );
     let charge = effects
         .lines()
         .find(|l| l.contains(&format!("{id}:charge")))
