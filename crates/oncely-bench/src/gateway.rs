@@ -16,27 +16,13 @@ use clap::Args;
 use oncely_gateway::{Authentication, GatewayConfig, RouteConfig};
 use oncely_sql::{query, Database};
 
-use crate::intake::{load, API_KEY};
+use crate::intake::{load, IntakeArgs, API_KEY};
 
 #[derive(Debug, Args)]
 pub(crate) struct GatewayBenchArgs {
-    /// Database of the gateway's store and of the upstream's orders; a fresh schema
-    /// (PostgreSQL) or file (SQLite) is used.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_POSTGRES_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test"
-    )]
-    database_url: String,
-    /// Seconds per measured phase.
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
-    /// Concurrent HTTP clients.
-    #[arg(long, default_value_t = 16)]
-    concurrency: usize,
-    /// Alternating rounds of (direct, gateway, replay); figures are summed over rounds.
-    #[arg(long, default_value_t = 2)]
-    rounds: u32,
+    /// The database (the gateway's store and the upstream's orders), clients, rounds.
+    #[command(flatten)]
+    load: IntakeArgs,
     /// Milliseconds the upstream works per create besides its insert (a real service's
     /// validation and calls). 0 measures the gateway beside the cheapest upstream there
     /// is: one insert, where the gateway's own two commits per new key dominate.
@@ -82,7 +68,7 @@ async fn start(router: axum::Router) -> anyhow::Result<String> {
 
 pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
     // The gateway's store and the upstream share the pool: both sides of each request.
-    let test_db = crate::db::fresh(&args.database_url, args.concurrency * 2).await?;
+    let test_db = crate::db::fresh(&args.load.database_url, args.load.concurrency * 2).await?;
     let db = test_db.db.clone();
     db.migrate().await?;
     db.execute(query(
@@ -114,19 +100,19 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
     });
     let direct = format!("{upstream}/orders");
     let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
+        .pool_max_idle_per_host(args.load.concurrency)
         .build()?;
     println!(
         "oncely-gateway bench — {}, {} concurrent clients over HTTP/1.1 on loopback, {} round(s) × {} s per phase, upstream work {} ms per create",
         db.backend(),
-        args.concurrency,
-        args.rounds,
-        args.seconds,
+        args.load.concurrency,
+        args.load.rounds,
+        args.load.seconds,
         args.upstream_ms
     );
     let seeded = seed(&client, &gateway).await?;
     let (mut bare, mut guarded, mut replayed) = (0.0, 0.0, 0.0);
-    for round in 0..args.rounds {
+    for round in 0..args.load.rounds {
         let fresh = |tag: &'static str| -> Arc<dyn Fn(u64) -> (String, String) + Send + Sync> {
             Arc::new(move |n| {
                 let key = format!("{tag}-{round}-{n}");
@@ -136,7 +122,7 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
                 )
             })
         };
-        let (c, s) = (args.concurrency, args.seconds);
+        let (c, s) = (args.load.concurrency, args.load.seconds);
         bare += load(&client, &direct, c, s, 201, fresh("direct")).await?;
         guarded += load(&client, &gateway, c, s, 201, fresh("gateway")).await?;
         let again = seeded.clone();
@@ -144,7 +130,7 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
             Arc::new(move |n| again[(n as usize) % again.len()].clone());
         replayed += load(&client, &gateway, c, s, 201, replay).await?;
     }
-    let rounds = f64::from(args.rounds);
+    let rounds = f64::from(args.load.rounds);
     let (bare, guarded, replayed) = (bare / rounds, guarded / rounds, replayed / rounds);
     println!("direct to the upstream, new keys:   {bare:>9.0} req/s  (baseline)");
     println!(

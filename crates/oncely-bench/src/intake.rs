@@ -10,6 +10,7 @@ use oncely_sql::DbOptions;
 use oncely_testkit::TestDb;
 use orders::AppConfig;
 
+/// The load of `intake` and of `gateway`: where, how long, how many clients, how many rounds.
 #[derive(Debug, Args)]
 pub(crate) struct IntakeArgs {
     /// Database to measure on; a fresh schema (PostgreSQL) or file (SQLite) is used.
@@ -18,16 +19,16 @@ pub(crate) struct IntakeArgs {
         env = "ONCELY_TEST_POSTGRES_URL",
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
-    database_url: String,
+    pub(crate) database_url: String,
     /// Seconds per measured phase.
     #[arg(long, default_value_t = 5)]
-    seconds: u64,
+    pub(crate) seconds: u64,
     /// Concurrent HTTP clients.
     #[arg(long, default_value_t = 16)]
-    concurrency: usize,
-    /// Alternating rounds of (bare, layer, replay); figures are summed over rounds.
+    pub(crate) concurrency: usize,
+    /// Alternating rounds of (baseline, guarded, replay); figures are summed over rounds.
     #[arg(long, default_value_t = 2)]
-    rounds: u32,
+    pub(crate) rounds: u32,
 }
 
 /// The benchmark clients' API key (tenant `bench`).
