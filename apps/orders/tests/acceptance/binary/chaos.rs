@@ -223,12 +223,17 @@ pub(super) fn workers(
     ]));
     runner.extend(providers.iter().cloned());
     runner.extend(runner_extra.iter().cloned());
-    let kinds: [(&'static str, Vec<String>); 4] = [
+    let mut kinds: [(&'static str, Vec<String>); 4] = [
         ("relay", relay),
         ("billing", consumer("billing", &providers[..2])),
         ("shipping", consumer("shipping", &[])),
         ("runner", runner),
     ];
+    // Eight workers with the default pool of 16 could hold 128 PostgreSQL connections; two
+    // such tests at once in CI came within one of the server's 100.
+    for (_, args) in &mut kinds {
+        args.extend(strings(&["--db-max-connections", "6"]));
+    }
     kinds
         .into_iter()
         .flat_map(|(name, args)| {
