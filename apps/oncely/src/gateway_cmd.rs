@@ -19,6 +19,8 @@ use oncely_runtime::{redact, shutdown_signal};
 pub(crate) struct GatewayArgs {
     #[command(flatten)]
     db: DbArgs,
+    #[command(flatten)]
+    http: oncely_cli::HttpLimitArgs,
     /// Listen address.
     #[arg(long, env = "ONCELY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -63,6 +65,7 @@ impl GatewayArgs {
         for spec in &self.routes {
             config.routes.push(RouteConfig::parse(spec)?);
         }
+        config.http = self.http.limits();
         anyhow::ensure!(
             !config.upstream.is_empty(),
             "no upstream: set --upstream or `upstream` in the configuration file"
@@ -109,6 +112,6 @@ pub(crate) async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         database = %redact(&args.db.database_url),
         "gateway started"
     );
-    oncely_gateway::serve(listener, router, &db, shutdown_signal()).await?;
+    oncely_gateway::serve(listener, router, &db, &config.http, shutdown_signal()).await?;
     Ok(())
 }

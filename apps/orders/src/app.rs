@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::probes::{healthz, metrics, metrics_handle};
-use crate::{limits, orders, AppConfig};
+use crate::{orders, AppConfig};
 
 /// Applies oncely's migrations and the order service's own (tables `orders`, `invoices`,
 /// `stock`, `stock_reservations`).
@@ -91,8 +91,8 @@ where
         // Inside authentication: an unauthenticated client gets 401 with its body unread
         // and spends none of the body budget.
         .route_layer(middleware::from_fn_with_state(
-            limits::BodyLimits::new(config),
-            limits::read_body,
+            body_limits(config),
+            oncely_http::read_body,
         ))
         .route_layer(TenantLayer::new(keys.clone()))
         .layer(axum::Extension(crate::events::EventSettings {
@@ -149,11 +149,21 @@ where
     .layer(middleware::from_fn(oncely_http::log_request))
 }
 
+/// The request-body guard of `config` (its bound is the idempotency layer's).
+pub(crate) fn body_limits(config: &AppConfig) -> oncely_http::BodyLimits {
+    oncely_http::BodyLimits::new(
+        &config.http,
+        config.idempotency.max_request_body,
+        config.idempotency.retry_after_secs,
+    )
+}
+
 /// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight
 /// requests. Runs the retention runner alongside ([`crate::retention`]: the collector and
 /// the lease sweep).
 ///
-/// Slow or stalled clients are bounded three ways ([`AppConfig`]): a request head must
+/// Slow or stalled clients are bounded three ways ([`AppConfig::http`], enforced by
+/// [`oncely_http::serve_http`] and [`oncely_http::read_body`]): a request head must
 /// arrive within `header_read_timeout`, its whole body within `body_read_timeout` (a total
 /// deadline, 408 past it); at most `max_connections` connections are served at once; and
 /// request bodies in flight buffer at most `max_body_bytes_in_flight` bytes together — a
@@ -177,89 +187,8 @@ pub async fn serve(
     )
     .spawn(token.clone());
     let app = router(db, &config);
-    let result = serve_http(listener, app, &config, shutdown).await;
+    let result = oncely_http::serve_http(listener, app, &config.http, shutdown).await;
     token.cancel();
     drop(retention.await);
     result
-}
-
-/// The HTTP/1.1 accept loop. `axum::serve` would do, but it gives hyper no timer, so a
-/// client that sends its headers one byte at a time holds a connection forever (slowloris);
-/// this loop runs each connection with hyper-util's builder, a Tokio timer and
-/// `header_read_timeout`, its socket wrapped so that a write stalled for `write_timeout`
-/// fails and ends the connection (`tokio-io-timeout`; hyper has no write timeout). It
-/// accepts only while it holds one of `max_connections` slots
-/// (a semaphore permit, as mini-redis does), so at the cap new connections wait in the
-/// listen backlog. On `shutdown` it stops accepting, lets every connection finish its
-/// request in flight (hyper's graceful shutdown) and returns when all are closed.
-async fn serve_http(
-    listener: TcpListener,
-    app: axum::Router,
-    config: &AppConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use tower::ServiceExt as _;
-
-    let header_read_timeout = config.header_read_timeout;
-    let write_timeout = config.write_timeout;
-    let slots = Arc::new(tokio::sync::Semaphore::new(
-        config
-            .max_connections
-            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
-    ));
-    let connections = tokio_util::task::TaskTracker::new();
-    let closing = CancellationToken::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let slot = tokio::select! {
-            () = &mut shutdown => break,
-            slot = slots.clone().acquire_owned() => slot.expect("the slot semaphore is never closed"),
-        };
-        let stream = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        drop(stream.set_nodelay(true));
-        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
-        stream.set_write_timeout(Some(write_timeout));
-        let stream = Box::pin(stream);
-        let service =
-            hyper_util::service::TowerToHyperService::new(app.clone().map_request(
-                |r: http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new),
-            ));
-        let closing = closing.clone();
-        connections.spawn(async move {
-            let _slot = slot;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::trace!(error = %e, "connection ended");
-                    }
-                }
-                () = closing.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    drop(conn.await);
-                }
-            }
-        });
-    }
-    closing.cancel();
-    connections.close();
-    connections.wait().await;
-    Ok(())
 }

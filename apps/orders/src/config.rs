@@ -21,30 +21,10 @@ pub struct AppConfig {
     /// Topic of the order events written to the outbox (AMQP routing key, NATS subject,
     /// SQL-transport topic). Default `orders`.
     pub events_topic: String,
-    /// How long a client may take to send a request's head (request line and headers)
-    /// before [`crate::serve`] closes its connection — the slowloris guard (hyper's HTTP/1
-    /// header read timeout). Default 30 s.
-    pub header_read_timeout: Duration,
-    /// How long a client may take to send a request's whole body, counted from the end of
-    /// its head: a total deadline, not an idle timeout, so a body trickled a byte at a time
-    /// is cut too. Past it the client gets 408 and the connection closes. Default 30 s.
-    pub body_read_timeout: Duration,
-    /// How long a write of a response may stall — the client not taking its bytes, its
-    /// receive window full — before [`crate::serve`] closes the connection. Without it a
-    /// client that sends requests and never reads the answers holds its connection, and at
-    /// [`AppConfig::max_connections`] of them nobody else is served. Default 30 s.
-    pub write_timeout: Duration,
-    /// Most connections served at once. At the cap the server stops accepting (new
-    /// connections wait in the kernel's listen backlog) until one closes. Default 512,
-    /// below the usual 1024 file-descriptor soft limit with room for the database pools and
-    /// broker connections.
-    pub max_connections: usize,
-    /// Most request-body bytes buffered at once, over all requests in flight. A request
-    /// reserves its `Content-Length` (or the request-body bound when the length is not
-    /// known) before its body is read; when the budget is spent it gets 503 with
-    /// `Retry-After` at once. Default 64 MiB. See [`crate::serve`] for why 503 and not a
-    /// wait.
-    pub max_body_bytes_in_flight: usize,
+    /// The slow-client timeouts, connection cap and body-byte budget [`crate::serve`]
+    /// enforces (oncely-http's [`HttpLimits`](oncely_http::HttpLimits), shared with
+    /// `oncely gateway`). Default: 30 s each, 512 connections, 64 MiB.
+    pub http: oncely_http::HttpLimits,
     /// What `GET /readyz` checks besides the database: the broker and the providers this
     /// process uses. Default none.
     pub dependencies: Vec<crate::Dependency>,
@@ -78,11 +58,7 @@ impl Default for AppConfig {
             collector_batch: 500,
             idempotency: IdempotencyConfig::default(),
             events_topic: crate::ORDERS_TOPIC.to_owned(),
-            header_read_timeout: Duration::from_secs(30),
-            body_read_timeout: Duration::from_secs(30),
-            write_timeout: Duration::from_secs(30),
-            max_connections: 512,
-            max_body_bytes_in_flight: 64 * 1024 * 1024,
+            http: oncely_http::HttpLimits::default(),
             dependencies: Vec::new(),
             fulfilment: crate::FulfilmentConfig::default(),
             payments: None,

@@ -38,8 +38,6 @@
 //!   saga's part of `GET /v1/orders/{id}` comes from `saga_view`, a leaf both use.
 //! - `stock` — `PUT`/`GET /v1/stock/{sku}` (tables `stock`, `stock_reservations`) and
 //!   the saga's reserve / release / consume writes.
-//! - `limits` — the request-body guard: body bound, total read deadline, budget of
-//!   buffered body bytes.
 //! - `ready` — `GET /readyz`: the database, the broker and each provider ([`Dependency`])
 //!   checked apart.
 //! - [`metrics`] — the service's metric names, the per-route request metrics and the
@@ -83,7 +81,6 @@ mod console;
 mod events;
 mod flow;
 mod fulfilment;
-mod limits;
 mod list;
 pub mod metrics;
 mod openapi;

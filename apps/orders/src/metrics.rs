@@ -13,9 +13,8 @@ use axum::response::Response;
 pub const HTTP_REQUESTS_TOTAL: &str = "oncely_http_requests_total";
 /// Histogram: time to the response head, seconds, labels `route` and `method`.
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "oncely_http_request_duration_seconds";
-/// Counter: request bodies refused before they were read, label `reason` = `busy` (the
-/// body budget is spent: 503) | `timeout` (the body deadline passed: 408).
-pub const HTTP_BODY_REJECTED_TOTAL: &str = "oncely_http_body_rejected_total";
+/// Counter: request bodies refused before they were read (oncely-http's body guard).
+pub use oncely_http::metrics::HTTP_BODY_REJECTED_TOTAL;
 /// Counter: orders created (201).
 pub const ORDERS_CREATED_TOTAL: &str = "oncely_orders_created_total";
 /// Counter: `POST /v1/orders` whose business key `(source, external_ref)` was taken: the
@@ -38,11 +37,6 @@ pub(crate) fn describe() {
         HTTP_REQUEST_DURATION_SECONDS,
         metrics::Unit::Seconds,
         "Time from the request to its response head, by route template and method."
-    );
-    metrics::describe_counter!(
-        HTTP_BODY_REJECTED_TOTAL,
-        "Request bodies refused before they were read, reason = busy (the body budget is \
-         spent: 503) | timeout (the body deadline passed: 408)."
     );
     metrics::describe_counter!(ORDERS_CREATED_TOTAL, "Orders created (201).");
     metrics::describe_counter!(

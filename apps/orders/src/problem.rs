@@ -11,10 +11,9 @@ pub const INVALID_ORDER: &str = "invalid-order";
 pub const NOT_FOUND: &str = "not-found";
 /// 405: the route exists, the method does not.
 pub const METHOD_NOT_ALLOWED: &str = "method-not-allowed";
-/// 503 + `Retry-After`: the request-body budget is spent; retry later.
-pub const SERVER_BUSY: &str = "server-busy";
-/// 408: the request body did not arrive within the body deadline.
-pub const REQUEST_TIMEOUT: &str = "request-timeout";
+/// 503 + `Retry-After` (the request-body budget is spent; retry later) and 408 (the request
+/// body did not arrive within the body deadline): the body guard's kinds.
+pub use oncely_http::kind::{REQUEST_TIMEOUT, SERVER_BUSY};
 /// 500: an unexpected failure (never driver text).
 pub const INTERNAL: &str = "internal";
 /// 415 (the order body is not `application/json`) and 400 (a `GET /v1/orders` query with
@@ -75,8 +74,6 @@ pub const ALL: &[&str] = &[
     INVALID_ORDER,
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
-    SERVER_BUSY,
-    REQUEST_TIMEOUT,
     INTERNAL,
     NOT_READY,
     INVALID_STOCK,

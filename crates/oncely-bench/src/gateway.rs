@@ -3,9 +3,11 @@
 //!
 //! The upstream is a small order service in this process: `POST /orders` inserts one row
 //! into a table of the benchmark's database and answers 201 with the order, the work a
-//! real service does per create. Three phases alternate per round, each `--seconds` long
+//! real service does per create. Four phases alternate per round, each `--seconds` long
 //! with `--concurrency` clients:
 //! - **direct**: new keys straight to the upstream (the baseline);
+//! - **gateway, passed through**: the same create on a path the gateway does not guard
+//!   (the cost of the proxy hop alone, which bounds any gateway);
 //! - **gateway, new keys**: the same through the gateway (reserve, forward, store);
 //! - **gateway, replays**: keys already answered, sent again (served from the store; the
 //!   upstream is not called).
@@ -78,6 +80,8 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
     let upstream = start(
         axum::Router::new()
             .route("/orders", axum::routing::post(create))
+            // The same create on a path the gateway does not guard: passed through.
+            .route("/plain/orders", axum::routing::post(create))
             .with_state(Upstream {
                 db: db.clone(),
                 work: std::time::Duration::from_millis(args.upstream_ms),
@@ -94,9 +98,11 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let gateway = format!("http://{}/orders", listener.local_addr()?);
+    let proxied = format!("http://{}/plain/orders", listener.local_addr()?);
     let served = db.clone();
     tokio::spawn(async move {
-        oncely_gateway::serve(listener, router, &served, std::future::pending()).await
+        let limits = config.http;
+        oncely_gateway::serve(listener, router, &served, &limits, std::future::pending()).await
     });
     let direct = format!("{upstream}/orders");
     let client = reqwest::Client::builder()
@@ -111,7 +117,7 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
         args.upstream_ms
     );
     let seeded = seed(&client, &gateway).await?;
-    let (mut bare, mut guarded, mut replayed) = (0.0, 0.0, 0.0);
+    let (mut bare, mut proxy, mut guarded, mut replayed) = (0.0, 0.0, 0.0, 0.0);
     for round in 0..args.load.rounds {
         let fresh = |tag: &'static str| -> Arc<dyn Fn(u64) -> (String, String) + Send + Sync> {
             Arc::new(move |n| {
@@ -124,6 +130,7 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
         };
         let (c, s) = (args.load.concurrency, args.load.seconds);
         bare += load(&client, &direct, c, s, 201, fresh("direct")).await?;
+        proxy += load(&client, &proxied, c, s, 201, fresh("proxy")).await?;
         guarded += load(&client, &gateway, c, s, 201, fresh("gateway")).await?;
         let again = seeded.clone();
         let replay: Arc<dyn Fn(u64) -> (String, String) + Send + Sync> =
@@ -131,8 +138,13 @@ pub(crate) async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
         replayed += load(&client, &gateway, c, s, 201, replay).await?;
     }
     let rounds = f64::from(args.load.rounds);
-    let (bare, guarded, replayed) = (bare / rounds, guarded / rounds, replayed / rounds);
+    let (bare, proxy) = (bare / rounds, proxy / rounds);
+    let (guarded, replayed) = (guarded / rounds, replayed / rounds);
     println!("direct to the upstream, new keys:   {bare:>9.0} req/s  (baseline)");
+    println!(
+        "through the gateway, passed through:{proxy:>9.0} req/s  {:.2} × direct (the proxy hop alone: no key, nothing stored)",
+        proxy / bare
+    );
     println!(
         "through the gateway, new keys:      {guarded:>9.0} req/s  {:.2} × direct (target ≥ 0.8)",
         guarded / bare

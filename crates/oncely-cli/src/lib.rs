@@ -12,6 +12,8 @@
 //!   outbox relay's settings, a [`oncely_runtime::RelaySupervisor`]).
 //! - `consumer` — [`ConsumerArgs`]: an inbox consumer's settings.
 //! - `command` — [`Cli`]: a binary's command line, its [`LogArgs`] and its subcommands.
+//! - `http` — [`HttpLimitArgs`]: the slow-client and connection limits of a command that
+//!   serves HTTP, an [`oncely_http::HttpLimits`].
 //! - `listen` — [`bind`]: a command's listen address, a port in use refused in words.
 //! - `metrics` — [`metrics_handle`]: the process-wide Prometheus recorder.
 //! - `providers` — [`ProviderArgs`]: the payments and shipping providers and the effect
@@ -23,6 +25,7 @@ mod broker;
 mod command;
 mod consumer;
 mod db;
+mod http;
 mod listen;
 mod metrics;
 mod providers;
@@ -32,6 +35,7 @@ pub use broker::{BrokerArgs, RelayArgs};
 pub use command::{Cli, LogArgs};
 pub use consumer::{ConsumerArgs, DEFAULT_CONSUMER_TOPIC};
 pub use db::{DbArgs, PoolUser};
+pub use http::HttpLimitArgs;
 pub use listen::bind;
 pub use metrics::metrics_handle;
 pub use providers::ProviderArgs;

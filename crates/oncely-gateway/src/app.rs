@@ -66,6 +66,8 @@ pub fn router(
     };
     let mut paths: BTreeMap<String, MethodRouter> = BTreeMap::new();
     let mut stores = Vec::new();
+    // One budget of body bytes for every guarded route, each with its own bound.
+    let bodies = oncely_http::BodyLimits::new(&config.http, 0, 1);
     for (n, route) in config.routes.iter().enumerate() {
         let store = IdempotencyStore::new(db.clone(), route.retention());
         stores.push(RouteStore {
@@ -73,7 +75,8 @@ pub fn router(
             path: route.path.clone(),
             store: store.clone(),
         });
-        let guarded = guarded_route(n, route, store, &upstream, auth.clone())?;
+        let limits = bodies.with_max_body(route.max_request_bytes);
+        let guarded = guarded_route(n, route, store, &upstream, auth.clone(), limits)?;
         let filter = MethodFilter::try_from(route.method()?)
             .map_err(|_| ConfigError::Route(route.name(), "unsupported method"))?;
         let methods = paths
@@ -102,14 +105,15 @@ pub fn router(
         .layer(axum::middleware::from_fn(oncely_http::log_request)))
 }
 
-/// One idempotent route: authentication, then the multi-phase layer (its key, body bound,
-/// fingerprint, lease, probe), then the forward.
+/// One idempotent route: authentication, the body guard (bound, deadline, budget), then
+/// the multi-phase layer (its key, fingerprint, lease, probe), then the forward.
 fn guarded_route(
     n: usize,
     route: &RouteConfig,
     store: IdempotencyStore,
     upstream: &Upstream,
     auth: Authentication,
+    bodies: oncely_http::BodyLimits,
 ) -> Result<
     impl tower::Service<
             Request<Body>,
@@ -173,7 +177,10 @@ fn guarded_route(
             guarded.oneshot(req).await
         }
     });
-    Ok(TenantLayer::new(auth).layer(dispatch))
+    // Inside authentication: an unauthenticated client gets 401 with its body unread and
+    // spends none of the budget.
+    let bodies = axum::middleware::from_fn_with_state(bodies, oncely_http::read_body);
+    Ok(TenantLayer::new(auth).layer(bodies.layer(dispatch)))
 }
 
 /// `GET /_oncely/routes/{n}/operations/{key}`: the caller's operation under that key on
@@ -235,7 +242,8 @@ async fn ready(db: &Database) -> Response {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, with the store's periodic
+/// Serves `router` on `listener` until `shutdown` resolves, bounding slow clients and
+/// connections by `limits` ([`oncely_http::serve_http`]), with the store's periodic
 /// work: finished records past their retention are deleted (every minute) and records
 /// left `processing` past their lease (a gateway that died mid-forward) are turned
 /// `unknown` (every 10 s).
@@ -246,6 +254,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     db: &Database,
+    limits: &oncely_http::HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
@@ -263,9 +272,7 @@ pub async fn serve(
         ))
         .sweep(lease_sweep(store, Duration::from_secs(10)))
         .spawn(stop.clone());
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = oncely_http::serve_http(listener, router, limits, shutdown).await;
     stop.cancel();
     drop(retention.await);
     served

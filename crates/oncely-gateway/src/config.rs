@@ -227,6 +227,11 @@ pub struct GatewayConfig {
     /// The idempotent routes; every other request passes through.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
+    /// The slow-client timeouts, connection cap and body-byte budget, as `orders serve`
+    /// has them (`--header-read-timeout-secs` …; not read from the file). Guarded routes'
+    /// bodies are read under the body deadline and budget; passed-through ones stream.
+    #[serde(skip)]
+    pub http: oncely_http::HttpLimits,
 }
 
 impl GatewayConfig {
@@ -236,6 +241,7 @@ impl GatewayConfig {
             upstream: upstream.into(),
             connect_timeout_ms: defaults::connect_timeout_ms(),
             routes: Vec::new(),
+            http: oncely_http::HttpLimits::default(),
         }
     }
 

@@ -68,8 +68,9 @@ pub struct Upstream {
 
 /// How a guarded forward ended, for the route's answer.
 enum Forwarded {
-    /// A whole answer.
-    Answer(reqwest::StatusCode, HeaderMap, Bytes),
+    /// An answer: whole within the route's bound, else its head read and the rest
+    /// streaming.
+    Answer(reqwest::StatusCode, HeaderMap, Body),
     /// Nothing was sent (the connect failed).
     NotSent(String),
     /// Sent; no whole answer (timeout, reset, a body cut off).
@@ -137,7 +138,7 @@ impl Upstream {
     }
 
     /// Sends a guarded request once, bounded by `timeout` until its answer is read in
-    /// full (at most `max_answer` + 1 bytes are read; the layer refuses a larger one).
+    /// full (read whole up to `max_answer` bytes; past that, streamed on to the caller).
     async fn send_once(
         &self,
         parts: &http::request::Parts,
@@ -174,14 +175,20 @@ impl Upstream {
                 Ok(Some(chunk)) => {
                     body.extend_from_slice(&chunk);
                     if body.len() > max_answer {
-                        break;
+                        // Too large to store: the layer keeps a `response-not-replayable`
+                        // answer and streams this one, whole, to the first caller.
+                        let head = futures_util::stream::once(async move {
+                            Ok::<_, reqwest::Error>(Bytes::from(body))
+                        });
+                        let rest = futures_util::StreamExt::chain(head, res.bytes_stream());
+                        return Forwarded::Answer(status, headers, Body::from_stream(rest));
                     }
                 }
                 Ok(None) => break,
                 Err(e) => return Forwarded::Unknown(error_chain(&e)),
             }
         }
-        Forwarded::Answer(status, headers, Bytes::from(body))
+        Forwarded::Answer(status, headers, Body::from(body))
     }
 
     /// The answer of a guarded route to `req` (the layer has reserved its key): forwards
@@ -220,7 +227,7 @@ impl Upstream {
         );
         match sent {
             Forwarded::Answer(status, headers, body) => {
-                let mut res = Response::new(Body::from(body));
+                let mut res = Response::new(body);
                 *res.status_mut() = status;
                 *res.headers_mut() = headers;
                 if status.is_server_error() {

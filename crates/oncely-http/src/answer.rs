@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use oncely_core::{Fingerprint, RecordState, StoredResponse};
 use oncely_sql::{Record, StoreError};
 
@@ -155,32 +155,98 @@ pub(crate) fn replay(stored: &StoredResponse) -> Response {
 
 /// The handler's answer body, at most `max_stored_response` bytes: what is stored is what
 /// is replayed, so an answer that cannot be stored whole is not given (500; the caller
-/// rolls back).
+/// rolls back). Atomic mode's read, where a rollback undoes the operation.
 pub(crate) async fn read_answer(body: Body, max_stored_response: usize) -> Result<Bytes, Response> {
-    let e = match Limited::new(body, max_stored_response).collect().await {
-        Ok(c) => return Ok(c.to_bytes()),
-        Err(e) => e,
-    };
-    if e.downcast_ref::<LengthLimitError>().is_some() {
-        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_too_large").increment(1);
-        Err(Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            kind::RESPONSE_TOO_LARGE,
-            "The response is too large to store for replay",
-        )
-        .detail(format!(
-            "responses over {max_stored_response} bytes are not stored; the operation was rolled back"
-        ))
-        .into_response())
-    } else {
-        metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_body").increment(1);
-        Err(Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            kind::RESPONSE_BODY,
-            "The response body failed",
-        )
-        .into_response())
+    match read_bounded(body, max_stored_response).await? {
+        Bounded::Whole(bytes) => Ok(bytes),
+        Bounded::Over(_) => {
+            metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_too_large")
+                .increment(1);
+            Err(Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                kind::RESPONSE_TOO_LARGE,
+                "The response is too large to store for replay",
+            )
+            .detail(format!(
+                "responses over {max_stored_response} bytes are not stored; the operation was rolled back"
+            ))
+            .into_response())
+        }
     }
+}
+
+/// An answer body read against the stored-response bound.
+pub(crate) enum Bounded {
+    /// The whole body, within the bound.
+    Whole(Bytes),
+    /// Over the bound: the same body, whole (the part already read, then the rest as it
+    /// comes), for the first caller.
+    Over(Body),
+}
+
+/// Reads `body` until it ends or passes `max` bytes, without losing what was read.
+/// `http_body_util::Limited` discards the bytes read once the limit trips, and a
+/// multi-phase answer over the bound must still reach its first caller whole.
+///
+/// # Errors
+/// 500 `response-body` when the body fails before the bound is passed.
+pub(crate) async fn read_bounded(mut body: Body, max: usize) -> Result<Bounded, Response> {
+    let mut read: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                len += data.len();
+                read.push(data);
+                if len > max {
+                    let head =
+                        futures_util::stream::iter(read.into_iter().map(Ok::<_, axum::Error>));
+                    let rest = futures_util::StreamExt::chain(head, body.into_data_stream());
+                    return Ok(Bounded::Over(Body::from_stream(rest)));
+                }
+            }
+            Some(Err(_)) => {
+                metrics::counter!(metric::ROLLBACKS_TOTAL, "reason" => "response_body")
+                    .increment(1);
+                return Err(Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    kind::RESPONSE_BODY,
+                    "The response body failed",
+                )
+                .into_response());
+            }
+        }
+    }
+    let mut whole = bytes::BytesMut::with_capacity(len);
+    for chunk in read {
+        whole.extend_from_slice(&chunk);
+    }
+    Ok(Bounded::Whole(whole.freeze()))
+}
+
+/// What a retry is answered with for an operation that finished with `status` but whose
+/// answer was over `max` bytes: 409 `response-not-replayable`, stored in its place.
+pub(crate) fn not_replayable(status: StatusCode, max: usize) -> StoredResponse {
+    let problem = Problem::new(
+        StatusCode::CONFLICT,
+        kind::RESPONSE_NOT_REPLAYABLE,
+        "The operation finished, but its answer cannot be replayed",
+    )
+    .detail(format!(
+        "the first request with this key was answered with status {} and a body over the {max}-byte bound for stored answers; that answer went to the first caller only, and the operation will not run again — read its result from the service",
+        status.as_u16()
+    ))
+    .with("answered_status", status.as_u16());
+    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    StoredResponse::new(
+        StatusCode::CONFLICT.as_u16(),
+        [("content-type", "application/problem+json")],
+        body,
+    )
 }
 
 /// An answer as it is stored for replay (allow-listed headers only).

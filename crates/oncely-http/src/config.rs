@@ -9,10 +9,14 @@ pub struct IdempotencyConfig {
     /// Largest request body read, in bytes; larger bodies get 413 before any reservation.
     /// Default 1 MiB.
     pub max_request_body: usize,
-    /// Largest response body stored for replay, in bytes. A larger response is **not**
-    /// committed: the transaction rolls back (no effect, the key stays free) and the client
-    /// gets a 500 problem of type `response-too-large`. Replays are byte-identical, so a
-    /// response that cannot be stored must not have an effect either. Default 256 KiB.
+    /// Largest response body stored for replay, in bytes. In atomic mode a larger response
+    /// is **not** committed: the transaction rolls back (no effect, the key stays free) and
+    /// the client gets a 500 problem of type `response-too-large` — replays are
+    /// byte-identical, so a response that cannot be stored must not have an effect either.
+    /// In multi-phase mode the effect has happened (the provider answered): the first
+    /// caller gets the whole answer, and what is stored for the retries is a 409
+    /// `response-not-replayable` problem naming the first answer's status; the operation
+    /// never runs again. Default 256 KiB.
     pub max_stored_response: usize,
     /// When a retry finds its key in flight: `None` answers 409 at once (with
     /// `Retry-After`); `Some(d)` waits up to `d`, polling with a backoff, then replays the

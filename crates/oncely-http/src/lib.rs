@@ -23,7 +23,7 @@
 //! | record `unknown` | 409 problem |
 //! | store unreachable, or acquire + `BEGIN` + claim over the store timeout (`DbOptions::store_timeout`) | 503 problem `store-unavailable` + `Retry-After` |
 //! | handler, stored response and commit over `execution_timeout` | 503 problem `execution-outcome-unknown` + `Retry-After` |
-//! | response body over the stored-response bound | 500 problem; rolled back, nothing stored |
+//! | response body over the stored-response bound | atomic: 500 problem; rolled back, nothing stored. Multi-phase: the whole answer to the first caller, 409 `response-not-replayable` to every retry |
 //! | an extractor of this crate refused the request before the handler ran | its 400/415/422 problem; nothing stored |
 //!
 //! # Refusals before the handler runs
@@ -78,11 +78,15 @@
 //!   tenant, replayed, key hash, duration, [`REQUEST_ID`]).
 //! - `problem` — [`Problem`], RFC 9457 problem details, and the stable `type` URIs;
 //!   [`StoreFailure`], the one mapping of store errors to answers (503 when unreachable).
+//! - `server` — [`serve_http`], the HTTP/1.1 accept loop with the slow-client and
+//!   connection limits of [`HttpLimits`]; `body_limits` — [`read_body`], the request-body
+//!   guard (bound, total read deadline, budget of bytes in flight).
 //! - `props` (tests only) — property tests (proptest) of the key header, the request
 //!   fingerprint and the store-error answers.
 
 mod answer;
 mod atomic;
+mod body_limits;
 mod cache;
 mod config;
 mod extract;
@@ -96,9 +100,11 @@ mod props;
 mod reject;
 mod request;
 mod request_log;
+mod server;
 mod tenant;
 
 pub use answer::{NotStored, StoreServerError, IDEMPOTENT_REPLAYED};
+pub use body_limits::{read_body, BodyLimits};
 pub use config::IdempotencyConfig;
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
@@ -109,6 +115,7 @@ pub use multiphase::{
 pub use problem::{kind, Problem, StoreFailure, PROBLEM_JSON};
 pub use reject::{Json, Path, Query, Rejection, Unstored};
 pub use request_log::{log_request, REQUEST_ID, REQUEST_LOG_TARGET};
+pub use server::{serve_http, HttpLimits};
 pub use tenant::{
     bearer, parse_api_keys, ApiKeys, ApiKeysError, Tenant, TenantExtractor, TenantLayer,
 };

@@ -50,6 +50,10 @@ pub const UNKNOWN_RECORDS: &str = "oncely_idempotency_unknown_records";
 /// Gauge: how long the oldest `unknown` record has been unknown, in seconds (0 when there
 /// is none), as of the last lease sweep.
 pub const OLDEST_UNKNOWN_SECONDS: &str = "oncely_idempotency_oldest_unknown_seconds";
+/// Counter: request bodies refused before they were read by
+/// [`read_body`](crate::read_body), label `reason` = `busy` (the body budget is spent:
+/// 503) | `timeout` (the body deadline passed: 408).
+pub const HTTP_BODY_REJECTED_TOTAL: &str = "oncely_http_body_rejected_total";
 
 /// Every counter above: registered at 0 when a layer is built, so `rate()` and alerts see
 /// them before the first event.
@@ -131,6 +135,11 @@ pub fn describe() {
     metrics::describe_gauge!(
         UNKNOWN_RECORDS,
         "Unknown records by how long they have been unknown, label age = under_5m | 5m_to_1h | 1h_to_24h | over_24h, as of the last lease sweep."
+    );
+    metrics::describe_counter!(
+        HTTP_BODY_REJECTED_TOTAL,
+        "Request bodies refused before they were read, reason = busy (the body budget is \
+         spent: 503) | timeout (the body deadline passed: 408)."
     );
     metrics::describe_gauge!(
         OLDEST_UNKNOWN_SECONDS,

@@ -25,8 +25,9 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use tower::ServiceExt;
 
 use crate::answer::{
-    answer_existing, mismatch, outcome_unknown, panic_message, panicked, read_answer, replay,
-    store_problem, stored_response, NotStored, StoreServerError,
+    answer_existing, mismatch, not_replayable, outcome_unknown, panic_message, panicked,
+    read_answer, read_bounded, replay, store_problem, stored_response, Bounded, NotStored,
+    StoreServerError,
 };
 use crate::cache::{ReplayCache, Settled};
 use crate::metrics as metric;
@@ -487,23 +488,31 @@ async fn settle(cx: &Ctx<'_>, request: &Subject, lease: Lease, res: Response) ->
         return res;
     }
     let (parts, body) = res.into_parts();
-    let bytes = match read_answer(body, cx.config.max_stored_response).await {
-        Ok(bytes) => bytes,
+    let max = cx.config.max_stored_response;
+    let (stored, body) = match read_bounded(body, max).await {
+        Ok(Bounded::Whole(bytes)) => (stored_response(&parts, &bytes), Body::from(bytes)),
+        // It finished, too large to keep: the first caller gets it whole, a retry a
+        // problem saying so, and it never runs twice.
+        Ok(Bounded::Over(body)) => (not_replayable(parts.status, max), body),
         Err(res) => {
             abandon(cx, &lease, "response").await;
             return res;
         }
     };
-    let stored = stored_response(&parts, &bytes);
     // The handler answered (its provider may have committed); the record says `processing`.
     oncely_core::failpoint::fail_point!("multiphase.after_answer");
     let now = now_ms();
-    match cx.store.complete_leased(&lease, &stored, now).await {
+    let state = RecordState::for_status(parts.status.as_u16());
+    match cx
+        .store
+        .complete_leased_as(&lease, state, &stored, now)
+        .await
+    {
         Ok(()) => {
             let retention = cx.store.retention();
             let settled = Settled::new(request.fingerprint, stored, now, retention);
             cx.cache.insert(&request.scope, &request.key, settled);
-            Response::from_parts(parts, Body::from(bytes))
+            Response::from_parts(parts, body)
         }
         Err(e @ (StoreError::Fenced { .. } | StoreError::NotHeld)) => {
             if matches!(e, StoreError::Fenced { .. }) {

@@ -26,6 +26,12 @@ pub mod kind {
     pub const STORE_ERROR: &str = "store-error";
     /// 413: the request body is over the bound.
     pub const REQUEST_TOO_LARGE: &str = "request-too-large";
+    /// 503 + `Retry-After`: the budget of request-body bytes in flight is spent; nothing
+    /// ran ([`read_body`](crate::read_body)).
+    pub const SERVER_BUSY: &str = "server-busy";
+    /// 408: the request body did not arrive within the body deadline
+    /// ([`read_body`](crate::read_body)).
+    pub const REQUEST_TIMEOUT: &str = "request-timeout";
     /// 400: the request body could not be read.
     pub const REQUEST_BODY: &str = "request-body";
     /// 400: a JSON request body that does not parse, so it has no fingerprint.
@@ -46,6 +52,10 @@ pub mod kind {
     pub const RESPONSE_TOO_LARGE: &str = "response-too-large";
     /// 500: the handler's answer body failed while being read for storage; rolled back.
     pub const RESPONSE_BODY: &str = "response-body";
+    /// 409: the operation finished (its `answered_status` member is the first answer's status), but
+    /// that answer was over the stored-response bound and went to the first caller only;
+    /// it is not run again.
+    pub const RESPONSE_NOT_REPLAYABLE: &str = "response-not-replayable";
     /// 500: the handler panicked; rolled back, nothing stored.
     pub const HANDLER_FAILED: &str = "handler-failed";
     /// 500: the handler's transaction was not available (the route is not behind the layer, or it was taken twice).
@@ -64,6 +74,8 @@ pub mod kind {
         STORE_UNAVAILABLE,
         STORE_ERROR,
         REQUEST_TOO_LARGE,
+        SERVER_BUSY,
+        REQUEST_TIMEOUT,
         REQUEST_BODY,
         MALFORMED_JSON,
         UNSUPPORTED_MEDIA_TYPE,
@@ -73,6 +85,7 @@ pub mod kind {
         RECORD_CORRUPT,
         RESPONSE_TOO_LARGE,
         RESPONSE_BODY,
+        RESPONSE_NOT_REPLAYABLE,
         HANDLER_FAILED,
         NO_TRANSACTION,
     ];

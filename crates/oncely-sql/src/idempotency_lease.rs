@@ -225,8 +225,27 @@ impl IdempotencyStore {
         response: &StoredResponse,
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        let state = RecordState::for_status(response.status);
+        self.complete_leased_as(lease, state, response, now_ms)
+            .await
+    }
+
+    /// [`IdempotencyStore::complete_leased`] with the record's `state` given rather than
+    /// derived from `response.status`: for an operation that finished with one status
+    /// but is replayed with another answer (a 2xx whose body was too large to keep is
+    /// `succeeded`, replayed as a `response-not-replayable` problem).
+    ///
+    /// # Errors
+    /// As [`IdempotencyStore::complete_leased`].
+    pub async fn complete_leased_as(
+        &self,
+        lease: &Lease,
+        state: RecordState,
+        response: &StoredResponse,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         let ids = (&lease.tenant[..], &lease.operation[..], &lease.key[..]);
-        self.complete_fenced(ids, lease.fence, response, now_ms)
+        self.complete_fenced(ids, lease.fence, state, response, now_ms)
             .await
     }
 
@@ -251,13 +270,16 @@ impl IdempotencyStore {
             scope.operation.as_str(),
             key.as_str(),
         );
-        self.complete_fenced(ids, fence, response, now_ms).await
+        let state = RecordState::for_status(response.status);
+        self.complete_fenced(ids, fence, state, response, now_ms)
+            .await
     }
 
     async fn complete_fenced(
         &self,
         (tenant, operation, key): (&str, &str, &str),
         fence: i64,
+        state: RecordState,
         response: &StoredResponse,
         now_ms: i64,
     ) -> Result<(), StoreError> {
@@ -268,7 +290,7 @@ impl IdempotencyStore {
              lease_until = NULL WHERE {} AND state IN ('processing', 'unknown')",
             by_fence(key_column(db), 7)
         ))
-        .bind(RecordState::for_status(response.status).as_str())
+        .bind(state.as_str())
         .bind(i64::from(response.status))
         .bind(response.headers_json())
         .bind(&response.body[..])

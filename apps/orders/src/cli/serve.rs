@@ -142,45 +142,8 @@ pub(super) struct ServeArgs {
         default_value_t = 60
     )]
     collector_interval_secs: u64,
-    /// Seconds a client may take to send a request's head before its connection is closed
-    /// (slowloris guard).
-    #[arg(
-        help_heading = "HTTP limits",
-        long,
-        env = "ONCELY_HEADER_READ_TIMEOUT_SECS",
-        default_value_t = 30
-    )]
-    header_read_timeout_secs: u64,
-    /// Seconds a client may take to send a request's whole body after its head (a total
-    /// deadline; 408 past it).
-    #[arg(
-        help_heading = "HTTP limits",
-        long,
-        env = "ONCELY_BODY_READ_TIMEOUT_SECS",
-        default_value_t = 30
-    )]
-    body_read_timeout_secs: u64,
-    /// Seconds a response write may stall (the client not reading) before the connection
-    /// is closed.
-    #[arg(
-        help_heading = "HTTP limits",
-        long,
-        env = "ONCELY_WRITE_TIMEOUT_SECS",
-        default_value_t = 30
-    )]
-    write_timeout_secs: u64,
-    /// Most connections served at once; more wait in the listen backlog.
-    #[arg(
-        help_heading = "HTTP limits",
-        long,
-        env = "ONCELY_MAX_CONNECTIONS",
-        default_value_t = 512
-    )]
-    max_connections: usize,
-    /// Most request-body bytes buffered at once over all requests; a request beyond it gets
-    /// 503 with Retry-After.
-    #[arg(help_heading = "HTTP limits", long, env = "ONCELY_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
-    max_body_bytes_in_flight: usize,
+    #[command(flatten)]
+    http: oncely_cli::HttpLimitArgs,
 }
 
 /// `orders serve`: the service and what runs beside it, until SIGTERM / Ctrl-C.
@@ -231,11 +194,7 @@ pub(super) async fn serve_on(
             ..IdempotencyConfig::default()
         },
         events_topic: args.events_topic.clone(),
-        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
-        body_read_timeout: Duration::from_secs(args.body_read_timeout_secs.max(1)),
-        write_timeout: Duration::from_secs(args.write_timeout_secs.max(1)),
-        max_connections: args.max_connections.max(1),
-        max_body_bytes_in_flight: args.max_body_bytes_in_flight.max(1),
+        http: args.http.limits(),
         dependencies: dependencies(&args),
         fulfilment: args.fulfilment.config(),
         payments: args

@@ -98,8 +98,8 @@ pub(crate) fn routes(db: &Database, config: &AppConfig, keys: oncely_http::ApiKe
         None => Router::new().route(PAYMENT_ROUTE, post(not_configured)),
     };
     pay.route_layer(middleware::from_fn_with_state(
-        crate::limits::BodyLimits::new(config),
-        crate::limits::read_body,
+        crate::app::body_limits(config),
+        oncely_http::read_body,
     ))
     .route(
         OPERATIONS_ROUTE,

@@ -966,7 +966,10 @@ async fn slow_request_head_is_cut_off_after_the_header_read_timeout(t: TestDb) {
     let server = start(
         &t.db,
         AppConfig {
-            header_read_timeout: Duration::from_secs(1),
+            http: oncely_http::HttpLimits {
+                header_read_timeout: Duration::from_secs(1),
+                ..oncely_http::HttpLimits::default()
+            },
             ..config()
         },
     )
@@ -1013,7 +1016,10 @@ async fn connections_over_the_cap_wait_until_one_closes(t: TestDb) {
     let server = start(
         &t.db,
         AppConfig {
-            max_connections: 2,
+            http: oncely_http::HttpLimits {
+                max_connections: 2,
+                ..oncely_http::HttpLimits::default()
+            },
             ..config()
         },
     )

@@ -121,6 +121,51 @@ async fn a_body_over_the_bound_is_413_and_a_request_in_flight_is_409_with_retry_
 }
 
 #[tokio::test]
+async fn an_answer_over_the_stored_bound_reaches_the_first_caller_whole_and_is_never_run_again() {
+    let up = Upstream::start();
+    let db = test_db(TestBackend::Sqlite, 4).await.unwrap();
+    let mut route = orders_route();
+    route.max_stored_response_bytes = 1024;
+    let gw = gateway(&db.db, &up.base, vec![route]).await;
+    // The upstream echoes the body, so its answer is over 200 KiB: many reads.
+    let note = "n".repeat(200 * 1024);
+    let body = json!({"external_ref": "r-large", "note": note});
+
+    let first = post(&gw.base, "/orders", KEY_A, Some("k-large"), &body).await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("location").is_some());
+    let order: Value = first.json().await.unwrap();
+    assert_eq!(
+        order["note"].as_str().map(str::len),
+        Some(200 * 1024),
+        "whole"
+    );
+
+    for _ in 0..2 {
+        let again = post(&gw.base, "/orders", KEY_A, Some("k-large"), &body).await;
+        assert_eq!(again.status(), 409);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let problem: Value = again.json().await.unwrap();
+        assert_eq!(
+            problem["type"],
+            "urn:oncely:problem:response-not-replayable"
+        );
+        assert_eq!(problem["answered_status"], 201);
+    }
+    let status: Value = reqwest::Client::new()
+        .get(format!("{}/_oncely/routes/0/operations/k-large", gw.base))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(up.count().await, 1, "never a second execution");
+}
+
+#[tokio::test]
 async fn tenant_b_never_sees_tenant_a_s_operation_under_the_same_key() {
     let up = Upstream::start();
     let db = test_db(TestBackend::Sqlite, 4).await.unwrap();

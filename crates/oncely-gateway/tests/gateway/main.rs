@@ -10,10 +10,12 @@
 //!   once (PostgreSQL, MariaDB; SQLite with one instance).
 //! - `verify` — `oncely verify` passes behind the gateway and fails directly.
 //! - `config` — the TOML file and the command-line routes.
+//! - `limits` — slow clients: a trickled request head or body.
 
 mod burst;
 mod config;
 mod faults;
 mod forwarding;
+mod limits;
 mod support;
 mod verify;

@@ -121,9 +121,9 @@ pub(crate) async fn gateway_with(db: &Database, config: &GatewayConfig) -> Gatew
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let db = db.clone();
+    let (db, limits) = (db.clone(), config.http.clone());
     let task = tokio::spawn(async move {
-        oncely_gateway::serve(listener, router, &db, std::future::pending())
+        oncely_gateway::serve(listener, router, &db, &limits, std::future::pending())
             .await
             .unwrap();
     });

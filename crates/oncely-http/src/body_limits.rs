@@ -1,3 +1,6 @@
+//! The request-body guard: the body bound, a total read deadline and a budget of body
+//! bytes buffered at once, before any handler or layer sees the body.
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -7,16 +10,16 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
-use oncely_http::Problem;
 use tokio::sync::Semaphore;
 
-use crate::AppConfig;
+use crate::problem::kind;
+use crate::{HttpLimits, Problem};
 
 /// What [`read_body`] enforces on every request body before any handler or layer sees it:
 /// the request-body bound, a total read deadline and the process-wide budget of buffered
 /// body bytes (one permit per byte).
 #[derive(Debug, Clone)]
-pub(crate) struct BodyLimits {
+pub struct BodyLimits {
     max_body: usize,
     deadline: Duration,
     budget: Arc<Semaphore>,
@@ -25,16 +28,29 @@ pub(crate) struct BodyLimits {
 }
 
 impl BodyLimits {
-    pub(crate) fn new(config: &AppConfig) -> Self {
-        let budget_bytes = config
+    /// The guard of `limits` for bodies of at most `max_body` bytes (the idempotency
+    /// layer's `max_request_body`); a busy refusal says `Retry-After: retry_after_secs`.
+    /// Each call makes a budget of its own: build it once per process and clone it.
+    pub fn new(limits: &HttpLimits, max_body: usize, retry_after_secs: u32) -> Self {
+        let budget_bytes = limits
             .max_body_bytes_in_flight
             .clamp(1, Semaphore::MAX_PERMITS);
         Self {
-            max_body: config.idempotency.max_request_body,
-            deadline: config.body_read_timeout,
+            max_body,
+            deadline: limits.body_read_timeout,
             budget: Arc::new(Semaphore::new(budget_bytes)),
             budget_bytes,
-            retry_after_secs: config.idempotency.retry_after_secs,
+            retry_after_secs,
+        }
+    }
+
+    /// The same guard (one budget, shared) for bodies of at most `max_body` bytes: one
+    /// per route when routes bound their bodies differently.
+    #[must_use]
+    pub fn with_max_body(&self, max_body: usize) -> Self {
+        Self {
+            max_body,
+            ..self.clone()
         }
     }
 
@@ -66,11 +82,7 @@ impl BodyLimits {
 /// The deadline is `tokio::time::timeout` around the whole read, not tower-http's
 /// `RequestBodyTimeoutLayer`: its `TimeoutBody` restarts its timer on every frame (an idle
 /// timeout), so a body trickled a byte at a time never trips it.
-pub(crate) async fn read_body(
-    State(limits): State<BodyLimits>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -> Response {
     let hint = req.body().size_hint();
     if hint.exact() == Some(0) {
         return next.run(req).await;
@@ -89,7 +101,7 @@ pub(crate) async fn read_body(
         return closing(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                crate::problem::SERVER_BUSY,
+                kind::SERVER_BUSY,
                 "Too many request bodies are in flight",
             )
             .retry_after(limits.retry_after_secs),
@@ -107,7 +119,7 @@ pub(crate) async fn read_body(
         Ok(Err(_)) => {
             return closing(Problem::new(
                 StatusCode::BAD_REQUEST,
-                oncely_http::kind::REQUEST_BODY,
+                kind::REQUEST_BODY,
                 "The request body could not be read",
             ));
         }
@@ -117,7 +129,7 @@ pub(crate) async fn read_body(
             return closing(
                 Problem::new(
                     StatusCode::REQUEST_TIMEOUT,
-                    crate::problem::REQUEST_TIMEOUT,
+                    kind::REQUEST_TIMEOUT,
                     "The request body did not arrive in time",
                 )
                 .detail(format!(
@@ -167,7 +179,7 @@ fn too_large(max_body: usize) -> Response {
     closing(
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            oncely_http::kind::REQUEST_TOO_LARGE,
+            kind::REQUEST_TOO_LARGE,
             "The request body is too large",
         )
         .detail(format!("at most {max_body} bytes are accepted")),
