@@ -186,6 +186,13 @@ pub(crate) trait IdempotencyBackend: Store {
     /// lock-wait timeout, 1205): this one has lost either way, so it rolls back and answers
     /// with the winner's record (replay) or, while that is uncommitted, 409.
     const LOCK_CONFLICT_IS_DUPLICATE: bool = false;
+    /// A `FROM` clause that makes the `UPDATE` it ends commit without waiting for its WAL
+    /// flush, or `""` where a statement cannot ask for that. PostgreSQL:
+    /// `set_config('synchronous_commit', 'off', true)`, local to the statement's own
+    /// transaction. Used only by a multi-phase holder's completion, whose loss in a
+    /// database crash turns the record back to `processing` → `unknown` → status check,
+    /// never a second run (see [`IdempotencyStore::complete_leased`]).
+    const ASYNC_COMMIT_FROM: &'static str = "";
 
     /// One statement: takes the key's claim for `tx` (without waiting) and reads the
     /// committed record, if any (see [`IdempotencyStore::reserve`]). `lock_id` is
@@ -215,6 +222,15 @@ fn record_inserted<S: IdempotencyBackend>(
 
 fn key_column_of<S: IdempotencyBackend>(_: &S) -> &'static str {
     S::KEY_COLUMN
+}
+
+fn async_commit_from_of<S: IdempotencyBackend>(_: &S) -> &'static str {
+    S::ASYNC_COMMIT_FROM
+}
+
+/// [`IdempotencyBackend::ASYNC_COMMIT_FROM`] of `db`'s backend.
+pub(crate) fn async_commit_from(db: &Database) -> &'static str {
+    with_store!(db, |s| async_commit_from_of(s))
 }
 
 /// The `key` column as `db`'s backend spells it.

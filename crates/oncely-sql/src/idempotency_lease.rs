@@ -14,7 +14,7 @@ use std::time::Duration;
 use oncely_core::{Fingerprint, IdempotencyKey, RecordState, Scope, StoredResponse};
 
 use crate::backend::with_store;
-use crate::idempotency::{key_column, IdempotencyBackend};
+use crate::idempotency::{async_commit_from, key_column, IdempotencyBackend};
 use crate::{query, Database, IdempotencyStore, Query, Record, StoreError};
 
 /// Proof of holding a multi-phase record under one fencing token: required to complete,
@@ -215,6 +215,14 @@ impl IdempotencyStore {
     /// ([`RecordState::for_status`]), `completed_at = now_ms`, `expires_at = now_ms +
     /// retention`, lease cleared — only while its fence is still `lease`'s.
     ///
+    /// On PostgreSQL this one write commits without waiting for its WAL flush
+    /// (`synchronous_commit = off` for its own transaction): a database crash in the
+    /// ~3 × `wal_writer_delay` after it can only undo the stored answer, and the record
+    /// reads `processing` again → `unknown` past its lease → the status check — the
+    /// reservation, committed durably before anything was sent, still holds the key, so
+    /// nothing runs twice. It saves one WAL flush on each new key's path. The reservation
+    /// and every other write stay synchronous.
+    ///
     /// # Errors
     /// [`StoreError::Fenced`] when the record was taken over (nothing changed; the new
     /// holder's outcome stands); [`StoreError::NotHeld`] when it is final already or gone;
@@ -287,7 +295,8 @@ impl IdempotencyStore {
         let update = query(format!(
             "UPDATE oncely_idempotency SET state = $1, response_status = $2, \
              response_headers = $3, response_body = $4, completed_at = $5, expires_at = $6, \
-             lease_until = NULL WHERE {} AND state IN ('processing', 'unknown')",
+             lease_until = NULL{} WHERE {} AND state IN ('processing', 'unknown')",
+            async_commit_from(db),
             by_fence(key_column(db), 7)
         ))
         .bind(state.as_str())

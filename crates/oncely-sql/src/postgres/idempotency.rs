@@ -17,6 +17,8 @@ const CLAIM: &str = "SELECT pg_try_advisory_xact_lock($4 # hashtextextended(curr
 impl IdempotencyBackend for PgStore {
     const KEY_COLUMN: &'static str = "key";
     const SELECT_IDS: &'static str = "tenant, operation, key AS record_key";
+    const ASYNC_COMMIT_FROM: &'static str =
+        " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit";
 
     async fn claim(
         tx: &mut Self::Tx,
