@@ -233,7 +233,8 @@ impl Year {
 
 /// Where each preloaded record's `completed_at` falls: the first `expired` rows evenly
 /// over the retention window before the last one (so `expires_at` is in the past), the
-/// others evenly over the last window, up to [`LIVE_MARGIN_MS`] before its end.
+/// others evenly over the last window from [`LIVE_MARGIN_MS`] after its start (so
+/// `expires_at` is at least that far in the future).
 struct Preload {
     records: u64,
     expired: u64,
@@ -261,8 +262,8 @@ impl Preload {
             retention_ms: r,
         } = *self;
         let old_start = now_ms - 2 * r;
-        let live_start = now_ms - r;
-        let live_span = now_ms - LIVE_MARGIN_MS - live_start;
+        let live_start = now_ms - r + LIVE_MARGIN_MS;
+        let live_span = r - LIVE_MARGIN_MS;
         format!(
             "CASE WHEN n < {expired} THEN {old_start} + n * {r} {div} {e} \
              ELSE {live_start} + (n - {expired}) * {live_span} {div} {l} END",
