@@ -369,7 +369,7 @@ fn median(values: &mut [f64]) -> f64 {
     if values.len() % 2 == 1 {
         values[mid]
     } else {
-        (values[mid - 1] + values[mid]) / 2.0
+        f64::midpoint(values[mid - 1], values[mid])
     }
 }
 
