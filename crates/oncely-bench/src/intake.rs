@@ -34,14 +34,14 @@ pub(crate) struct IntakeArgs {
 /// The benchmark clients' API key (tenant `bench`).
 pub(crate) const API_KEY: &str = "bench-key-0123456789abcdef";
 
-async fn start(router: axum::Router) -> anyhow::Result<String> {
+pub(crate) async fn start(router: axum::Router) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, router).await });
     Ok(format!("http://{addr}/v1/orders"))
 }
 
-fn body(n: u64, run: &str) -> String {
+pub(crate) fn body(n: u64, run: &str) -> String {
     serde_json::json!({
         "source": "bench",
         "external_ref": format!("{run}-{n}"),
@@ -63,24 +63,47 @@ pub(crate) async fn load(
     expect: u16,
     make: Arc<dyn Fn(u64) -> (String, String) + Send + Sync>,
 ) -> anyhow::Result<f64> {
-    let ok = Arc::new(AtomicU64::new(0));
+    Ok(load_timed(client, url, concurrency, secs, expect, make)
+        .await?
+        .per_sec)
+}
+
+/// What [`load_timed`] measured: successful requests per second and the latency of each
+/// successful request, µs, unordered.
+#[derive(Debug, Default)]
+pub(crate) struct Timed {
+    pub(crate) per_sec: f64,
+    pub(crate) latencies_us: Vec<u32>,
+}
+
+/// As [`load`], also keeping each successful request's latency (µs, one `Vec` per client,
+/// merged at the end so the clients share no lock).
+pub(crate) async fn load_timed(
+    client: &reqwest::Client,
+    url: &str,
+    concurrency: usize,
+    secs: u64,
+    expect: u16,
+    make: Arc<dyn Fn(u64) -> (String, String) + Send + Sync>,
+) -> anyhow::Result<Timed> {
     let bad = Arc::new(AtomicU64::new(0));
     let seq = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + Duration::from_secs(secs);
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (client, url, ok, bad, seq, make) = (
+        let (client, url, bad, seq, make) = (
             client.clone(),
             url.to_owned(),
-            ok.clone(),
             bad.clone(),
             seq.clone(),
             make.clone(),
         );
         tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let (key, body) = make(seq.fetch_add(1, Ordering::Relaxed));
+                let sent = Instant::now();
                 let res = client
                     .post(&url)
                     .bearer_auth(API_KEY)
@@ -92,22 +115,28 @@ pub(crate) async fn load(
                 match res {
                     Ok(r) if r.status().as_u16() == expect => {
                         drop(r.bytes().await);
-                        ok.fetch_add(1, Ordering::Relaxed);
+                        let us = sent.elapsed().as_micros();
+                        latencies.push(u32::try_from(us).unwrap_or(u32::MAX));
                     }
                     _ => {
                         bad.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
+            latencies
         }));
     }
+    let mut latencies_us = Vec::new();
     for t in tasks {
-        t.await?;
+        latencies_us.extend(t.await?);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let bad = bad.load(Ordering::Relaxed);
     anyhow::ensure!(bad == 0, "{bad} requests got an unexpected answer");
-    Ok(ok.load(Ordering::Relaxed) as f64 / elapsed)
+    Ok(Timed {
+        per_sec: latencies_us.len() as f64 / elapsed,
+        latencies_us,
+    })
 }
 
 pub(crate) async fn run(args: IntakeArgs) -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 //! figure beside a baseline measured in the same run, as a ratio, so that a
 //! loaded machine moves both (docs/DESIGN.md "Measuring").
 //!
-//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects> …` (these were
+//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects|gateway|year> …` (these were
 //! `oncely bench …`; the subcommands and flags are unchanged).
 //!
 //! Layout:
@@ -17,6 +17,8 @@
 //!   memory.
 //! - `effects` — `oncely-bench effects`: charges/s driven to `succeeded` by the effect
 //!   runner vs raw HTTP calls to the payments simulator at the same concurrency.
+//! - `year` — `oncely-bench year`: intake on a preloaded idempotency table (10M records)
+//!   beside the empty table, and the retention collector's sweep under intake.
 //! - `db` — the fresh database the `inbox` and `effects` benchmarks run on.
 
 mod db;
@@ -26,6 +28,7 @@ mod inbox;
 mod intake;
 mod relay;
 mod saga;
+mod year;
 
 use clap::{Parser, Subcommand};
 use oncely_runtime::LogFormat;
@@ -61,6 +64,9 @@ enum BenchCommand {
     /// Gateway: requests/s through `oncely gateway` (new keys, and replays) beside the same
     /// requests sent directly to the same upstream.
     Gateway(gateway::GatewayBenchArgs),
+    /// A year of traffic: creates/s on an idempotency table of 10M records beside the empty
+    /// table, and intake p99 while the retention collector deletes the expired ones.
+    Year(year::YearArgs),
 }
 
 #[tokio::main]
@@ -74,5 +80,6 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Saga(args) => saga::run(args).await,
         BenchCommand::Effects(args) => effects::run(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
+        BenchCommand::Year(args) => year::run(args).await,
     }
 }

@@ -45,3 +45,22 @@ fn oncely_bench_offers_the_intake_relay_and_inbox_benchmarks_with_their_flags() 
         assert!(gateway.contains(flag), "gateway lacks {flag}: {gateway}");
     }
 }
+
+#[test]
+fn oncely_bench_offers_the_year_benchmark_with_its_flags() {
+    let top = help(&[]);
+    assert!(top.contains("year"), "{top}");
+    let year = help(&["year"]);
+    for flag in [
+        "--database-url",
+        "--seconds",
+        "--concurrency",
+        "--rounds",
+        "--records",
+        "--expired",
+        "--sweep-batch",
+        "--chunk",
+    ] {
+        assert!(year.contains(flag), "year lacks {flag}: {year}");
+    }
+}
