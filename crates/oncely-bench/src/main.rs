@@ -3,7 +3,7 @@
 //! figure beside a baseline measured in the same run, as a ratio, so that a
 //! loaded machine moves both (docs/DESIGN.md "Measuring").
 //!
-//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects> …` (these were
+//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects|gateway|chain> …` (these were
 //! `oncely bench …`; the subcommands and flags are unchanged).
 //!
 //! Layout:
@@ -17,8 +17,11 @@
 //!   memory.
 //! - `effects` — `oncely-bench effects`: charges/s driven to `succeeded` by the effect
 //!   runner vs raw HTTP calls to the payments simulator at the same concurrency.
+//! - `chain` — `oncely-bench chain`: orders/s from `POST /v1/orders` to the invoice
+//!   (serve → outbox → relay → broker → `billing`), beside the intake alone, and scaled out.
 //! - `db` — the fresh database the `inbox` and `effects` benchmarks run on.
 
+mod chain;
 mod db;
 mod effects;
 mod gateway;
@@ -61,6 +64,10 @@ enum BenchCommand {
     /// Gateway: requests/s through `oncely gateway` (new keys, and replays) beside the same
     /// requests sent directly to the same upstream.
     Gateway(gateway::GatewayBenchArgs),
+    /// The whole chain: orders/s from `POST /v1/orders` to the invoice written by the
+    /// `billing` consumer (relay and broker between), beside the intake alone, and with
+    /// several `serve`s and relays on one database.
+    Chain(chain::ChainBenchArgs),
 }
 
 #[tokio::main]
@@ -74,5 +81,6 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Saga(args) => saga::run(args).await,
         BenchCommand::Effects(args) => effects::run(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
+        BenchCommand::Chain(args) => chain::run(args).await,
     }
 }

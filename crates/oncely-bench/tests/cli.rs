@@ -45,3 +45,21 @@ fn oncely_bench_offers_the_intake_relay_and_inbox_benchmarks_with_their_flags() 
         assert!(gateway.contains(flag), "gateway lacks {flag}: {gateway}");
     }
 }
+
+#[test]
+fn oncely_bench_offers_the_whole_chain_with_its_broker_and_scale_flags() {
+    assert!(help(&[]).contains("chain"));
+    let chain = help(&["chain"]);
+    for flag in [
+        "--database-url",
+        "--broker",
+        "--seconds",
+        "--rounds",
+        "--concurrency",
+        "--serves",
+        "--relays",
+        "--pool",
+    ] {
+        assert!(chain.contains(flag), "chain lacks {flag}: {chain}");
+    }
+}
