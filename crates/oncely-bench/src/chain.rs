@@ -12,9 +12,10 @@
 //! - **chain ×N**: `--serves` instances (clients spread over them), `--relays` relays and one
 //!   consumer.
 //!
-//! A chain phase's end-to-end figure counts the invoices whose `created_at` falls inside
-//! the `--seconds` window of posting, divided by its length (so a backlog that grows is
-//! not counted); then the tail is awaited until every accepted order has its invoice.
+//! A chain phase's end-to-end figure counts the invoices whose `created_at` falls between
+//! the window's first invoice and the end of the `--seconds` window of posting, divided by
+//! that span (the ramp of one latency is left out; a backlog that grows is not counted);
+//! then the tail is awaited until every accepted order has its invoice.
 //! Latency is the invoice's `created_at` (the consumer's wall clock in ms, taken in its
 //! transaction just before the commit) minus the wall clock at the start of the POST, on
 //! the same host: it covers intake, commit, relay, broker and the consumer's handler, and
@@ -447,35 +448,42 @@ async fn measure(
 }
 
 /// Fills the end-to-end rate, latency and tail of `figures` from the invoices of the
-/// window's orders.
+/// window's orders. The rate counts the invoices written from the window's first invoice
+/// to the window's end, over that span: the ramp before the first invoice (one latency)
+/// is left out, and so is the tail after the window (a backlog is not counted).
 fn chain_figures(
     figures: &mut Figures,
     window: &Window,
     invoices: &[(String, i64)],
 ) -> anyhow::Result<()> {
-    let mut latencies = Vec::with_capacity(window.accepted.len());
-    let (mut inside, mut last) = (0_u64, window.end_ms);
-    for (order, created) in invoices {
-        let Some(started) = window.accepted.get(order) else {
-            continue; // a warm-up order
-        };
-        latencies.push((created - started).max(0));
-        if *created <= window.end_ms {
-            inside += 1;
-        }
-        last = last.max(*created);
-    }
+    let times: Vec<(i64, i64)> = invoices
+        .iter()
+        // Warm-up orders are not in the window.
+        .filter_map(|(order, created)| Some((*window.accepted.get(order)?, *created)))
+        .collect();
     anyhow::ensure!(
-        latencies.len() == window.accepted.len(),
+        times.len() == window.accepted.len(),
         "{} of {} orders invoiced",
-        latencies.len(),
+        times.len(),
         window.accepted.len()
     );
+    let first = times.iter().map(|t| t.1).min().unwrap_or(window.end_ms);
+    let last = times.iter().map(|t| t.1).max().unwrap_or(window.end_ms);
+    let inside = times.iter().filter(|t| t.1 <= window.end_ms).count();
+    let span_ms = window.end_ms - first;
+    anyhow::ensure!(
+        span_ms > 0,
+        "no invoice within the window; try more --seconds"
+    );
+    let mut latencies: Vec<i64> = times
+        .iter()
+        .map(|(at, created)| (created - at).max(0))
+        .collect();
     latencies.sort_unstable();
-    figures.invoices = inside as f64 / window.secs;
+    figures.invoices = inside as f64 * 1000.0 / span_ms as f64;
     figures.p50 = pct(&latencies, 0.50);
     figures.p99 = pct(&latencies, 0.99);
-    figures.tail = (last - window.end_ms) as f64 / 1000.0;
+    figures.tail = (last - window.end_ms).max(0) as f64 / 1000.0;
     Ok(())
 }
 
