@@ -87,6 +87,10 @@ pub(crate) struct ChainBenchArgs {
     /// consumer handles this many messages at once).
     #[arg(long, default_value_t = 6)]
     pool: u32,
+    /// Connections of each `serve`'s pool in the scaled phase (default `--pool`): e.g. 2 with
+    /// 4 serves keeps the intake's connections near the one-process phase's.
+    #[arg(long)]
+    scaled_serve_pool: Option<u32>,
     /// `serve` instances of the scaled phase.
     #[arg(long, default_value_t = 4)]
     serves: usize,
@@ -102,6 +106,8 @@ pub(crate) struct ChainBenchArgs {
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     serves: usize,
+    /// Connections of each serve's pool.
+    serve_pool: u32,
     relays: usize,
     consumer: bool,
 }
@@ -150,16 +156,19 @@ pub(crate) async fn run(args: ChainBenchArgs) -> anyhow::Result<()> {
     );
     let one = Layout {
         serves: 1,
+        serve_pool: args.pool,
         relays: 1,
         consumer: true,
     };
     let scaled = Layout {
         serves: args.serves.max(1),
+        serve_pool: args.scaled_serve_pool.unwrap_or(args.pool).max(1),
         relays: args.relays.max(1),
         consumer: true,
     };
     let intake = Layout {
         serves: 1,
+        serve_pool: args.pool,
         relays: 0,
         consumer: false,
     };
@@ -324,7 +333,7 @@ impl System {
             self.tasks.push(relay.spawn(&db, self.stop.clone())?);
         }
         for _ in 0..layout.serves {
-            let db = self.pool(args.pool).await?;
+            let db = self.pool(layout.serve_pool).await?;
             self.spawn_serve(db, topic(broker)).await?;
         }
         Ok(())
@@ -649,8 +658,8 @@ fn print_medians(rounds: &[(Figures, Figures, Figures)], scaled: Layout) {
         "{:<46} {:>8.0} orders/s   ratio {:.2}× chain ×1 (target ≥ 0.9); p50 {:.0} ms, p99 \
          {:.0} ms; posted {:.0}/s",
         format!(
-            "whole chain: {} serves, {} relays, 1 consumer",
-            scaled.serves, scaled.relays
+            "whole chain: {} serves (pools of {}), {} relays",
+            scaled.serves, scaled.serve_pool, scaled.relays
         ),
         m(&|r| r.2.invoices),
         m(&|r| r.2.invoices / r.1.invoices),
