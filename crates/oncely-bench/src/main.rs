@@ -3,7 +3,7 @@
 //! figure beside a baseline measured in the same run, as a ratio, so that a
 //! loaded machine moves both (docs/DESIGN.md "Measuring").
 //!
-//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects|gateway|year> …` (these were
+//! Run with `cargo run --release -p oncely-bench -- <intake|relay|inbox|saga|effects|gateway|year|chain> …` (these were
 //! `oncely bench …`; the subcommands and flags are unchanged).
 //!
 //! Layout:
@@ -19,8 +19,11 @@
 //!   runner vs raw HTTP calls to the payments simulator at the same concurrency.
 //! - `year` — `oncely-bench year`: intake on a preloaded idempotency table (10M records)
 //!   beside the empty table, and the retention collector's sweep under intake.
+//! - `chain` — `oncely-bench chain`: orders/s from `POST /v1/orders` to the invoice
+//!   (serve → outbox → relay → broker → `billing`), beside the intake alone, and scaled out.
 //! - `db` — the fresh database the `inbox` and `effects` benchmarks run on.
 
+mod chain;
 mod db;
 mod effects;
 mod gateway;
@@ -67,6 +70,10 @@ enum BenchCommand {
     /// A year of traffic: creates/s on an idempotency table of 10M records beside the empty
     /// table, and intake p99 while the retention collector deletes the expired ones.
     Year(year::YearArgs),
+    /// The whole chain: orders/s from `POST /v1/orders` to the invoice written by the
+    /// `billing` consumer (relay and broker between), beside the intake alone, and with
+    /// several `serve`s and relays on one database.
+    Chain(chain::ChainBenchArgs),
 }
 
 #[tokio::main]
@@ -81,5 +88,6 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Effects(args) => effects::run(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
         BenchCommand::Year(args) => year::run(args).await,
+        BenchCommand::Chain(args) => chain::run(args).await,
     }
 }

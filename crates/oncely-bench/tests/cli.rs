@@ -64,3 +64,21 @@ fn oncely_bench_offers_the_year_benchmark_with_its_flags() {
         assert!(year.contains(flag), "year lacks {flag}: {year}");
     }
 }
+
+#[test]
+fn oncely_bench_offers_the_whole_chain_with_its_broker_and_scale_flags() {
+    assert!(help(&[]).contains("chain"));
+    let chain = help(&["chain"]);
+    for flag in [
+        "--database-url",
+        "--broker",
+        "--seconds",
+        "--rounds",
+        "--concurrency",
+        "--serves",
+        "--relays",
+        "--pool",
+    ] {
+        assert!(chain.contains(flag), "chain lacks {flag}: {chain}");
+    }
+}
