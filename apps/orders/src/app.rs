@@ -91,7 +91,7 @@ where
         // Inside authentication: an unauthenticated client gets 401 with its body unread
         // and spends none of the body budget.
         .route_layer(middleware::from_fn_with_state(
-            body_limits(config),
+            config.body_limits(),
             oncely_http::read_body,
         ))
         .route_layer(TenantLayer::new(keys.clone()))
@@ -147,15 +147,6 @@ where
     })
     .layer(middleware::from_fn(crate::metrics::track))
     .layer(middleware::from_fn(oncely_http::log_request))
-}
-
-/// The request-body guard of `config` (its bound is the idempotency layer's).
-pub(crate) fn body_limits(config: &AppConfig) -> oncely_http::BodyLimits {
-    oncely_http::BodyLimits::new(
-        &config.http,
-        config.idempotency.max_request_body,
-        config.idempotency.retry_after_secs,
-    )
 }
 
 /// Serves the order service on `listener` until `shutdown` resolves, then drains in-flight

@@ -84,3 +84,15 @@ pub type ConfigError = oncely_http::ApiKeysError;
 pub fn parse_api_keys(s: &str) -> Result<HashMap<String, TenantId>, ConfigError> {
     Ok(oncely_http::parse_api_keys(s)?.into_iter().collect())
 }
+
+impl AppConfig {
+    /// The request-body guard of this configuration: the shared in-flight budget of
+    /// [`AppConfig::http`], each body bounded as the idempotency layer bounds it.
+    pub(crate) fn body_limits(&self) -> oncely_http::BodyLimits {
+        oncely_http::BodyLimits::new(
+            &self.http,
+            self.idempotency.max_request_body,
+            self.idempotency.retry_after_secs,
+        )
+    }
+}

@@ -98,7 +98,7 @@ pub(crate) fn routes(db: &Database, config: &AppConfig, keys: oncely_http::ApiKe
         None => Router::new().route(PAYMENT_ROUTE, post(not_configured)),
     };
     pay.route_layer(middleware::from_fn_with_state(
-        crate::app::body_limits(config),
+        config.body_limits(),
         oncely_http::read_body,
     ))
     .route(
