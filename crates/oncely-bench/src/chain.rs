@@ -53,27 +53,8 @@ pub(crate) struct ChainBenchArgs {
     /// The broker between the relay and the consumer.
     #[arg(long, value_enum, default_value_t = BrokerKind::Rabbitmq)]
     broker: BrokerKind,
-    /// RabbitMQ URL.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_url: String,
-    /// NATS URL.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_KAFKA_BROKERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    kafka_brokers: String,
+    #[command(flatten)]
+    urls: crate::relay::BrokerUrls,
     /// Seconds of posting per phase.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
@@ -202,13 +183,13 @@ fn broker_config(args: &ChainBenchArgs, tag: &str) -> BrokerConfig {
     let topic = format!("chain{tag}");
     BrokerConfig {
         kind: args.broker,
-        amqp_url: args.amqp_url.clone(),
+        amqp_url: args.urls.amqp_url.clone(),
         amqp_exchange: EXCHANGE.to_owned(),
         amqp_queue_prefix: format!("oncely-bench.{tag}"),
-        nats_url: args.nats_url.clone(),
+        nats_url: args.urls.nats_url.clone(),
         nats_stream: format!("CHAIN{}", tag.to_ascii_uppercase()),
         nats_subjects: vec![topic.clone()],
-        kafka_brokers: args.kafka_brokers.clone(),
+        kafka_brokers: args.urls.kafka_brokers.clone(),
         kafka_topics: vec![topic],
         kafka_group_prefix: Some(format!("oncely-bench.{tag}")),
         ..BrokerConfig::default()

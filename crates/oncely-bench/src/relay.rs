@@ -17,6 +17,32 @@ use oncely_sql::{Database, DbOptions, OutboxEvent, OutboxStore};
 use oncely_testkit::TestDb;
 use tokio_util::sync::CancellationToken;
 
+/// Where each broker listens: the flags of `relay` and `chain`.
+#[derive(Debug, Args)]
+pub(crate) struct BrokerUrls {
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub(crate) amqp_url: String,
+    /// NATS URL.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub(crate) nats_url: String,
+    /// Kafka bootstrap servers.
+    #[arg(
+        long,
+        env = "ONCELY_TEST_KAFKA_BROKERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub(crate) kafka_brokers: String,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct RelayBenchArgs {
     /// Database holding the outbox; a fresh schema (PostgreSQL) or file (SQLite) is used.
@@ -26,27 +52,8 @@ pub(crate) struct RelayBenchArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     database_url: String,
-    /// RabbitMQ URL.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_url: String,
-    /// NATS URL.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "ONCELY_TEST_KAFKA_BROKERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    kafka_brokers: String,
+    #[command(flatten)]
+    pub(crate) urls: BrokerUrls,
     /// Events per throughput run (relay and raw client each).
     #[arg(long, default_value_t = 20_000)]
     events: usize,
@@ -162,7 +169,7 @@ impl Target {
         let topic = format!("bench{}", uuid::Uuid::new_v4().simple());
         match broker {
             Broker::RabbitMq => {
-                let (conn, ch) = amqp_connect(&args.amqp_url)
+                let (conn, ch) = amqp_connect(&args.urls.amqp_url)
                     .await
                     .context("connecting to RabbitMQ")?;
                 ch.exchange_declare(
@@ -213,7 +220,7 @@ impl Target {
                     use futures_util::StreamExt as _;
                     while let Some(Ok(_)) = deliveries.next().await {}
                 });
-                let mut c = RabbitMqConfig::new(&args.amqp_url);
+                let mut c = RabbitMqConfig::new(&args.urls.amqp_url);
                 EXCHANGE.clone_into(&mut c.exchange);
                 c.max_in_flight = window;
                 let publisher = Arc::new(RabbitMqPublisher::connect(c).await?);
@@ -227,7 +234,7 @@ impl Target {
                 })
             }
             Broker::Nats => {
-                let mut c = NatsConfig::new(&args.nats_url);
+                let mut c = NatsConfig::new(&args.urls.nats_url);
                 c.max_in_flight = window;
                 let p = NatsPublisher::connect(c)
                     .await
@@ -245,10 +252,10 @@ impl Target {
                 })
             }
             Broker::Kafka => {
-                oncely_broker::ensure_topic(&args.kafka_brokers, &topic, 3)
+                oncely_broker::ensure_topic(&args.urls.kafka_brokers, &topic, 3)
                     .await
                     .context("creating the Kafka topic")?;
-                let c = KafkaConfig::new(&args.kafka_brokers);
+                let c = KafkaConfig::new(&args.urls.kafka_brokers);
                 let p = KafkaPublisher::new(c.clone())?;
                 Ok(Self {
                     broker,
@@ -271,7 +278,7 @@ impl Target {
         let started = Instant::now();
         match self.broker {
             Broker::RabbitMq => {
-                let (_conn, ch) = amqp_connect(&args.amqp_url).await?;
+                let (_conn, ch) = amqp_connect(&args.urls.amqp_url).await?;
                 ch.confirm_select(ConfirmSelectOptions::default()).await?;
                 let mut i = 0;
                 while i < n {
@@ -358,7 +365,7 @@ impl Target {
         let mut waits = Vec::with_capacity(total as usize);
         let amqp = match self.broker {
             Broker::RabbitMq => {
-                let (conn, ch) = amqp_connect(&args.amqp_url).await?;
+                let (conn, ch) = amqp_connect(&args.urls.amqp_url).await?;
                 ch.confirm_select(ConfirmSelectOptions::default()).await?;
                 Some((conn, ch))
             }
