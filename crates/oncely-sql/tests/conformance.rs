@@ -11,6 +11,8 @@ use oncely_sql::{
 };
 #[path = "conformance/effects.rs"]
 mod effects;
+#[path = "conformance/effects_settle.rs"]
+mod effects_settle;
 #[path = "conformance/idempotency_lease.rs"]
 mod idempotency_lease;
 

@@ -1,4 +1,6 @@
-//! What each backend implements for [`EffectStore`](crate::EffectStore) (in `sqlite/`, `postgres/`, `mysql/`): the claim and the fenced settle update, with the columns and SQL texts they share. It names no backend.
+//! What each backend implements for [`EffectStore`](crate::EffectStore) (in `sqlite/`,
+//! `postgres/`, `mysql/`): the claim and the multi-row fenced settle update, with the columns
+//! and SQL texts they share. It names no backend.
 
 use super::types::Effect;
 use crate::driver::Store;
@@ -51,7 +53,9 @@ pub(crate) const CLAIM_SET: &str = "attempts = CASE WHEN state IN ('pending', 'a
 pub(crate) const CLAIM_DUE: &str = "provider = $4 AND state IN ('pending', 'absent', 'unknown', \
     'in_flight') AND available_at <= $3 AND (locked_until IS NULL OR locked_until < $3)";
 
-/// The effect store's per-backend half: the claim (its locking differs per backend).
+/// The effect store's per-backend half: the claim (its locking differs per backend) and the
+/// fenced settle of a group (how a backend learns which rows it wrote differs: `RETURNING`
+/// on SQLite and PostgreSQL, the rows matched on MySQL).
 pub(crate) trait EffectsBackend: Store {
     /// The select list that decodes into [`Effect`] on this backend.
     const COLUMNS: &'static str = EFFECT_COLUMNS;
@@ -59,22 +63,25 @@ pub(crate) trait EffectsBackend: Store {
     /// Claims as [`EffectStore::claim`] documents, returning the claimed rows as updated.
     async fn claim(&self, claim: &Claim<'_>) -> Result<Vec<Effect>, StoreError>;
 
-    /// Applies `rows` in `tx` in one statement, each fenced by its lease version, setting
-    /// `updated_at` to `now_ms`; per row whether it was held. `None` (the default) where
-    /// the backend has no multi-row update with `RETURNING`: the portable one-by-one
-    /// update runs instead.
+    /// Applies `rows` in `tx` as one multi-row fenced `UPDATE` (a row is written only while
+    /// the effect's `lease_version` is still the one it was claimed with), clearing the
+    /// lease and setting `updated_at` to `now_ms` (Unix ms). Returns, per row of `rows` in
+    /// order, whether its lease was held (and the row written): a lost lease is `false` and
+    /// leaves that effect untouched, the others are written all the same. `rows` holds at
+    /// most [`SETTLE_CHUNK`](super::settle::SETTLE_CHUNK) rows.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; the caller rolls `tx` back.
     async fn settle_rows(
         tx: &mut Self::Tx,
         rows: &[SettleRow],
         now_ms: i64,
-    ) -> Result<Option<Vec<bool>>, StoreError> {
-        let _ = (tx, rows, now_ms);
-        Ok(None)
-    }
+    ) -> Result<Vec<bool>, StoreError>;
 }
 
-/// Per row of `rows`, whether `updated` (the `(id, lease_version)` pairs a multi-row
-/// settle returned) holds it.
+/// Per row of `rows`, whether `updated` (the `(id, lease_version)` pairs of the rows a
+/// multi-row settle wrote, or of the rows as read back after it in its transaction) holds
+/// it.
 pub(crate) fn held_rows(rows: &[SettleRow], updated: &[(String, i64)]) -> Vec<bool> {
     let updated: std::collections::HashSet<(&str, i64)> =
         updated.iter().map(|(id, v)| (id.as_str(), *v)).collect();

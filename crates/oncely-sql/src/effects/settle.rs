@@ -164,8 +164,8 @@ impl EffectStore {
 
     /// Settles every item of `items` in `tx` (a group commit): each effect's update fenced
     /// by the lease version it was claimed with, and the evidence of those still held —
-    /// one multi-row update on SQLite and PostgreSQL (a fenced update per effect on MySQL),
-    /// one grouped count of the evidence already recorded and one multi-row insert, instead
+    /// one multi-row update on every backend (see `EffectsBackend::settle_rows`), one
+    /// grouped count of the evidence already recorded and one multi-row insert, instead
     /// of three statements per effect. Returns, per item in order, whether its lease was
     /// still held: an item whose lease was lost (another runner claimed the effect since)
     /// is `false` and writes nothing; the others are unaffected. The caller adds each held
@@ -184,11 +184,7 @@ impl EffectStore {
         let rows: Vec<SettleRow> = items.iter().map(SettleRow::of).collect();
         let mut held = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(SETTLE_CHUNK) {
-            let done = with_tx!(&mut *tx, |t: S| S::settle_rows(t, chunk, now_ms).await)?;
-            held.extend(match done {
-                Some(done) => done,
-                None => Self::settle_rows_one_by_one(tx, chunk, now_ms).await?,
-            });
+            held.extend(with_tx!(&mut *tx, |t: S| S::settle_rows(t, chunk, now_ms).await)?);
         }
         let kept: Vec<&SettleItem<'_>> = items
             .iter()
@@ -215,44 +211,6 @@ impl EffectStore {
     /// [`StoreError`] when the database fails or the number was taken meanwhile.
     pub async fn note(tx: &mut Tx, effect_id: &str, evidence: &Evidence) -> Result<(), StoreError> {
         Self::record_evidence(tx, &[(effect_id, evidence)]).await
-    }
-
-    /// The portable settle: one fenced `UPDATE` per row (its rows affected say whether the
-    /// lease was held).
-    pub(crate) async fn settle_rows_one_by_one(
-        tx: &mut Tx,
-        rows: &[SettleRow],
-        now_ms: i64,
-    ) -> Result<Vec<bool>, StoreError> {
-        let mut held = Vec::with_capacity(rows.len());
-        for r in rows {
-            let n = tx
-                .execute(
-                    query(
-                        "UPDATE oncely_effects SET attempts = attempts - $1, \
-                         checks = checks + $2, state = $3, available_at = $4, provider_id = $5, \
-                         response = $6, last_error = $7, idem_key = $8, key_generation = $9, \
-                         locked_by = NULL, locked_until = NULL, updated_at = $10, \
-                         unavailable_streak = $11 WHERE id = $12 AND lease_version = $13",
-                    )
-                    .bind(r.uncount)
-                    .bind(r.checks)
-                    .bind(r.state)
-                    .bind(r.available_at)
-                    .bind(r.provider_id.clone())
-                    .bind(r.response.clone())
-                    .bind(r.error.clone())
-                    .bind(r.key.as_str())
-                    .bind(r.key_generation)
-                    .bind(now_ms)
-                    .bind(r.streak)
-                    .bind(r.id.as_str())
-                    .bind(r.lease_version),
-                )
-                .await?;
-            held.push(n > 0);
-        }
-        Ok(held)
     }
 
     /// Records the evidence of `items` (effect id, evidence; their leases held): each

@@ -1,8 +1,10 @@
 //! [`EffectsBackend`] on MySQL / MariaDB: the due ids locked with `FOR UPDATE SKIP LOCKED`,
-//! then updated and read back in the same transaction (no `UPDATE … RETURNING`).
+//! then updated and read back in the same transaction (no `UPDATE … RETURNING`); a group of
+//! settles as one `UPDATE` joined to a derived table of the new values, whose rows matched
+//! say whether every lease was held (read back only when one was not).
 
 use super::MySqlStore;
-use crate::effects::driver::{Claim, EffectsBackend};
+use crate::effects::driver::{held_rows, Claim, EffectsBackend, SettleRow};
 use crate::effects::types::Effect;
 use crate::StoreError;
 
@@ -63,4 +65,95 @@ impl EffectsBackend for MySqlStore {
         tx.commit().await?;
         Ok(rows)
     }
+
+    /// The group as one `UPDATE … JOIN` a derived table of its new values, read back only
+    /// when a lease was lost: one statement per group when every lease was held, two
+    /// otherwise — not one per effect, and fewer than the other correct shape, which locks
+    /// the group first (`SELECT id, lease_version … FOR UPDATE`, always a second round
+    /// trip) and then updates the rows that still match.
+    ///
+    /// The `UPDATE` joins each row of the derived table [`settle_values`] to its effect on
+    /// `id` *and* `lease_version`. An `UPDATE` reads each effect's latest committed version
+    /// under an exclusive lock (waiting for a concurrent claim to commit or roll back), so
+    /// an effect whose lease another runner took over has a higher `lease_version` and is
+    /// not matched — and the ones matched stay locked, with this version, until `tx` ends.
+    /// MySQL has no `RETURNING`, but its count of rows matched (sqlx connects with
+    /// `CLIENT_FOUND_ROWS`: matched, not changed) is at most the number of distinct ids in
+    /// the group, and equals `rows.len()` only when every row matched. Otherwise the group
+    /// is read back in `tx`: since `lease_version` only grows (every claim and operator
+    /// action raises it, a settle keeps it), an effect still at the version it was claimed
+    /// with is exactly one this `UPDATE` wrote.
+    ///
+    /// `STRAIGHT_JOIN` pins the plan: the derived table drives and each effect is found by
+    /// its primary key, never by a scan of `oncely_effects` under lock.
+    async fn settle_rows(
+        tx: &mut Self::Tx,
+        rows: &[SettleRow],
+        now_ms: i64,
+    ) -> Result<Vec<bool>, StoreError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "UPDATE ({}) v STRAIGHT_JOIN oncely_effects e \
+             ON e.id = v.id AND e.lease_version = v.lease_version \
+             SET e.attempts = e.attempts - v.uncount, e.checks = e.checks + v.checks, \
+             e.state = v.state, e.available_at = v.available_at, \
+             e.provider_id = v.provider_id, e.response = v.response, \
+             e.last_error = v.last_error, e.idem_key = v.idem_key, \
+             e.key_generation = v.key_generation, e.locked_by = NULL, e.locked_until = NULL, \
+             e.updated_at = ?, e.unavailable_streak = v.streak",
+            settle_values(rows.len())
+        );
+        let mut q = sqlx::query(&sql);
+        for r in rows {
+            q = q
+                .bind(r.id.as_str())
+                .bind(r.lease_version)
+                .bind(r.uncount)
+                .bind(r.checks)
+                .bind(r.state)
+                .bind(r.available_at)
+                .bind(r.provider_id.as_deref())
+                .bind(r.response.as_deref())
+                .bind(r.error.as_deref())
+                .bind(r.key.as_str())
+                .bind(r.key_generation)
+                .bind(r.streak);
+        }
+        let matched = q.bind(now_ms).execute(&mut **tx).await?.rows_affected();
+        if usize::try_from(matched).is_ok_and(|m| m == rows.len()) {
+            return Ok(vec![true; rows.len()]);
+        }
+        let select = format!(
+            "SELECT id, lease_version FROM oncely_effects WHERE id IN ({})",
+            crate::in_list(rows.len())
+        );
+        let mut q = sqlx::query_as(&select);
+        for r in rows {
+            q = q.bind(r.id.as_str());
+        }
+        let now: Vec<(String, i64)> = q.fetch_all(&mut **tx).await?;
+        Ok(held_rows(rows, &now))
+    }
+}
+
+/// The derived table of a settle of `n` (≥ 1) rows: `SELECT … UNION ALL SELECT …`, one
+/// `SELECT` of 12 placeholders per row, bound as [`SettleRow`]'s fields in order (a table
+/// value constructor would do too, but MariaDB's `VALUES (…)` and MySQL's
+/// `VALUES ROW(…)` are spelled differently).
+///
+/// Each text value but the id goes through `CAST(? AS CHAR)`: a bare text parameter in a
+/// derived table is typed from its bound value, and MariaDB 10.11 keeps one longer than
+/// 65,535 bytes with its length wrapped (a 70,000-byte response arrived as 4,464 bytes);
+/// cast, the column is text as long as the group's longest value. The id stays bare: cast,
+/// it no longer matches the primary key's type and the join scans `oncely_effects`.
+fn settle_values(n: usize) -> String {
+    let first = "SELECT ? AS id, ? AS lease_version, ? AS uncount, ? AS checks, \
+        CAST(? AS CHAR) AS state, ? AS available_at, CAST(? AS CHAR) AS provider_id, \
+        CAST(? AS CHAR) AS response, CAST(? AS CHAR) AS last_error, \
+        CAST(? AS CHAR) AS idem_key, ? AS key_generation, ? AS streak";
+    let more = " UNION ALL SELECT ?, ?, ?, ?, CAST(? AS CHAR), ?, CAST(? AS CHAR), \
+        CAST(? AS CHAR), CAST(? AS CHAR), CAST(? AS CHAR), ?, ?";
+    format!("{first}{}", more.repeat(n.saturating_sub(1)))
 }

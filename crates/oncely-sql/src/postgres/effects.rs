@@ -35,7 +35,7 @@ impl EffectsBackend for PgStore {
         tx: &mut Self::Tx,
         rows: &[SettleRow],
         now_ms: i64,
-    ) -> Result<Option<Vec<bool>>, StoreError> {
+    ) -> Result<Vec<bool>, StoreError> {
         let text = |f: fn(&SettleRow) -> &str| rows.iter().map(f).collect::<Vec<_>>();
         let opt = |f: fn(&SettleRow) -> Option<&str>| rows.iter().map(f).collect::<Vec<_>>();
         let int = |f: fn(&SettleRow) -> i64| rows.iter().map(f).collect::<Vec<_>>();
@@ -55,7 +55,7 @@ impl EffectsBackend for PgStore {
             .bind(int(|r| r.streak))
             .fetch_all(&mut **tx)
             .await?;
-        Ok(Some(held_rows(rows, &updated)))
+        Ok(held_rows(rows, &updated))
     }
 }
 

@@ -28,7 +28,7 @@ impl EffectsBackend for SqliteStore {
         tx: &mut Self::Tx,
         rows: &[SettleRow],
         now_ms: i64,
-    ) -> Result<Option<Vec<bool>>, StoreError> {
+    ) -> Result<Vec<bool>, StoreError> {
         let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
         // The VALUES columns are prefixed: SET's unqualified names are the table's.
         let sql = format!(
@@ -60,6 +60,6 @@ impl EffectsBackend for SqliteStore {
                 .bind(r.streak);
         }
         let updated: Vec<(String, i64)> = q.bind(now_ms).fetch_all(&mut **tx).await?;
-        Ok(Some(held_rows(rows, &updated)))
+        Ok(held_rows(rows, &updated))
     }
 }

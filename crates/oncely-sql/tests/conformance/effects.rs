@@ -11,14 +11,14 @@ use oncely_sql::{
 use oncely_testkit::TestDb;
 use serde_json::json;
 
-const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
 
-async fn store(t: &TestDb) -> EffectStore {
+pub(crate) async fn store(t: &TestDb) -> EffectStore {
     t.db.migrate().await.unwrap();
     EffectStore::new(t.db.clone())
 }
 
-async fn enqueue(s: &EffectStore, reference: &str, key: &str) -> Enqueued {
+pub(crate) async fn enqueue(s: &EffectStore, reference: &str, key: &str) -> Enqueued {
     let request = json!({"amount": 1250, "currency": "eur"});
     let mut tx = s.database().begin().await.unwrap();
     let new = NewEffect {
@@ -49,7 +49,7 @@ async fn settle(
     tx.commit().await.unwrap();
 }
 
-fn evidence(kind: EvidenceKind, outcome: &str) -> Evidence {
+pub(crate) fn evidence(kind: EvidenceKind, outcome: &str) -> Evidence {
     Evidence {
         kind,
         key: "k".into(),
