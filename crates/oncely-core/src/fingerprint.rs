@@ -495,7 +495,11 @@ mod tests {
     }
 
     fn hex(d: &[u8; 32]) -> String {
-        d.iter().map(|b| format!("{b:02x}")).collect()
+        use std::fmt::Write as _;
+        d.iter().fold(String::new(), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
     }
 
     /// The digests as computed before fingerprint parts existed (an independent

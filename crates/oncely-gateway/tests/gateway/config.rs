@@ -102,7 +102,7 @@ business_key = "/external_ref"
         .pointers()
         .unwrap()
         .iter()
-        .map(|p| p.as_str())
+        .map(JsonPointer::as_str)
         .collect();
     assert_eq!(pointers, ["/amount", "/currency"]);
     assert_eq!(parts.header_names(), ["stripe-version"]);
