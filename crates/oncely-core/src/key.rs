@@ -68,6 +68,21 @@ impl IdempotencyKey {
         ))
     }
 
+    /// A key read from a JSON document (a business key): a string as written, or a number
+    /// in its RFC 8785 form (`1e3` and `1000.0` are `1000`). `None` for any other value,
+    /// or one that is not 1–[`MAX_KEY_LEN`] visible ASCII characters, or a string starting
+    /// with `"` (sent as a header it would read as an RFC 8941 quoted string, another key).
+    pub fn from_json(value: &serde_json::Value) -> Option<Self> {
+        let text = match value {
+            serde_json::Value::String(s) => s.clone(),
+            n @ serde_json::Value::Number(_) => serde_json_canonicalizer::to_string(n).ok()?,
+            _ => return None,
+        };
+        Self::parse(text.as_bytes())
+            .ok()
+            .filter(|key| key.as_str() == text)
+    }
+
     /// The key's characters, unquoted.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -119,6 +134,23 @@ impl std::str::FromStr for IdempotencyKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_business_key_is_a_json_string_as_written_or_a_canonical_number() {
+        use serde_json::json;
+        let key = |v| IdempotencyKey::from_json(&v).map(|k| k.as_str().to_owned());
+        assert_eq!(key(json!("ref-1")), Some("ref-1".to_owned()));
+        assert_eq!(key(json!(1000)), Some("1000".to_owned()));
+        assert_eq!(key(json!(1e3)), Some("1000".to_owned()));
+        assert_eq!(key(json!(0.5)), Some("0.5".to_owned()));
+        assert_eq!(key(json!("\"quoted\"")), None);
+        assert_eq!(key(json!("with space")), None);
+        assert_eq!(key(json!("")), None);
+        assert_eq!(key(json!("x".repeat(256))), None);
+        assert_eq!(key(json!(true)), None);
+        assert_eq!(key(json!({"a": 1})), None);
+        assert_eq!(key(serde_json::Value::Null), None);
+    }
 
     #[test]
     fn bare_and_quoted_forms_parse_to_the_same_key() {

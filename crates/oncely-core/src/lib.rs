@@ -11,8 +11,10 @@
 //!   (draft-ietf-httpapi-idempotency-key-header-07 §2, RFC 8941 §3.3.3).
 //! - `scope` — [`TenantId`], [`Operation`], [`Scope`]: who asked for which operation.
 //! - `fingerprint` — [`Fingerprint`], [`FingerprintMismatch`]: SHA-256 over the canonical
-//!   request, JSON bodies in RFC 8785 (JCS) form; [`parse_i_json`], the JSON reading it
-//!   uses (RFC 7493 I-JSON: no duplicate member names).
+//!   request, JSON bodies in RFC 8785 (JCS) form; [`FingerprintParts`], what it covers (the
+//!   whole body or some JSON pointers in it, some headers); [`parse_i_json`], the JSON
+//!   reading it uses (RFC 7493 I-JSON: no duplicate member names).
+//! - `pointer` — [`JsonPointer`]: an RFC 6901 pointer into a JSON body, validated.
 //! - `record` — [`RecordState`], [`StoredResponse`], the replay header allow-list.
 //! - `time` — [`now_ms`]: wall-clock milliseconds, the unit every stored timestamp uses;
 //!   [`millis`] and [`ms_after`]: a `Duration` in that unit.
@@ -40,6 +42,7 @@ pub mod failpoint;
 mod fingerprint;
 mod key;
 mod message;
+mod pointer;
 #[cfg(test)]
 mod props;
 mod record;
@@ -51,9 +54,13 @@ mod words;
 pub use budget::RetryBudget;
 pub use chain::error_chain;
 pub use derive::{derive_key, next_key};
-pub use fingerprint::{parse_i_json, Fingerprint, FingerprintError, FingerprintMismatch};
+pub use fingerprint::{
+    is_json_media_type, parse_i_json, Fingerprint, FingerprintError, FingerprintInput,
+    FingerprintMismatch, FingerprintParts,
+};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use message::{MessageId, MessageIdError};
+pub use pointer::{JsonPointer, PointerError};
 pub use record::{
     is_replayable_header, RecordState, StoredResponse, StoredResponseError, REPLAYABLE_HEADERS,
 };

@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodFilter, MethodRouter};
 use axum::Router;
-use http::{header, HeaderName, Request, StatusCode};
+use http::{header, Request, StatusCode};
 use oncely_core::{IdempotencyKey, Operation, Scope, TenantId};
 use oncely_http::{
     lease_sweep, IdempotencyConfig, IdempotencyLayer, MultiPhase, Problem, TenantExtractor,
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tower::{service_fn, Layer, ServiceExt};
 
 use crate::config::{ConfigError, GatewayConfig, KeyPolicy, RouteConfig};
-use crate::forward::{kind, Forwarding, Upstream};
+use crate::forward::{kind, Forwarding, Upstream, IDEMPOTENCY_KEY};
 use crate::probe::Probe;
 use crate::template::Template;
 use crate::Authentication;
@@ -35,8 +35,6 @@ use crate::Authentication;
 pub fn status_link(n: usize) -> String {
     format!("/_oncely/routes/{n}/operations/{{key}}")
 }
-
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// What the status resource needs of each route.
 #[derive(Clone)]
@@ -146,6 +144,8 @@ fn guarded_route(
         max_stored_response: route.max_stored_response_bytes,
         // The forward's own timeout answers first; this only bounds a stuck store write.
         execution_timeout: timeout + Duration::from_secs(2),
+        fingerprint: route.fingerprint_parts()?,
+        key_source: route.key_source()?,
         ..IdempotencyConfig::default()
     };
     let forwarding = Arc::new(Forwarding {

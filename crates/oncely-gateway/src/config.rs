@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use http::Method;
+use http::{HeaderName, Method};
+use oncely_core::{FingerprintParts, JsonPointer};
+use oncely_http::KeySource;
 use serde::Deserialize;
 
 /// A configuration that cannot be used.
@@ -25,6 +27,10 @@ pub enum ConfigError {
     /// A route's lease would not exceed its upstream timeout.
     #[error("route {0:?}: timeout_ms must be at least 1")]
     Timeout(String),
+    /// A route option that names a JSON pointer or a header is malformed:
+    /// (route, option, value, why).
+    #[error("route {0:?}: {1} {2:?}: {3}")]
+    RouteOption(String, &'static str, String, String),
     /// The configuration file cannot be read or parsed.
     #[error("configuration file: {0}")]
     File(String),
@@ -125,6 +131,21 @@ pub struct RouteConfig {
     /// The status probe; without one an unknown operation waits for an operator.
     #[serde(default)]
     pub probe: Option<ProbeConfig>,
+    /// JSON pointers (RFC 6901) the fingerprint covers instead of the whole body, e.g.
+    /// `["/amount", "/currency"]`: a retry whose other fields differ (a timestamp or nonce
+    /// the client regenerates) is the same request. The body must then be JSON (415
+    /// otherwise). Unset: the whole body.
+    #[serde(default)]
+    pub fingerprint_body: Option<Vec<String>>,
+    /// Request headers whose values the fingerprint covers too, e.g. `["Stripe-Version"]`
+    /// (a retry that differs there gets 422 `differs: headers`). Default none.
+    #[serde(default)]
+    pub fingerprint_headers: Vec<String>,
+    /// A JSON pointer to the operation's business key in the body, e.g.
+    /// `"/external_ref"`: requests with the same value there are one operation, whatever
+    /// `Idempotency-Key` they carry (or none). Cannot be combined with `key = "optional"`.
+    #[serde(default)]
+    pub business_key: Option<String>,
 }
 
 mod defaults {
@@ -169,6 +190,9 @@ impl RouteConfig {
             max_stored_response_bytes: defaults::max_stored_response_bytes(),
             on_5xx: On5xx::default(),
             probe: None,
+            fingerprint_body: None,
+            fingerprint_headers: Vec::new(),
+            business_key: None,
         };
         route.method()?;
         Ok(route)
@@ -210,6 +234,58 @@ impl RouteConfig {
     /// The retention of finished outcomes.
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.retention_secs)
+    }
+
+    /// What the route's fingerprint covers: `fingerprint_body` and `fingerprint_headers`
+    /// as oncely-http's [`FingerprintParts`] (the default when neither is set).
+    ///
+    /// # Errors
+    /// [`ConfigError::RouteOption`] for a malformed JSON pointer or header name.
+    pub fn fingerprint_parts(&self) -> Result<FingerprintParts, ConfigError> {
+        let mut parts = FingerprintParts::default();
+        if let Some(pointers) = &self.fingerprint_body {
+            let pointers = pointers
+                .iter()
+                .map(|p| self.pointer("fingerprint_body", p))
+                .collect::<Result<Vec<_>, _>>()?;
+            parts = parts.body_pointers(pointers);
+        }
+        for name in &self.fingerprint_headers {
+            HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
+                ConfigError::RouteOption(
+                    self.name(),
+                    "fingerprint_headers",
+                    name.clone(),
+                    e.to_string(),
+                )
+            })?;
+        }
+        Ok(parts.headers(&self.fingerprint_headers))
+    }
+
+    /// Where the route's operations take their key: `business_key` as a
+    /// [`KeySource::Body`], else the `Idempotency-Key` header.
+    ///
+    /// # Errors
+    /// [`ConfigError::RouteOption`] for a malformed pointer; [`ConfigError::Route`] when
+    /// it is combined with `key = "optional"` (the key is in the body, never optional).
+    pub fn key_source(&self) -> Result<KeySource, ConfigError> {
+        let Some(pointer) = &self.business_key else {
+            return Ok(KeySource::Header);
+        };
+        if self.key == KeyPolicy::Optional {
+            return Err(ConfigError::Route(
+                self.name(),
+                "business_key cannot be combined with key = \"optional\"",
+            ));
+        }
+        Ok(KeySource::Body(self.pointer("business_key", pointer)?))
+    }
+
+    fn pointer(&self, option: &'static str, text: &str) -> Result<JsonPointer, ConfigError> {
+        JsonPointer::parse(text).map_err(|e| {
+            ConfigError::RouteOption(self.name(), option, text.to_owned(), e.to_string())
+        })
     }
 }
 
@@ -254,6 +330,9 @@ impl GatewayConfig {
     /// method = "POST"
     /// path = "/orders"
     /// timeout_ms = 5000
+    /// fingerprint_body = ["/amount", "/currency", "/external_ref"]
+    /// fingerprint_headers = ["Stripe-Version"]
+    /// business_key = "/external_ref"
     /// probe = { url = "/orders?external_ref={/external_ref}", select = "/0", found_status = 201 }
     /// ```
     ///
@@ -291,6 +370,8 @@ impl GatewayConfig {
                 return Err(ConfigError::DuplicateRoute(route.name()));
             }
             seen.push((method, route.path.clone()));
+            route.fingerprint_parts()?;
+            route.key_source()?;
             if let Some(probe) = &route.probe {
                 crate::template::Template::parse(&probe.url)
                     .map_err(|why| ConfigError::Probe(route.name(), probe.url.clone(), why))?;

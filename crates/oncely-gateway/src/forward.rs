@@ -15,6 +15,10 @@ use crate::config::On5xx;
 /// own value is always removed.
 pub const TENANT_HEADER: HeaderName = HeaderName::from_static("oncely-tenant");
 
+/// `Idempotency-Key`, passed on to the upstream (set from the business key when the client
+/// sent none).
+pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
 /// The problem kinds the gateway adds to oncely-http's (`urn:oncely:problem:<kind>`).
 pub mod kind {
     /// 502 + `Retry-After`: the upstream could not be connected to; nothing was sent and
@@ -151,6 +155,13 @@ impl Upstream {
         if let Some(context) = parts.extensions.get::<OperationContext>() {
             if let Ok(v) = HeaderValue::try_from(context.scope.tenant.as_str()) {
                 headers.insert(TENANT_HEADER, v);
+            }
+            // A business-key route: the client may send no header; the upstream still
+            // gets the operation's key. A client's own header is passed on as it came.
+            if !headers.contains_key(&IDEMPOTENCY_KEY) {
+                if let Ok(v) = HeaderValue::try_from(context.key.as_str()) {
+                    headers.insert(IDEMPOTENCY_KEY, v);
+                }
             }
         }
         let sent = self

@@ -11,6 +11,12 @@
 //! `Idempotent-Replayed: true`. A changed body under a key is 422 naming what differs; a
 //! second request while the first is in flight is 409 with `Retry-After`.
 //!
+//! Per route, the fingerprint may cover only some JSON pointers of the body and some
+//! request headers' values (`fingerprint_body`, `fingerprint_headers`: oncely-http's
+//! [`FingerprintParts`](oncely_core::FingerprintParts)), and the operation's key may be a
+//! business key read from the body (`business_key`: [`KeySource::Body`](oncely_http::KeySource)),
+//! with which the `Idempotency-Key` header identifies nothing and is optional.
+//!
 //! | upstream | gateway |
 //! |---|---|
 //! | 1xx–4xx answer | stored and replayed |
@@ -18,7 +24,7 @@
 //! | 504 | unknown (stored under [`On5xx::Store`]) |
 //! | connect refused / connect timeout | 502 `upstream-unreachable`; nothing was sent, key freed |
 //! | timeout or reset after the request was sent | 503 `upstream-outcome-unknown` + status link; the operation is `unknown` |
-//! | retry of an unknown operation, route with a probe | the probe's object, stored and replayed (`Oncely-Resolved-By: probe`); or, absent past the settle time, one new forward |
+//! | retry of an unknown operation, route with a probe | the probe's object, stored and replayed (`Oncely-Resolved-By: probe`; one over the stored bound goes whole to that retry, later ones get 409 `response-not-replayable`); or, absent past the settle time, one new forward |
 //! | retry of an unknown operation, no probe | 409 `outcome-unknown` + status link, until an operator resolves it |
 //!
 //! Every other request passes through untouched (streamed both ways).

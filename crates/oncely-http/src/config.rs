@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use oncely_core::{FingerprintParts, JsonPointer};
+
 /// How the idempotency layer behaves.
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
@@ -38,6 +40,37 @@ pub struct IdempotencyConfig {
     /// went out) and the client gets 503 `outcome-unknown` with `Retry-After`: the retry
     /// with the same key receives the outcome. Default 30 s.
     pub execution_timeout: Duration,
+    /// What a request's fingerprint covers besides its method, route template and path:
+    /// the whole body (default) or the values at some JSON pointers in it, and some
+    /// request headers' values. A retry that differs in a covered part gets 422
+    /// `idempotency-key-reused` naming `route`, `headers` or `body`. The default gives the
+    /// digests stored before this option existed. A route whose body is narrowed to
+    /// pointers answers 415 `unsupported-media-type` to a body that is not JSON.
+    pub fingerprint: FingerprintParts,
+    /// Where an operation's key comes from: the `Idempotency-Key` header (default) or a
+    /// field of the JSON body ([`KeySource::Body`]).
+    pub key_source: KeySource,
+}
+
+/// Where the idempotency layer reads an operation's key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// The `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header-07 §2).
+    #[default]
+    Header,
+    /// A business key: the value at this JSON pointer (RFC 6901) in the request's JSON
+    /// body, e.g. `/external_ref`. Two requests with the same value are the same operation
+    /// within (tenant, route), whatever `Idempotency-Key` they carry; the header is then
+    /// optional, must be well formed when sent (400), and identifies nothing (it reaches
+    /// the handler unchanged). The value must be a JSON string or number (a number in its
+    /// RFC 8785 form: `1e3` is `1000`) that is a valid key: 1–255 visible ASCII
+    /// characters, not starting with `"`. Answers, before any reservation: 415
+    /// `unsupported-media-type` for a body that is not JSON, 400 `malformed-json`, 400
+    /// `business-key-missing` when the pointer finds nothing (or `null`), 422
+    /// `business-key-invalid` for any other value that is not a key; each problem names
+    /// the pointer, never the value. [`IdempotencyConfig::require_key`] does not apply.
+    Body(JsonPointer),
 }
 
 impl Default for IdempotencyConfig {
@@ -50,6 +83,8 @@ impl Default for IdempotencyConfig {
             retry_after_secs: 1,
             replay_cache_bytes: 16 * 1024 * 1024,
             execution_timeout: Duration::from_secs(30),
+            fingerprint: FingerprintParts::default(),
+            key_source: KeySource::Header,
         }
     }
 }

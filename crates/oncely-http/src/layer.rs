@@ -21,8 +21,8 @@ use crate::cache::ReplayCache;
 use crate::extract::IdempotencyContext;
 use crate::metrics as metric;
 use crate::multiphase::{self, MultiPhase};
-use crate::request::{fingerprint_of, key_of, read_body, scope_of, Keyed, Route};
-use crate::IdempotencyConfig;
+use crate::request::{body_key, fingerprint_of, key_of, read_body, scope_of, Keyed, Route};
+use crate::{IdempotencyConfig, KeySource};
 
 /// The future of the layers' services: the spawned handling of one request.
 type Handling = BoxFuture<'static, Result<Response, Infallible>>;
@@ -222,11 +222,12 @@ async fn handle<S: Route>(inner: S, guard: Arc<Guard>, req: Request<Body>) -> Re
         Ok(found) => found,
         Err(res) => return res,
     };
-    let key = match key_of(&parts.headers) {
+    // The header is checked on every route; on a business-key route it identifies nothing.
+    let header_key = match key_of(&parts.headers) {
         Ok(key) => key,
         Err(res) => return res,
     };
-    let Some(key) = key else {
+    if header_key.is_none() && config.key_source == KeySource::Header {
         if config.require_key {
             return key_missing();
         }
@@ -239,12 +240,20 @@ async fn handle<S: Route>(inner: S, guard: Arc<Guard>, req: Request<Body>) -> Re
         };
         let req = Request::from_parts(parts, body);
         return run_in_tx(inner, req, tx, None, config.max_stored_response).await;
-    };
+    }
     let bytes = match read_body(body, config.max_request_body).await {
         Ok(bytes) => bytes,
         Err(res) => return res,
     };
-    let fingerprint = match fingerprint_of(&parts, &template, &bytes) {
+    let key = match &config.key_source {
+        KeySource::Body(pointer) => body_key(&parts, &bytes, pointer),
+        _ => header_key.ok_or_else(key_missing),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(res) => return res,
+    };
+    let fingerprint = match fingerprint_of(&parts, &template, &bytes, &config.fingerprint) {
         Ok(fingerprint) => fingerprint,
         Err(res) => return res,
     };

@@ -19,7 +19,8 @@
 //! | first request | run, store, answer |
 //! | retry, same fingerprint, finished | stored answer + `Idempotent-Replayed: true` |
 //! | retry, same fingerprint, in flight | 409 problem + `Retry-After`, or a bounded wait then replay |
-//! | retry, other fingerprint | 422 problem naming `body` or `route` |
+//! | retry, other fingerprint | 422 problem naming `route`, `headers` or `body` |
+//! | business-key route ([`KeySource::Body`]): no value at the pointer / not a key | 400 `business-key-missing` / 422 `business-key-invalid` |
 //! | record `unknown` | 409 problem |
 //! | store unreachable, or acquire + `BEGIN` + claim over the store timeout (`DbOptions::store_timeout`) | 503 problem `store-unavailable` + `Retry-After` |
 //! | handler, stored response and commit over `execution_timeout` | 503 problem `execution-outcome-unknown` + `Retry-After` |
@@ -50,7 +51,9 @@
 //! # Layout
 //! Request parsing and the answers at the bottom, one module per mode above them, and the
 //! layer on top, which reads the keyed request and matches on the mode.
-//! - `config` — [`IdempotencyConfig`]: key requirement, size bounds, in-flight policy.
+//! - `config` — [`IdempotencyConfig`]: key requirement and source ([`KeySource`]: the
+//!   header or a business key in the body), what the fingerprint covers, size bounds,
+//!   in-flight policy.
 //! - `request` — the keyed request: its scope, `Idempotency-Key`, bounded body and
 //!   fingerprint, read once by the layer for either mode.
 //! - `answer` — the answers both modes give: a missing key, replays
@@ -105,7 +108,7 @@ mod tenant;
 
 pub use answer::{NotStored, StoreServerError, IDEMPOTENT_REPLAYED};
 pub use body_limits::{read_body, BodyLimits};
-pub use config::IdempotencyConfig;
+pub use config::{IdempotencyConfig, KeySource};
 pub use extract::{IdempotencyContext, IdempotentTx, TxRejection};
 pub use layer::{Idempotency, IdempotencyLayer, Transaction, TransactionLayer};
 pub use lease::{lease_sweep, record_lease_gauges, sweep_leases};

@@ -26,8 +26,8 @@ use tower::ServiceExt;
 
 use crate::answer::{
     answer_existing, mismatch, not_replayable, outcome_unknown, panic_message, panicked,
-    read_answer, read_bounded, replay, store_problem, stored_response, Bounded, NotStored,
-    StoreServerError,
+    read_bounded, replay, store_problem, stored_response, Bounded, NotStored, StoreServerError,
+    IDEMPOTENT_REPLAYED,
 };
 use crate::cache::{ReplayCache, Settled};
 use crate::metrics as metric;
@@ -44,6 +44,7 @@ use crate::{IdempotencyConfig, Problem};
 /// | retry while the holder's lease runs | 409 `request-in-flight` + `Retry-After` + status link |
 /// | retry after the lease ran out, no resolver (or it can't tell) | 409 `outcome-unknown` + status link |
 /// | … resolver found the provider's object | the outcome it builds, stored, replayed (`Idempotent-Replayed: true`) |
+/// | … found an object over the stored-response bound | the object, whole, to this caller (`Idempotent-Replayed: true`); 409 `response-not-replayable` stored for every later retry |
 /// | … resolver says the provider has nothing | the handler runs again, same key, fence raised |
 /// | handler answered 5xx without [`NotStored`] or [`StoreServerError`], panicked or ran past `execution_timeout` | its answer (or 500/503); the record turns `unknown` |
 /// | handler answered 5xx with [`StoreServerError`] | its answer, stored and replayed |
@@ -257,7 +258,8 @@ pub struct ResolveQuery<'a> {
 pub enum Resolution {
     /// The provider has the effect: the answer the handler would have given (1xx–4xx; a
     /// 5xx counts as [`Resolution::Unknown`]). It is stored as the record's outcome and
-    /// replayed.
+    /// replayed; one with a body over `max_stored_response` goes whole to the retry that
+    /// ran the check, and a 409 `response-not-replayable` is stored in its place.
     Found(Response),
     /// The provider has nothing for this operation, and its lookup can be trusted to show
     /// it by now: the handler may run again, with the same key.
@@ -411,7 +413,9 @@ async fn resolve(cx: &Ctx<'_>, request: &Keyed, record: &Record) -> Step {
 }
 
 /// Completes an `unknown` record (still under `fence`) from the resolver's answer and
-/// replays it.
+/// replays it. An answer over the stored-response bound is treated as a first answer over
+/// it: this caller gets it whole (marked replayed), the record keeps a 409
+/// `response-not-replayable` for every later retry, and the operation never runs again.
 async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step {
     if res.status().is_server_error() {
         metrics::counter!(metric::RESOLUTIONS_TOTAL, "outcome" => "unknown").increment(1);
@@ -422,23 +426,33 @@ async fn found(cx: &Ctx<'_>, request: &Keyed, fence: i64, res: Response) -> Step
     }
     metrics::counter!(metric::RESOLUTIONS_TOTAL, "outcome" => "found").increment(1);
     let (parts, body) = res.into_parts();
-    let bytes = match read_answer(body, cx.config.max_stored_response).await {
-        Ok(bytes) => bytes,
+    let max = cx.config.max_stored_response;
+    let state = RecordState::for_status(parts.status.as_u16());
+    let (stored, whole) = match read_bounded(body, max).await {
+        Ok(Bounded::Whole(bytes)) => (stored_response(&parts, &bytes), None),
+        Ok(Bounded::Over(body)) => (not_replayable(parts.status, max), Some(body)),
         Err(res) => return Step::Answer(res),
     };
-    let stored = stored_response(&parts, &bytes);
     let now = now_ms();
     let retention = cx.store.retention();
     match cx
         .store
-        .complete_unknown(&request.scope, &request.key, fence, &stored, now)
+        .complete_unknown_as(&request.scope, &request.key, fence, state, &stored, now)
         .await
     {
         Ok(()) => {
             let settled = Settled::new(request.fingerprint, stored.clone(), now, retention);
             cx.cache.insert(&request.scope, &request.key, settled);
             metrics::counter!(metric::REPLAYS_TOTAL).increment(1);
-            Step::Answer(replay(&stored))
+            Step::Answer(match whole {
+                None => replay(&stored),
+                Some(body) => {
+                    let mut res = Response::from_parts(parts, body);
+                    res.headers_mut()
+                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                    res
+                }
+            })
         }
         Err(StoreError::NotHeld | StoreError::Fenced { .. }) => Step::Again,
         Err(e) => Step::Answer(store_problem(e, cx.config.retry_after_secs)),

@@ -12,8 +12,16 @@ pub mod kind {
     pub const IDEMPOTENCY_KEY_MALFORMED: &str = "idempotency-key-malformed";
     /// 400: the route requires an `Idempotency-Key` and the request has none.
     pub const IDEMPOTENCY_KEY_MISSING: &str = "idempotency-key-missing";
-    /// 422: the key was first used with a different request (its `differs` member names `body` or `route`).
+    /// 422: the key was first used with a different request (its `differs` member names
+    /// `route`, `headers` or `body`).
     pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency-key-reused";
+    /// 400: the route takes its key from the JSON body
+    /// ([`KeySource::Body`](crate::KeySource::Body)) and the body has no value (or `null`)
+    /// at that pointer (its `pointer` member).
+    pub const BUSINESS_KEY_MISSING: &str = "business-key-missing";
+    /// 422: the route takes its key from the JSON body and the value at that pointer (its
+    /// `pointer` member) is not a string or number forming a valid key.
+    pub const BUSINESS_KEY_INVALID: &str = "business-key-invalid";
     /// 409 + `Retry-After`: the first request with this key is still being processed.
     pub const REQUEST_IN_FLIGHT: &str = "request-in-flight";
     /// 409: the record is `unknown`; its outcome awaits a status check or reconciliation.
@@ -68,6 +76,8 @@ pub mod kind {
         IDEMPOTENCY_KEY_MALFORMED,
         IDEMPOTENCY_KEY_MISSING,
         IDEMPOTENCY_KEY_REUSED,
+        BUSINESS_KEY_MISSING,
+        BUSINESS_KEY_INVALID,
         REQUEST_IN_FLIGHT,
         OUTCOME_UNKNOWN,
         EXECUTION_OUTCOME_UNKNOWN,

@@ -9,7 +9,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{header, HeaderName, Request, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncely_core::{Fingerprint, IdempotencyKey, Operation, Scope, TenantId};
+use oncely_core::{
+    is_json_media_type, parse_i_json, Fingerprint, FingerprintError, FingerprintInput,
+    FingerprintParts, IdempotencyKey, JsonPointer, Operation, Scope, TenantId,
+};
+use serde_json::Value;
 use tower::Service;
 
 use crate::extract::IdempotencyContext;
@@ -101,34 +105,111 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Respons
     }
 }
 
-/// The request's [`Fingerprint`] (method, route template, path, and the body canonicalized
-/// by its content type); 400 for a JSON body that does not parse.
+/// The request's [`Fingerprint`] under `covered` (method, route template, path, and the
+/// body canonicalized by its content type, or the values at its pointers; the covered
+/// headers); 400 for a JSON body that does not parse, 415 for a body that is not JSON on
+/// a route whose fingerprint covers JSON pointers.
 #[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
 pub(crate) fn fingerprint_of(
     parts: &http::request::Parts,
     template: &str,
     bytes: &Bytes,
+    covered: &FingerprintParts,
 ) -> Result<Fingerprint, Response> {
-    let content_type = parts
+    let headers: Vec<(&str, &[u8])> = if covered.header_names().is_empty() {
+        Vec::new()
+    } else {
+        parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            .collect()
+    };
+    let input = FingerprintInput {
+        method: parts.method.as_str(),
+        template,
+        path: parts.uri.path(),
+        content_type: content_type(parts),
+        headers: &headers,
+        body: bytes,
+    };
+    covered.compute(&input).map_err(|e| match e {
+        FingerprintError::NotJson => {
+            not_json("the fingerprint of this route covers fields of a JSON body")
+        }
+        e => malformed_json(&e.to_string()),
+    })
+}
+
+fn content_type(parts: &http::request::Parts) -> Option<&str> {
+    parts
         .headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    Fingerprint::compute(
-        parts.method.as_str(),
-        template,
-        parts.uri.path(),
-        content_type,
-        bytes,
+        .and_then(|v| v.to_str().ok())
+}
+
+fn malformed_json(detail: &str) -> Response {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        kind::MALFORMED_JSON,
+        "The request body is not valid JSON",
     )
-    .map_err(|e| {
-        Problem::new(
+    .detail(detail)
+    .into_response()
+}
+
+fn not_json(why: &str) -> Response {
+    Problem::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        kind::UNSUPPORTED_MEDIA_TYPE,
+        "The request body must be JSON",
+    )
+    .detail(format!(
+        "{why}; send it as application/json (or a +json media type)"
+    ))
+    .into_response()
+}
+
+/// The business key of a request: the value at `pointer` in its JSON body (a string, or a
+/// number in its RFC 8785 form) as an [`IdempotencyKey`]. 415 for a body that is not
+/// JSON, 400 `malformed-json`, 400 `business-key-missing` (nothing or `null` there), 422
+/// `business-key-invalid` (another type, or not a valid key); the problems name the
+/// pointer, never the value.
+#[allow(clippy::result_large_err)] // the error is the finished answer, built at most once per request and returned at once
+pub(crate) fn body_key(
+    parts: &http::request::Parts,
+    bytes: &Bytes,
+    pointer: &JsonPointer,
+) -> Result<IdempotencyKey, Response> {
+    let refused = |status, kind: &str, title: &str, detail: String| {
+        metrics::counter!(metric::REJECTED_TOTAL, "reason" => "business_key").increment(1);
+        Problem::new(status, kind, title)
+            .detail(detail)
+            .with("pointer", pointer.as_str())
+            .into_response()
+    };
+    if !is_json_media_type(content_type(parts)) {
+        return Err(not_json(&format!(
+            "this route reads the operation's key at {pointer} in a JSON body"
+        )));
+    }
+    let document = parse_i_json(bytes).map_err(|e| malformed_json(&e.to_string()))?;
+    match pointer.find(&document) {
+        None | Some(Value::Null) => Err(refused(
             StatusCode::BAD_REQUEST,
-            kind::MALFORMED_JSON,
-            "The request body is not valid JSON",
-        )
-        .detail(e.to_string())
-        .into_response()
-    })
+            kind::BUSINESS_KEY_MISSING,
+            "The request body has no business key",
+            format!("this route identifies an operation by the value at {pointer} in the body, and the body has none"),
+        )),
+        Some(value) => IdempotencyKey::from_json(value).ok_or_else(|| {
+            refused(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                kind::BUSINESS_KEY_INVALID,
+                "The request body's business key is not a valid key",
+                format!("the value at {pointer} must be a string or number of 1-255 visible ASCII characters, not starting with a quote"),
+            )
+        }),
+    }
 }
 
 /// A request with a well-formed key, its body read and fingerprinted.
@@ -170,5 +251,106 @@ impl Keyed {
             fingerprint,
         };
         (Request::from_parts(parts, Body::from(bytes)), subject)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(content_type: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut req = Request::post("/orders").header(header::CONTENT_TYPE, content_type);
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        req.body(()).unwrap().into_parts().0
+    }
+
+    fn status(res: &Response) -> (StatusCode, String) {
+        let kind = res
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (res.status(), kind)
+    }
+
+    #[test]
+    fn the_default_fingerprint_is_the_one_fingerprint_compute_gives() {
+        let body = Bytes::from_static(br#"{"b":1,"a":[2]}"#);
+        let p = parts("application/json", &[("stripe-version", "1")]);
+        let got = fingerprint_of(&p, "/orders", &body, &FingerprintParts::default()).unwrap();
+        let want = Fingerprint::compute(
+            "POST",
+            "/orders",
+            "/orders",
+            Some("application/json"),
+            &body,
+        )
+        .unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn covered_headers_and_pointers_reach_the_fingerprint() {
+        let covered = FingerprintParts::default()
+            .body_pointers([JsonPointer::parse("/amount").unwrap()])
+            .headers(["Stripe-Version"]);
+        let of = |version: &str, body: &'static [u8]| {
+            let p = parts("application/json", &[("stripe-version", version)]);
+            fingerprint_of(&p, "/orders", &Bytes::from_static(body), &covered).unwrap()
+        };
+        let first = of("1", br#"{"amount":5,"nonce":"a"}"#);
+        assert_eq!(
+            first.mismatch(&of("1", br#"{"amount":5,"nonce":"b"}"#)),
+            None
+        );
+        assert_eq!(
+            first
+                .mismatch(&of("2", br#"{"amount":5}"#))
+                .map(oncely_core::FingerprintMismatch::as_str),
+            Some("headers")
+        );
+        assert_eq!(
+            first
+                .mismatch(&of("1", br#"{"amount":6}"#))
+                .map(oncely_core::FingerprintMismatch::as_str),
+            Some("body")
+        );
+        let text = parts("text/plain", &[]);
+        let refused = fingerprint_of(&text, "/orders", &Bytes::from_static(b"{}"), &covered);
+        assert_eq!(
+            refused.unwrap_err().status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+    }
+
+    #[test]
+    fn a_business_key_is_read_or_refused_with_a_problem() {
+        let pointer = JsonPointer::parse("/external_ref").unwrap();
+        let json = parts("application/json", &[]);
+        let key = |body: &'static [u8]| {
+            body_key(&json, &Bytes::from_static(body), &pointer)
+                .ok()
+                .map(|k| k.as_str().to_owned())
+        };
+        assert_eq!(key(br#"{"external_ref":"r-1"}"#).as_deref(), Some("r-1"));
+        assert_eq!(key(br#"{"external_ref":42}"#).as_deref(), Some("42"));
+        for (body, code) in [
+            (&br#"{"other":1}"#[..], StatusCode::BAD_REQUEST),
+            (br#"{"external_ref":null}"#, StatusCode::BAD_REQUEST),
+            (
+                br#"{"external_ref":"a b"}"#,
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
+            (br#"{"external_ref":[1]}"#, StatusCode::UNPROCESSABLE_ENTITY),
+            (b"{nope", StatusCode::BAD_REQUEST),
+        ] {
+            let res = body_key(&json, &Bytes::from_static(body), &pointer).unwrap_err();
+            assert_eq!(status(&res), (code, "application/problem+json".to_owned()));
+        }
+        let text = parts("text/plain", &[]);
+        let res = body_key(&text, &Bytes::from_static(b"{}"), &pointer).unwrap_err();
+        assert_eq!(res.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
 }

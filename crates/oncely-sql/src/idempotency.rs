@@ -80,6 +80,7 @@ pub(crate) struct RecordRow {
     state: String,
     fingerprint: Vec<u8>,
     route_digest: Vec<u8>,
+    headers_digest: Option<Vec<u8>>,
     response_status: Option<i32>,
     response_headers: Option<String>,
     response_body: Option<Vec<u8>>,
@@ -97,6 +98,7 @@ pub(crate) struct ClaimRow {
     state: Option<String>,
     fingerprint: Option<Vec<u8>>,
     route_digest: Option<Vec<u8>>,
+    headers_digest: Option<Vec<u8>>,
     response_status: Option<i32>,
     response_headers: Option<String>,
     response_body: Option<Vec<u8>>,
@@ -114,6 +116,7 @@ pub(crate) struct NewRecord<'a> {
     pub(crate) key: &'a str,
     pub(crate) fingerprint: &'a [u8],
     pub(crate) route_digest: &'a [u8],
+    pub(crate) headers_digest: Option<&'a [u8]>,
     pub(crate) state: &'static str,
     pub(crate) owner: &'a str,
     pub(crate) status: i32,
@@ -134,6 +137,7 @@ macro_rules! bind_record {
             .bind($r.key)
             .bind($r.fingerprint)
             .bind($r.route_digest)
+            .bind($r.headers_digest)
             .bind($r.state)
             .bind($r.owner)
             .bind($r.status)
@@ -148,12 +152,12 @@ macro_rules! bind_record {
 /// The record insert's columns, in bind order (`key` as SQLite and PostgreSQL spell it;
 /// [`insert_record_sql`] spells it for the backend).
 const INSERT_RECORD: &str = "INSERT INTO oncely_idempotency (tenant, operation, \
-     key, fingerprint, route_digest, state, owner, response_status, response_headers, \
-     response_body, created_at, completed_at, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+     key, fingerprint, route_digest, headers_digest, state, owner, response_status, \
+     response_headers, response_body, created_at, completed_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 /// The record columns a lookup reads (every backend).
-const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, response_status, \
+const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, headers_digest, response_status, \
      response_headers, response_body, created_at, completed_at, expires_at, lease_until, fence";
 
 /// Finished records past their expiry (`$1` now); records in `processing` or `unknown`
@@ -244,6 +248,7 @@ impl ClaimRow {
             state: self.state?,
             fingerprint: self.fingerprint?,
             route_digest: self.route_digest?,
+            headers_digest: self.headers_digest,
             response_status: self.response_status,
             response_headers: self.response_headers,
             response_body: self.response_body,
@@ -263,8 +268,10 @@ impl RecordRow {
             v.try_into()
                 .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))
         };
+        let headers = self.headers_digest.map(digest).transpose()?;
         let fingerprint =
-            Fingerprint::from_digests(digest(self.fingerprint)?, digest(self.route_digest)?);
+            Fingerprint::from_digests(digest(self.fingerprint)?, digest(self.route_digest)?)
+                .with_headers_digest(headers);
         let response = match (self.response_status, self.response_headers) {
             (Some(status), Some(headers)) => Some(
                 StoredResponse::from_columns(
@@ -406,6 +413,7 @@ impl IdempotencyStore {
             key: &token.key,
             fingerprint: &token.fingerprint.full()[..],
             route_digest: &token.fingerprint.route()[..],
+            headers_digest: token.fingerprint.headers().map(|d| &d[..]),
             state: state.as_str(),
             owner: &token.owner,
             status: i32::from(response.status),

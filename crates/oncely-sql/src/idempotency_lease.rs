@@ -176,10 +176,17 @@ impl IdempotencyStore {
     ) -> Result<LeaseReservation, StoreError> {
         let owner = uuid::Uuid::new_v4().to_string();
         let lease_until = oncely_core::ms_after(now_ms, lease);
-        let insert = query(format!(
+        // `query` sends a NULL as text, which PostgreSQL will not put in a bytea column:
+        // no headers digest is a literal NULL.
+        let headers = if fingerprint.headers().is_some() {
+            "$9"
+        } else {
+            "NULL"
+        };
+        let mut insert = query(format!(
             "INSERT INTO oncely_idempotency (tenant, operation, {}, fingerprint, \
-             route_digest, state, owner, lease_until, fence, created_at) \
-             VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, 1, $8)",
+             route_digest, state, owner, lease_until, fence, created_at, headers_digest) \
+             VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, 1, $8, {headers})",
             key_column(self.database())
         ))
         .bind(scope.tenant.as_str())
@@ -190,6 +197,9 @@ impl IdempotencyStore {
         .bind(owner.as_str())
         .bind(lease_until)
         .bind(now_ms);
+        if let Some(digest) = fingerprint.headers() {
+            insert = insert.bind(&digest[..]);
+        }
         if !self
             .database()
             .insert_ignoring_duplicate(insert, "(tenant, operation, key)")
@@ -273,12 +283,31 @@ impl IdempotencyStore {
         response: &StoredResponse,
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        let state = RecordState::for_status(response.status);
+        self.complete_unknown_as(scope, key, fence, state, response, now_ms)
+            .await
+    }
+
+    /// [`IdempotencyStore::complete_unknown`] with the record's `state` given: for an
+    /// outcome that is stored with another answer (an object found too large to keep is
+    /// `succeeded`, replayed as a `response-not-replayable` problem).
+    ///
+    /// # Errors
+    /// As [`IdempotencyStore::complete_unknown`].
+    pub async fn complete_unknown_as(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fence: i64,
+        state: RecordState,
+        response: &StoredResponse,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         let ids = (
             scope.tenant.as_str(),
             scope.operation.as_str(),
             key.as_str(),
         );
-        let state = RecordState::for_status(response.status);
         self.complete_fenced(ids, fence, state, response, now_ms)
             .await
     }

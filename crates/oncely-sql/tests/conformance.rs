@@ -56,6 +56,7 @@ oncely_testkit::matrix! {
         migrations_are_idempotent,
         inbox_records_a_message_once_per_consumer_and_a_rollback_forgets_it,
         inbox_collector_deletes_only_rows_past_retention_in_bounded_batches,
+        a_fingerprint_s_headers_digest_is_stored_and_read_back,
     ],
 }
 
@@ -93,6 +94,63 @@ async fn reserve_complete_then_existing_with_stored_response(t: TestDb) {
     assert_eq!(rec.expires_at, Some(62_000));
     let looked = s.lookup(&sc, &k).await.unwrap().unwrap();
     assert_eq!(looked.response, rec.response);
+}
+
+/// Both inserts (atomic `complete`, multi-phase `reserve_leased`) keep the headers digest,
+/// so a retry that differs only in a covered header is named `headers`; a fingerprint
+/// without one reads back without one.
+async fn a_fingerprint_s_headers_digest_is_stored_and_read_back(t: TestDb) {
+    let s = store(&t).await;
+    let parts = oncely_core::FingerprintParts::default().headers(["Stripe-Version"]);
+    let of = |version: &'static [u8]| {
+        parts
+            .compute(&oncely_core::FingerprintInput {
+                method: "POST",
+                template: "/v1/things",
+                path: "/v1/things",
+                content_type: Some("application/json"),
+                headers: &[("stripe-version", version)],
+                body: b"{}",
+            })
+            .unwrap()
+    };
+    let (sc, f) = (scope("t1"), of(b"2024-06-20"));
+    let mut tx = t.db.begin().await.unwrap();
+    let Reservation::Reserved(token) = s.reserve(&mut tx, &sc, &key("hd-1"), &f, 1).await.unwrap()
+    else {
+        panic!("first reservation must reserve");
+    };
+    let response = StoredResponse::new(201, [("content-type", "text/plain")], b"ok".to_vec());
+    s.complete(&mut tx, token, &response, 2).await.unwrap();
+    tx.commit().await.unwrap();
+    let leased = s
+        .reserve_leased(&sc, &key("hd-2"), &f, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(leased, oncely_sql::LeaseReservation::Leased(_)));
+    for k in ["hd-1", "hd-2"] {
+        let record = s.lookup(&sc, &key(k)).await.unwrap().unwrap();
+        assert_eq!(record.fingerprint, f, "{k}");
+        assert_eq!(
+            record.fingerprint.mismatch(&of(b"2025-01-01")),
+            Some(oncely_core::FingerprintMismatch::Headers),
+            "{k}"
+        );
+    }
+    let plain = fp("{}");
+    let mut tx = t.db.begin().await.unwrap();
+    let Reservation::Reserved(token) = s
+        .reserve(&mut tx, &sc, &key("hd-3"), &plain, 1)
+        .await
+        .unwrap()
+    else {
+        panic!("first reservation must reserve");
+    };
+    s.complete(&mut tx, token, &response, 2).await.unwrap();
+    tx.commit().await.unwrap();
+    let record = s.lookup(&sc, &key("hd-3")).await.unwrap().unwrap();
+    assert_eq!(record.fingerprint.headers(), None);
+    assert_eq!(record.fingerprint, plain);
 }
 
 async fn rollback_leaves_the_key_free(t: TestDb) {

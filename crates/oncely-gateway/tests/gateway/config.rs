@@ -1,7 +1,9 @@
 //! The TOML configuration file and the command-line routes: parsed, checked, and a route
 //! option taking effect through a real gateway.
 
+use oncely_core::{FingerprintParts, JsonPointer};
 use oncely_gateway::{ConfigError, GatewayConfig, KeyPolicy, On5xx, RouteConfig};
+use oncely_http::KeySource;
 use oncely_testkit::TestBackend;
 use serde_json::json;
 
@@ -77,6 +79,67 @@ fn bad_configurations_are_refused_with_what_is_wrong() {
     ));
     assert!(matches!(
         GatewayConfig::from_toml("upstream = \"http://x\"\nunknown_field = 1"),
+        Err(ConfigError::File(_))
+    ));
+}
+
+#[test]
+fn fingerprint_parts_and_a_business_key_are_route_options() {
+    let text = r#"
+upstream = "http://127.0.0.1:9000"
+
+[[route]]
+method = "POST"
+path = "/payments"
+fingerprint_body = ["/amount", "/currency"]
+fingerprint_headers = ["Stripe-Version"]
+business_key = "/external_ref"
+"#;
+    let config = GatewayConfig::from_toml(text).unwrap();
+    let route = &config.routes[0];
+    let parts = route.fingerprint_parts().unwrap();
+    let pointers: Vec<&str> = parts
+        .pointers()
+        .unwrap()
+        .iter()
+        .map(JsonPointer::as_str)
+        .collect();
+    assert_eq!(pointers, ["/amount", "/currency"]);
+    assert_eq!(parts.header_names(), ["stripe-version"]);
+    assert_eq!(
+        route.key_source().unwrap(),
+        KeySource::Body(JsonPointer::parse("/external_ref").unwrap())
+    );
+    // Unset, they are today's defaults.
+    let plain = RouteConfig::parse("POST /orders").unwrap();
+    assert_eq!(
+        plain.fingerprint_parts().unwrap(),
+        FingerprintParts::default()
+    );
+    assert_eq!(plain.key_source().unwrap(), KeySource::Header);
+
+    for (from, to) in [
+        ("\"/amount\", ", "\"amount\", "),
+        ("\"Stripe-Version\"", "\"Stripe Version\""),
+        ("\"/external_ref\"", "\"/a~2\""),
+    ] {
+        let bad = text.replace(from, to);
+        assert!(
+            matches!(
+                GatewayConfig::from_toml(&bad),
+                Err(ConfigError::RouteOption(..))
+            ),
+            "{to}"
+        );
+    }
+    let optional = format!("{text}key = \"optional\"\n");
+    assert!(matches!(
+        GatewayConfig::from_toml(&optional),
+        Err(ConfigError::Route(..))
+    ));
+    let misspelt = text.replace("business_key", "business_keys");
+    assert!(matches!(
+        GatewayConfig::from_toml(&misspelt),
         Err(ConfigError::File(_))
     ));
 }

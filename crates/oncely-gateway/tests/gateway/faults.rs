@@ -202,3 +202,65 @@ async fn an_absence_past_the_settle_time_allows_one_new_forward_under_the_same_k
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(up.count().await, 1);
 }
+
+async fn an_object_the_probe_finds_over_the_stored_bound(backend: TestBackend) {
+    let Some(db) = test_db(backend, 4).await else {
+        return;
+    };
+    let up = Upstream::start();
+    let mut route = probed_route(60_000);
+    route.max_stored_response_bytes = 256;
+    let gw = gateway(&db.db, &up.base, vec![route]).await;
+    let body = json!({"external_ref": "big-1", "note": "x".repeat(1_000)});
+    up.fault("drop").await;
+    let first = post(&gw.base, "/orders", KEY_A, Some("big-1"), &body).await;
+    assert_eq!(first.status(), 503);
+    assert_eq!(up.count().await, 1, "the upstream committed");
+
+    // The retry that ran the probe gets the object whole, though it cannot be stored.
+    let retry = post(&gw.base, "/orders", KEY_A, Some("big-1"), &body).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["oncely-resolved-by"], "probe");
+    let found = retry.bytes().await.unwrap();
+    assert!(found.len() > 1_000, "whole: {} bytes", found.len());
+    let found: Value = serde_json::from_slice(&found).unwrap();
+    assert_eq!(found["note"], body["note"]);
+    assert_eq!(found["idempotency_key"], "big-1");
+
+    // Every later retry: the stored 409, never a second forward.
+    for _ in 0..2 {
+        let again = post(&gw.base, "/orders", KEY_A, Some("big-1"), &body).await;
+        assert_eq!(again.status(), 409);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let problem: Value = again.json().await.unwrap();
+        assert_eq!(
+            problem["type"],
+            "urn:oncely:problem:response-not-replayable"
+        );
+        assert_eq!(problem["answered_status"], 201);
+    }
+    let status: Value = reqwest::Client::new()
+        .get(format!("{}/_oncely/routes/0/operations/big-1", gw.base))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["state"], "succeeded", "from the found status");
+    assert_eq!(status["response_status"], 409);
+    assert_eq!(up.count().await, 1, "never forwarded again");
+}
+
+#[tokio::test]
+async fn an_object_the_probe_finds_over_the_stored_bound_goes_whole_to_its_caller_and_409_to_later_retries_on_sqlite(
+) {
+    an_object_the_probe_finds_over_the_stored_bound(TestBackend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn an_object_the_probe_finds_over_the_stored_bound_goes_whole_to_its_caller_and_409_to_later_retries_on_postgres(
+) {
+    an_object_the_probe_finds_over_the_stored_bound(TestBackend::Postgres).await;
+}

@@ -18,8 +18,8 @@ use crate::idempotency::{ClaimRow, IdempotencyBackend, RecordKey};
 /// winner — wasted work, never a second effect.
 const CLAIM: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
      LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) = 1 AS claimed, \
-     r.state, r.fingerprint, r.route_digest, r.response_status, r.response_headers, \
-     r.response_body, r.created_at, r.completed_at, r.expires_at, r.lease_until, r.fence \
+     r.state, r.fingerprint, r.route_digest, r.headers_digest, r.response_status, \
+     r.response_headers, r.response_body, r.created_at, r.completed_at, r.expires_at, r.lease_until, r.fence \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
      ON r.tenant = ? AND r.operation = ? AND r.`key` = ?";
 

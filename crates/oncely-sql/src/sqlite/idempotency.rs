@@ -5,7 +5,7 @@ use crate::idempotency::{ClaimRow, IdempotencyBackend, RecordKey};
 
 /// The write lock is already held (`BEGIN IMMEDIATE`), so the claim always holds.
 const CLAIM: &str = "SELECT 1 AS claimed, r.state, \
-     r.fingerprint, r.route_digest, r.response_status, r.response_headers, r.response_body, \
+     r.fingerprint, r.route_digest, r.headers_digest, r.response_status, r.response_headers, r.response_body, \
      r.created_at, r.completed_at, r.expires_at, r.lease_until, r.fence \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
      ON r.tenant = $1 AND r.operation = $2 AND r.key = $3";
