@@ -22,10 +22,10 @@ impl EffectsBackend for MySqlStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<Vec<Effect>, StoreError> {
         let mut tx = self.pool().begin().await?;
         let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM oncely_effects WHERE state IN ('pending', 'absent', 'unknown', \
-             'in_flight') AND provider = ? AND available_at <= ? \
+            "SELECT id FROM oncely_effects FORCE INDEX (oncely_effects_due_at) \
+             WHERE provider = ? AND due_at <= ? \
              AND (locked_until IS NULL OR locked_until < ?) \
-             ORDER BY available_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+             ORDER BY due_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
         )
         .bind(claim.provider)
         .bind(claim.now_ms)
