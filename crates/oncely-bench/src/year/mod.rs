@@ -1,27 +1,42 @@
-//! `oncely-bench year`: a year of traffic. Order intake on an idempotency table of
-//! `--records` rows beside the same intake on the empty table, and the service's retention
-//! collector deleting `--expired` of them while intake runs.
+//! `oncely-bench year`: a year of traffic. Order intake on tables preloaded to a year's
+//! size — `--records` idempotency records, `--outbox-rows` published outbox rows,
+//! `--inbox-rows` inbox rows — beside the same intake on the empty tables; the inbox
+//! consumer on the full inbox beside the empty one; each table's retention sweep (the
+//! services' own) deleting its expired rows while intake runs; the tables' sizes.
 //!
-//! Phases, in order: intake on the empty table (the baseline); the preload; intake right
-//! after it, before any `ANALYZE` (PostgreSQL's statistics still say the table is empty,
-//! as a table that grew since its last analyze meets production); intake after `ANALYZE`;
-//! table and index sizes; the collector's round ([`orders::collector_sweep`], one sweep
-//! until no expired record is left) under intake; sizes after it, and after
-//! `VACUUM (ANALYZE)` (PostgreSQL) or `ANALYZE TABLE` (MariaDB).
+//! Phases, in order: intake on the empty tables (the baseline) and the `billing` consumer
+//! on the empty inbox; the preloads; intake right after them, before any `ANALYZE`
+//! (PostgreSQL's statistics still say the tables are empty, as a table that grew since its
+//! last analyze meets production); intake after `ANALYZE`; the consumer on the full inbox;
+//! table and index sizes; one round of each sweep ([`orders::collector_sweep`],
+//! [`oncely_outbox::published_sweep`], [`oncely_inbox::inbox_sweep`]) under intake; sizes
+//! after them, and after `VACUUM (ANALYZE)` (PostgreSQL) or `ANALYZE TABLE` (MariaDB).
+//!
+//! Layout: `preload` — the tables and the SQL that fills them; `report` — what is printed.
+
+mod preload;
+mod report;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use oncely_broker::{SqlSubscriber, SqlTransport};
+use oncely_inbox::ConsumerConfig;
+use oncely_outbox::RelayConfig;
 use oncely_sql::sqlx::{self, MySqlPool, PgPool};
-use oncely_sql::{Backend, Database, DbOptions, IdempotencyStore};
+use oncely_sql::{
+    Backend, Database, DbOptions, IdempotencyStore, InboxStore, OutboxStore, RetentionSweep,
+};
 use oncely_testkit::TestDb;
 use orders::AppConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::intake::{self, IntakeArgs, Timed, API_KEY};
+use preload::{Plan, Table};
+use report::{Intake, Sizes, Swept};
 
-/// Flags of `year`: intake's load flags and the preloaded table's shape.
+/// Flags of `year`: intake's load flags and the preloaded tables' shapes.
 #[derive(Debug, Args)]
 pub(crate) struct YearArgs {
     #[command(flatten)]
@@ -33,7 +48,25 @@ pub(crate) struct YearArgs {
     /// How many of `--records` are past retention, for the collector to delete.
     #[arg(long, default_value_t = 2_000_000)]
     expired: u64,
-    /// Rows per statement of the collector (the service's `collector_batch` default).
+    /// Published outbox rows preloaded (`order.created` events, kept by a relay with a
+    /// 24 h retention), spread as `--records`; 0 skips the outbox.
+    #[arg(long, default_value_t = 10_000_000)]
+    outbox_rows: u64,
+    /// How many of `--outbox-rows` are past retention, for the relay's sweep to delete.
+    #[arg(long, default_value_t = 250_000)]
+    outbox_expired: u64,
+    /// Inbox rows preloaded (the `billing` consumer's), spread over the consumer's default
+    /// retention (7 days) and the window before it; 0 skips the inbox.
+    #[arg(long, default_value_t = 5_000_000)]
+    inbox_rows: u64,
+    /// How many of `--inbox-rows` are past retention, for the consumer's sweep to delete.
+    #[arg(long, default_value_t = 125_000)]
+    inbox_expired: u64,
+    /// Messages the `billing` consumer takes on the empty and on the full inbox.
+    #[arg(long, default_value_t = 5_000)]
+    inbox_messages: u32,
+    /// Rows per statement of the idempotency collector (the service's `collector_batch`
+    /// default); the relay's and the consumer's sweeps use their own defaults (500).
     #[arg(long, default_value_t = 500)]
     sweep_batch: u32,
     /// Rows per preload statement (one `INSERT … SELECT` each).
@@ -41,53 +74,69 @@ pub(crate) struct YearArgs {
     chunk: u64,
 }
 
-/// The operation the order service's creates are recorded under.
-const OPERATION: &str = "POST /v1/orders";
+impl YearArgs {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.expired <= self.records, "--expired exceeds --records");
+        anyhow::ensure!(
+            self.outbox_expired <= self.outbox_rows,
+            "--outbox-expired exceeds --outbox-rows"
+        );
+        anyhow::ensure!(
+            self.inbox_expired <= self.inbox_rows,
+            "--inbox-expired exceeds --inbox-rows"
+        );
+        anyhow::ensure!(self.chunk > 0, "--chunk must be positive");
+        Ok(())
+    }
+}
 
-/// Live preloaded records expire at least this long after the preload, so that none
-/// turns expired while the benchmark runs.
-const LIVE_MARGIN_MS: i64 = 3_600_000;
+/// The retention of published outbox rows the preload assumes: a day, as the idempotency
+/// records'.
+const OUTBOX_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// Seconds of each intake phase while the collector runs: short, so intake stops soon
-/// after the sweep does and the tail measured is the sweep's.
+/// Seconds of each intake phase while a sweep runs: short, so intake stops soon after the
+/// sweep does and the tail measured is the sweep's.
 const SWEEP_PHASE_SECS: u64 = 1;
 
 pub(crate) async fn run(args: YearArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.expired <= args.records, "--expired exceeds --records");
+    args.check()?;
     let year = Year::start(&args).await?;
     year.header(&args);
-    let empty = year.intake(&args.load, "empty").await?;
-    empty.print("intake, empty table (baseline)", None);
-    let (rows, took) = year.preload(&args).await?;
-    print_preload(rows, took);
-    let stale = year.intake(&args.load, "stale").await?;
-    stale.print("intake, full table, before ANALYZE", Some(&empty));
-    year.analyze().await?;
-    let full = year.intake(&args.load, "full").await?;
-    full.print("intake, full table, after ANALYZE", Some(&empty));
-    let before = year.sizes().await?;
-    let swept = year.sweep_under_load(&args).await?;
-    swept.print(&full);
-    let after = year.sizes().await?;
+    let full = year.intake_phases(&args).await?;
+    let before = year.sizes(&year.plans).await?;
+    for plan in &year.plans {
+        let swept = year.sweep_under_load(plan.table, &args).await?;
+        swept.print(plan.table.sweep(), &full);
+    }
+    let after = year.sizes(&year.plans).await?;
     year.vacuum().await?;
-    let vacuumed = year.sizes().await?;
-    print_sizes(year.backend(), before, after, vacuumed);
+    let vacuumed = year.sizes(&year.plans).await?;
+    let last = if year.backend() == Backend::Postgres {
+        "after VACUUM (ANALYZE)"
+    } else {
+        "after ANALYZE TABLE"
+    };
+    for (i, plan) in year.plans.iter().enumerate() {
+        let name = plan.table.name(year.backend());
+        report::print_sizes(name, last, [before[i], after[i], vacuumed[i]]);
+    }
     Ok(())
 }
 
-/// The order service on a fresh database, and one client.
+/// The order service on a fresh database, one client, and the tables to preload.
 struct Year {
     /// Kept so the fresh schema outlives the server.
     test_db: TestDb,
     config: AppConfig,
     url: String,
     client: reqwest::Client,
+    plans: Vec<Plan>,
 }
 
 impl Year {
     async fn start(args: &YearArgs) -> anyhow::Result<Self> {
         let options = DbOptions {
-            // The clients' connections, the collector's and the benchmark's own.
+            // The clients' connections, the sweep's and the benchmark's own.
             max_connections: u32::try_from(args.load.concurrency).unwrap_or(64) + 4,
             ..DbOptions::default()
         };
@@ -107,11 +156,13 @@ impl Year {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(args.load.concurrency)
             .build()?;
+        let plans = plans(args, config.retention);
         Ok(Self {
             test_db,
             config,
             url,
             client,
+            plans,
         })
     }
 
@@ -125,17 +176,43 @@ impl Year {
 
     fn header(&self, args: &YearArgs) {
         println!(
-            "oncely-bench year — {}, {} records preloaded ({} past retention), {} concurrent \
-             clients over HTTP/1.1 on loopback, {} round(s) × {} s per intake phase, \
-             collector batch {}",
+            "oncely-bench year — {}, preloaded: {} idempotency records ({} past retention), \
+             {} published outbox rows ({}), {} inbox rows ({}); {} concurrent clients over \
+             HTTP/1.1 on loopback, {} round(s) × {} s per intake phase, collector batch {}",
             self.backend(),
             args.records,
             args.expired,
+            args.outbox_rows,
+            args.outbox_expired,
+            args.inbox_rows,
+            args.inbox_expired,
             args.load.concurrency,
             args.load.rounds,
             args.load.seconds,
             args.sweep_batch
         );
+    }
+
+    /// Intake and the consumer on the empty tables, the preloads, then both again on the
+    /// full tables; returns intake on the full tables after `ANALYZE`.
+    async fn intake_phases(&self, args: &YearArgs) -> anyhow::Result<Intake> {
+        let empty = self.intake(&args.load, "empty").await?;
+        empty.print("intake, empty tables (baseline)", None);
+        let consumed = self.consume(args, "empty").await?;
+        for plan in &self.plans {
+            let took = self.preload(plan, args.chunk).await?;
+            report::print_preload(plan.table.rows(), plan.rows, took);
+        }
+        let stale = self.intake(&args.load, "stale").await?;
+        stale.print("intake, full tables, before ANALYZE", Some(&empty));
+        self.analyze().await?;
+        let full = self.intake(&args.load, "full").await?;
+        full.print("intake, full tables, after ANALYZE", Some(&empty));
+        if let Some(empty_rate) = consumed {
+            let full_rate = self.consume(args, "full").await?.unwrap_or(0.0);
+            report::print_consumer(args.inbox_messages, empty_rate, full_rate);
+        }
+        Ok(full)
     }
 
     /// Intake for `--rounds` phases of `--seconds`; `tag` keeps the phases' keys apart.
@@ -153,19 +230,70 @@ impl Year {
         intake::load_timed(&self.client, &self.url, concurrency, secs, 201, make).await
     }
 
-    /// Inserts `--records` finished records in `--chunk`-row statements, oldest first
-    /// (as they arrived); returns the rows and the time it took.
-    async fn preload(&self, args: &YearArgs) -> anyhow::Result<(u64, Duration)> {
-        let plan = Preload::new(args, self.config.retention, oncely_core::now_ms());
+    /// The `billing` consumer's messages/s taking `--inbox-messages` new messages (orders
+    /// `<prefix>-<i>`) through the inbox, as `oncely-bench inbox` measures it; `None` when
+    /// the inbox is skipped.
+    async fn consume(&self, args: &YearArgs, prefix: &str) -> anyhow::Result<Option<f64>> {
+        if args.inbox_rows == 0 || args.inbox_messages == 0 {
+            return Ok(None);
+        }
+        let transport = SqlTransport::new(self.db().clone(), 1 << 20);
+        let config = ConsumerConfig {
+            concurrency: 8,
+            batch: 32,
+            poll: Duration::from_millis(5),
+            // The consumer's own sweep runs at its start: far beyond the preload's windows,
+            // it leaves the expired rows to the timed sweep.
+            inbox_retention: ConsumerConfig::default().inbox_retention * 10,
+            ..ConsumerConfig::default()
+        };
+        let subscriber = SqlSubscriber::new(
+            transport.clone(),
+            orders::BILLING_CONSUMER,
+            crate::inbox::TOPIC,
+            crate::inbox::LEASE,
+        );
+        let billing = orders::billing_consumer(self.db().clone(), subscriber, config);
+        billing.subscribe().await?;
+        crate::inbox::publish(&transport, prefix, args.inbox_messages).await?;
+        Ok(Some(
+            crate::inbox::drain(billing, args.inbox_messages).await?,
+        ))
+    }
+
+    /// Inserts `plan`'s rows in `chunk`-row statements, oldest first; returns the time it
+    /// took.
+    async fn preload(&self, plan: &Plan, chunk: u64) -> anyhow::Result<Duration> {
         let started = Instant::now();
+        let contract = self.drop_outbox_contract(plan.table).await?;
         let mut first = 0;
-        while first < args.records {
-            let last = (first + args.chunk).min(args.records) - 1;
+        while first < plan.rows {
+            let last = (first + chunk).min(plan.rows) - 1;
             self.raw(&plan.chunk_sql(self.backend(), first, last))
                 .await?;
             first = last + 1;
         }
-        Ok((args.records, started.elapsed()))
+        if let Some(create) = contract {
+            self.raw(&create).await?;
+        }
+        Ok(started.elapsed())
+    }
+
+    /// MariaDB's outbox checks each inserted row's message id and headers in a trigger
+    /// (migration 0035), a JSON walk that holds the preload to about 8,000 rows/s; the
+    /// preload's rows pass it by construction, so the trigger is dropped for the preload
+    /// and re-created after it from `SHOW CREATE TRIGGER` (returned), and intake pays it as
+    /// in production. `None` elsewhere.
+    async fn drop_outbox_contract(&self, table: Table) -> anyhow::Result<Option<String>> {
+        let Some(pool) = self.db().as_mysql().filter(|_| table == Table::Outbox) else {
+            return Ok(None);
+        };
+        let shown = sqlx::raw_sql("SHOW CREATE TRIGGER oncely_outbox_contract")
+            .fetch_one(pool)
+            .await?;
+        let create: String = sqlx::Row::try_get(&shown, "SQL Original Statement")?;
+        self.raw("DROP TRIGGER oncely_outbox_contract").await?;
+        Ok(Some(create))
     }
 
     /// Runs `sql` with the simple query protocol (`VACUUM` cannot run in a transaction
@@ -179,35 +307,79 @@ impl Year {
         Ok(())
     }
 
+    /// The preloaded tables' names, comma-separated.
+    fn tables(&self) -> String {
+        let names: Vec<&str> = self
+            .plans
+            .iter()
+            .map(|p| p.table.name(self.backend()))
+            .collect();
+        names.join(", ")
+    }
+
     async fn analyze(&self) -> anyhow::Result<()> {
         match self.backend() {
-            Backend::Postgres => self.raw("ANALYZE oncely_idempotency").await,
-            _ => self.raw("ANALYZE TABLE oncely_idempotency").await,
+            Backend::Postgres => self.raw(&format!("ANALYZE {}", self.tables())).await,
+            _ => self.raw(&format!("ANALYZE TABLE {}", self.tables())).await,
         }
     }
 
     async fn vacuum(&self) -> anyhow::Result<()> {
         match self.backend() {
-            Backend::Postgres => self.raw("VACUUM (ANALYZE) oncely_idempotency").await,
-            _ => self.raw("ANALYZE TABLE oncely_idempotency").await,
+            Backend::Postgres => {
+                self.raw(&format!("VACUUM (ANALYZE) {}", self.tables()))
+                    .await
+            }
+            _ => self.analyze().await,
         }
     }
 
-    async fn sizes(&self) -> anyhow::Result<Sizes> {
-        if let Some(pool) = self.db().as_postgres() {
-            return pg_sizes(pool).await;
+    /// Each planned table's sizes, in plan order (MariaDB: after `ANALYZE TABLE`, as
+    /// InnoDB's sizes are its persistent statistics).
+    async fn sizes(&self, plans: &[Plan]) -> anyhow::Result<Vec<Sizes>> {
+        if self.backend() != Backend::Postgres {
+            self.analyze().await?;
         }
-        let pool = self.db().as_mysql().expect("PostgreSQL or MariaDB");
-        self.analyze().await?;
-        mysql_sizes(pool).await
+        let mut sizes = Vec::new();
+        for plan in plans {
+            let name = plan.table.name(self.backend());
+            sizes.push(match (self.db().as_postgres(), self.db().as_mysql()) {
+                (Some(pool), _) => pg_sizes(pool, name).await?,
+                (_, Some(pool)) => mysql_sizes(pool, name).await?,
+                _ => anyhow::bail!("year measures PostgreSQL or MariaDB"),
+            });
+        }
+        Ok(sizes)
     }
 
-    /// One round of the service's collector (batches until none is full) while the
-    /// clients create orders in [`SWEEP_PHASE_SECS`] phases, until the round ends.
-    async fn sweep_under_load(&self, args: &YearArgs) -> anyhow::Result<Swept> {
-        let store = IdempotencyStore::new(self.db().clone(), self.config.retention);
-        let sweep =
-            orders::collector_sweep(store, self.config.collector_interval, args.sweep_batch);
+    /// The service's own sweep of `table`'s expired rows.
+    fn sweep(&self, table: Table, args: &YearArgs) -> RetentionSweep {
+        let db = self.db().clone();
+        match table {
+            Table::Idempotency => orders::collector_sweep(
+                IdempotencyStore::new(db, self.config.retention),
+                self.config.collector_interval,
+                args.sweep_batch,
+            ),
+            Table::Outbox => oncely_outbox::published_sweep(
+                OutboxStore::new(db),
+                &RelayConfig {
+                    retention: OUTBOX_RETENTION,
+                    ..RelayConfig::default()
+                },
+            ),
+            Table::Inbox => oncely_inbox::inbox_sweep(
+                InboxStore::new(db),
+                orders::BILLING_CONSUMER,
+                &ConsumerConfig::default(),
+            ),
+        }
+    }
+
+    /// One round of `table`'s sweep (batches until none is full) while the clients create
+    /// orders in [`SWEEP_PHASE_SECS`] phases, until the round ends.
+    async fn sweep_under_load(&self, table: Table, args: &YearArgs) -> anyhow::Result<Swept> {
+        let sweep = self.sweep(table, args);
         let started = Instant::now();
         let round = tokio::spawn(async move {
             let rows = sweep.round(&CancellationToken::new()).await;
@@ -222,7 +394,7 @@ impl Year {
             phases.push(phase);
         }
         let (rows, took) = round.await?;
-        let rows = rows.map_err(|e| anyhow::anyhow!("collector: {e}"))?;
+        let rows = rows.map_err(|e| anyhow::anyhow!("{} sweep: {e}", table.sweep()))?;
         Ok(Swept {
             rows,
             took,
@@ -231,211 +403,39 @@ impl Year {
     }
 }
 
-/// Where each preloaded record's `completed_at` falls: the first `expired` rows evenly
-/// over the retention window before the last one (so `expires_at` is in the past), the
-/// others evenly over the last window from [`LIVE_MARGIN_MS`] after its start (so
-/// `expires_at` is at least that far in the future).
-struct Preload {
-    records: u64,
-    expired: u64,
-    now_ms: i64,
-    retention_ms: i64,
+/// The tables to preload, in order (those with rows), each over its retention window.
+fn plans(args: &YearArgs, idempotency_retention: Duration) -> Vec<Plan> {
+    let now = oncely_core::now_ms();
+    let inbox_retention = ConsumerConfig::default().inbox_retention;
+    [
+        (
+            Table::Idempotency,
+            (args.records, args.expired),
+            idempotency_retention,
+        ),
+        (
+            Table::Outbox,
+            (args.outbox_rows, args.outbox_expired),
+            OUTBOX_RETENTION,
+        ),
+        (
+            Table::Inbox,
+            (args.inbox_rows, args.inbox_expired),
+            inbox_retention,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, (rows, _), _)| *rows > 0)
+    .map(|(table, shape, retention)| Plan::new(table, shape, retention, now))
+    .collect()
 }
 
-impl Preload {
-    fn new(args: &YearArgs, retention: Duration, now_ms: i64) -> Self {
-        Self {
-            records: args.records,
-            expired: args.expired,
-            now_ms,
-            retention_ms: i64::try_from(retention.as_millis()).unwrap_or(i64::MAX),
-        }
-    }
-
-    /// SQL for `completed_at` of row `n` (the column `n` of a number series); `div` is
-    /// the backend's integer division.
-    fn completed_at(&self, div: &str) -> String {
-        let Self {
-            records,
-            expired,
-            now_ms,
-            retention_ms: r,
-        } = *self;
-        let old_start = now_ms - 2 * r;
-        let live_start = now_ms - r + LIVE_MARGIN_MS;
-        let live_span = r - LIVE_MARGIN_MS;
-        format!(
-            "CASE WHEN n < {expired} THEN {old_start} + n * {r} {div} {e} \
-             ELSE {live_start} + (n - {expired}) * {live_span} {div} {l} END",
-            e = expired.max(1),
-            l = (records - expired).max(1),
-        )
-    }
-
-    /// One `INSERT … SELECT` of rows `first..=last`.
-    fn chunk_sql(&self, backend: Backend, first: u64, last: u64) -> String {
-        let r = self.retention_ms;
-        let body = r#"{"id":"0190c8a2-7d1e-7c4b-9a55-3f1e0b6c2d11","status":"pending","source":"bench","external_ref":"year","customer_id":"c-1","amount_minor":1999,"currency":"EUR"}"#;
-        let headers = r#"[["content-type","application/json"]]"#;
-        let completed = self.completed_at(div(backend));
-        let (key, fingerprint, route, body, series) = match backend {
-            Backend::Postgres => (
-                "'year-' || lpad(n::text, 10, '0')",
-                "sha256(int8send(n))",
-                "sha256('POST /v1/orders'::bytea)",
-                format!("convert_to('{body}', 'UTF8')"),
-                format!("(SELECT g AS n FROM generate_series({first}::bigint, {last}) g)"),
-            ),
-            _ => (
-                "CONCAT('year-', LPAD(n, 10, '0'))",
-                "UNHEX(SHA2(n, 256))",
-                "UNHEX(SHA2('POST /v1/orders', 256))",
-                format!("'{body}'"),
-                // The sequence engine's `seq` is unsigned; the arithmetic above is signed.
-                format!("(SELECT CAST(seq AS SIGNED) AS n FROM seq_{first}_to_{last})"),
-            ),
-        };
-        let key_column = if backend == Backend::Postgres {
-            "key"
-        } else {
-            "`key`"
-        };
-        format!(
-            "INSERT INTO oncely_idempotency (tenant, operation, {key_column}, fingerprint, \
-             route_digest, state, owner, response_status, response_headers, response_body, \
-             created_at, completed_at, expires_at) \
-             SELECT 'bench', '{OPERATION}', {key}, {fingerprint}, {route}, 'succeeded', \
-             'year-preload', 201, '{headers}', {body}, c - 5, c, c + {r} \
-             FROM (SELECT n, {completed} AS c FROM {series} s) t"
-        )
-    }
-}
-
-/// Integer division: PostgreSQL's `/` on bigints, MariaDB's `DIV`.
-fn div(backend: Backend) -> &'static str {
-    if backend == Backend::Postgres {
-        "/"
-    } else {
-        "DIV"
-    }
-}
-
-/// Intake over some phases: the median phase's creates/s, and latency quantiles over
-/// every request of every phase.
-#[derive(Debug, Clone, Copy)]
-struct Intake {
-    per_sec: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
-impl Intake {
-    fn of(phases: Vec<Timed>) -> Self {
-        let mut rates: Vec<f64> = phases.iter().map(|p| p.per_sec).collect();
-        let mut latencies: Vec<u32> = phases.into_iter().flat_map(|p| p.latencies_us).collect();
-        latencies.sort_unstable();
-        Self {
-            per_sec: median(&mut rates),
-            p50_ms: quantile_ms(&latencies, 0.50),
-            p99_ms: quantile_ms(&latencies, 0.99),
-        }
-    }
-
-    /// One line; beside `baseline` when given, as ratios.
-    fn print(&self, what: &str, baseline: Option<&Intake>) {
-        print!(
-            "{what:<38} {:>8.1} creates/s  p50 {:>6.1} ms  p99 {:>6.1} ms",
-            self.per_sec, self.p50_ms, self.p99_ms
-        );
-        match baseline {
-            None => println!("   (baseline)"),
-            Some(b) => println!(
-                "   beside baseline {:.1}/s = {:.2}× (target ≥ 0.9); p99 beside {:.1} ms = {:.2}×",
-                b.per_sec,
-                self.per_sec / b.per_sec,
-                b.p99_ms,
-                self.p99_ms / b.p99_ms
-            ),
-        }
-    }
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        f64::midpoint(values[mid - 1], values[mid])
-    }
-}
-
-/// The `q` quantile of sorted µs latencies, in ms (nearest rank).
-fn quantile_ms(sorted_us: &[u32], q: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted_us.len() as f64 * q).ceil() as usize).clamp(1, sorted_us.len());
-    f64::from(sorted_us[rank - 1]) / 1000.0
-}
-
-fn print_preload(rows: u64, took: Duration) {
-    println!(
-        "{:<38} {rows} rows in {:.1} s = {:.0} rows/s",
-        "preload",
-        took.as_secs_f64(),
-        rows as f64 / took.as_secs_f64()
-    );
-}
-
-/// The collector's round under intake.
-struct Swept {
-    rows: u64,
-    took: Duration,
-    intake: Intake,
-}
-
-impl Swept {
-    fn print(&self, without: &Intake) {
-        println!(
-            "{:<38} {} rows in {:.1} s = {:.0} rows/s",
-            "collector sweep (under intake)",
-            self.rows,
-            self.took.as_secs_f64(),
-            self.rows as f64 / self.took.as_secs_f64()
-        );
-        let with = &self.intake;
-        println!(
-            "{:<38} {:>8.1} creates/s  p50 {:>6.1} ms  p99 {:>6.1} ms   beside {:.1}/s = \
-             {:.2}×; p99 beside {:.1} ms without the sweep = {:.2}× (target ≤ 2)",
-            "intake during the sweep",
-            with.per_sec,
-            with.p50_ms,
-            with.p99_ms,
-            without.per_sec,
-            with.per_sec / without.per_sec,
-            without.p99_ms,
-            with.p99_ms / without.p99_ms
-        );
-    }
-}
-
-/// Bytes of the idempotency table: everything, the table alone, its indexes.
-#[derive(Debug, Clone, Copy)]
-struct Sizes {
-    total: i64,
-    table: i64,
-    indexes: i64,
-}
-
-async fn pg_sizes(pool: &PgPool) -> anyhow::Result<Sizes> {
+async fn pg_sizes(pool: &PgPool, table: &str) -> anyhow::Result<Sizes> {
     let (total, table, indexes): (i64, i64, i64) = sqlx::query_as(
-        "SELECT pg_total_relation_size('oncely_idempotency'), \
-         pg_relation_size('oncely_idempotency'), pg_indexes_size('oncely_idempotency')",
+        "SELECT pg_total_relation_size($1::regclass), pg_relation_size($1::regclass), \
+         pg_indexes_size($1::regclass)",
     )
+    .bind(table)
     .fetch_one(pool)
     .await?;
     Ok(Sizes {
@@ -445,49 +445,17 @@ async fn pg_sizes(pool: &PgPool) -> anyhow::Result<Sizes> {
     })
 }
 
-async fn mysql_sizes(pool: &MySqlPool) -> anyhow::Result<Sizes> {
-    let (table, indexes): (i64, i64) = sqlx::query_as(
+async fn mysql_sizes(pool: &MySqlPool, table: &str) -> anyhow::Result<Sizes> {
+    let (data, indexes): (i64, i64) = sqlx::query_as(
         "SELECT CAST(data_length AS SIGNED), CAST(index_length AS SIGNED) \
-         FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_name = 'oncely_idempotency'",
+         FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
     )
+    .bind(table)
     .fetch_one(pool)
     .await?;
     Ok(Sizes {
-        total: table + indexes,
-        table,
+        total: data + indexes,
+        table: data,
         indexes,
     })
-}
-
-fn print_sizes(backend: Backend, before: Sizes, after: Sizes, vacuumed: Sizes) {
-    let last = if backend == Backend::Postgres {
-        "after VACUUM (ANALYZE)"
-    } else {
-        "after ANALYZE TABLE"
-    };
-    println!("sizes, MB (total = table + indexes):");
-    for (what, s) in [
-        ("before the sweep (baseline)", before),
-        ("after the sweep", after),
-        (last, vacuumed),
-    ] {
-        println!(
-            "  {what:<28} total {:>8.1}  table {:>8.1}  indexes {:>8.1}   beside baseline \
-             {:.1} = {:.2}×",
-            mb(s.total),
-            mb(s.table),
-            mb(s.indexes),
-            mb(before.total),
-            ratio(s.total, before.total)
-        );
-    }
-}
-
-fn mb(bytes: i64) -> f64 {
-    bytes as f64 / 1_048_576.0
-}
-
-fn ratio(a: i64, b: i64) -> f64 {
-    a as f64 / b.max(1) as f64
 }
