@@ -94,6 +94,7 @@ impl Plan {
         let sql = Sql {
             backend,
             series: series(backend, first, last),
+            rows: last + 1 - first,
         };
         match self.table {
             Table::Idempotency => self.idempotency(&sql),
@@ -145,11 +146,13 @@ impl Plan {
     fn outbox(&self, sql: &Sql) -> String {
         let published = self.spread.at("n", sql.backend);
         let inner = format!(
-            "SELECT n, {m} AS m, {o} AS o, {published} AS p FROM {series} s",
+            "SELECT n, {m} AS m, {o} AS o, {published} AS p FROM {series} s{fence}",
             m = sql.ascending_hex(self.rows, "m"),
             o = sql.ascending_hex(self.rows, "o"),
-            series = sql.series
+            series = sql.series,
+            fence = sql.fence(),
         );
+        let fence = sql.fence();
         let (m, o) = (sql.uuid("m"), sql.uuid("o"));
         let key = sql.concat(&["'year-'", &sql.lpad("n")]);
         let payload = sql.concat(&[r#"'{"id":"'"#, "o", &format!("'{ORDER_TAIL}'")]);
@@ -171,7 +174,7 @@ impl Plan {
                  published_at) \
                  SELECT nextval('oncely_outbox_id_seq'), {m}, 'orders', o, 'order.created', \
                  convert_to({payload}, 'UTF8'), {headers}, p - 40, p - 40, 1, p \
-                 FROM (SELECT n, m, {o} AS o, p FROM ({inner}) i) t"
+                 FROM (SELECT n, m, {o} AS o, p FROM ({inner}) i{fence}) t"
             )
         } else {
             format!(
@@ -179,7 +182,7 @@ impl Plan {
                  payload, headers, created_at, available_at, attempts, state, published_at) \
                  SELECT {m}, 'orders', o, 'order.created', {payload}, {headers}, p - 40, \
                  p - 40, 1, 'published', p \
-                 FROM (SELECT n, m, {o} AS o, p FROM ({inner}) i) t"
+                 FROM (SELECT n, m, {o} AS o, p FROM ({inner}) i{fence}) t"
             )
         }
     }
@@ -202,12 +205,13 @@ impl Plan {
         format!(
             "INSERT INTO oncely_inbox (consumer, message_id, received_at) \
              SELECT '{consumer}', {m}, p FROM (SELECT {id} AS m, {received} AS p \
-             FROM (SELECT n, {modulo} AS k FROM {series} s) s) t",
+             FROM (SELECT n, {modulo} AS k FROM {series} s) s{fence}) t",
             consumer = orders::BILLING_CONSUMER,
             m = sql.uuid("m"),
             id = sql.ascending_hex(self.rows, "i"),
             received = self.spread.at("k", sql.backend),
-            series = sql.series
+            series = sql.series,
+            fence = sql.fence(),
         )
     }
 }
@@ -216,9 +220,24 @@ impl Plan {
 struct Sql {
     backend: Backend,
     series: String,
+    /// Rows in the series.
+    rows: u64,
 }
 
 impl Sql {
+    /// Ends a derived table so that the planner computes its columns once per row rather
+    /// than merging it into the outer query, which copies each column's expression (two
+    /// digests) into every place that uses it: on MariaDB that held the outbox preload to
+    /// 18,000 rows/s, 45,000 with the fence. PostgreSQL: `OFFSET 0`; MariaDB: a `LIMIT` of
+    /// all the rows (`derived_merge` skips a derived table with a `LIMIT`).
+    fn fence(&self) -> String {
+        if self.backend == Backend::Postgres {
+            " OFFSET 0".to_owned()
+        } else {
+            format!(" LIMIT {}", self.rows)
+        }
+    }
+
     fn concat(&self, parts: &[&str]) -> String {
         if self.backend == Backend::Postgres {
             parts.join(" || ")
