@@ -52,16 +52,18 @@ pub(crate) struct YearArgs {
     /// 24 h retention), spread as `--records`; 0 skips the outbox.
     #[arg(long, default_value_t = 10_000_000)]
     outbox_rows: u64,
-    /// How many of `--outbox-rows` are past retention, for the relay's sweep to delete.
-    #[arg(long, default_value_t = 250_000)]
-    outbox_expired: u64,
+    /// How many of `--outbox-rows` are past retention, for the relay's sweep to delete;
+    /// by default one in [`EXPIRED_SHARE`] (250,000 of 10M).
+    #[arg(long)]
+    outbox_expired: Option<u64>,
     /// Inbox rows preloaded (the `billing` consumer's), spread over the consumer's default
     /// retention (7 days) and the window before it; 0 skips the inbox.
     #[arg(long, default_value_t = 5_000_000)]
     inbox_rows: u64,
-    /// How many of `--inbox-rows` are past retention, for the consumer's sweep to delete.
-    #[arg(long, default_value_t = 125_000)]
-    inbox_expired: u64,
+    /// How many of `--inbox-rows` are past retention, for the consumer's sweep to delete;
+    /// by default one in [`EXPIRED_SHARE`] (125,000 of 5M).
+    #[arg(long)]
+    inbox_expired: Option<u64>,
     /// Messages the `billing` consumer takes on the empty and on the full inbox.
     #[arg(long, default_value_t = 5_000)]
     inbox_messages: u32,
@@ -75,20 +77,41 @@ pub(crate) struct YearArgs {
 }
 
 impl YearArgs {
+    /// Published outbox rows and how many of them are expired.
+    fn outbox(&self) -> (u64, u64) {
+        let expired = self.outbox_expired;
+        (
+            self.outbox_rows,
+            expired.unwrap_or(self.outbox_rows / EXPIRED_SHARE),
+        )
+    }
+
+    /// Inbox rows and how many of them are expired.
+    fn inbox(&self) -> (u64, u64) {
+        let expired = self.inbox_expired;
+        (
+            self.inbox_rows,
+            expired.unwrap_or(self.inbox_rows / EXPIRED_SHARE),
+        )
+    }
+
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.expired <= self.records, "--expired exceeds --records");
+        let (outbox, inbox) = (self.outbox(), self.inbox());
         anyhow::ensure!(
-            self.outbox_expired <= self.outbox_rows,
+            outbox.1 <= outbox.0,
             "--outbox-expired exceeds --outbox-rows"
         );
-        anyhow::ensure!(
-            self.inbox_expired <= self.inbox_rows,
-            "--inbox-expired exceeds --inbox-rows"
-        );
+        anyhow::ensure!(inbox.1 <= inbox.0, "--inbox-expired exceeds --inbox-rows");
         anyhow::ensure!(self.chunk > 0, "--chunk must be positive");
         Ok(())
     }
 }
+
+/// One in this many outbox and inbox rows is expired unless the flags say otherwise: a
+/// share that gives each sweep enough rows to time (tens of seconds) without the 2M of the
+/// idempotency records, which alone take 4 to 6 minutes of the 20.
+const EXPIRED_SHARE: u64 = 40;
 
 /// The retention of published outbox rows the preload assumes: a day, as the idempotency
 /// records'.
@@ -182,10 +205,10 @@ impl Year {
             self.backend(),
             args.records,
             args.expired,
-            args.outbox_rows,
-            args.outbox_expired,
-            args.inbox_rows,
-            args.inbox_expired,
+            args.outbox().0,
+            args.outbox().1,
+            args.inbox().0,
+            args.inbox().1,
             args.load.concurrency,
             args.load.rounds,
             args.load.seconds,
@@ -413,16 +436,8 @@ fn plans(args: &YearArgs, idempotency_retention: Duration) -> Vec<Plan> {
             (args.records, args.expired),
             idempotency_retention,
         ),
-        (
-            Table::Outbox,
-            (args.outbox_rows, args.outbox_expired),
-            OUTBOX_RETENTION,
-        ),
-        (
-            Table::Inbox,
-            (args.inbox_rows, args.inbox_expired),
-            inbox_retention,
-        ),
+        (Table::Outbox, args.outbox(), OUTBOX_RETENTION),
+        (Table::Inbox, args.inbox(), inbox_retention),
     ]
     .into_iter()
     .filter(|(_, (rows, _), _)| *rows > 0)
