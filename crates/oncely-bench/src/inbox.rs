@@ -1,5 +1,6 @@
 //! `oncely-bench inbox`: consumed messages/s through the inbox (the `billing` consumer)
-//! beside the same handler acknowledging without the inbox, in one run.
+//! beside the same handler acknowledging without the inbox, in one run. `year` drains the
+//! consumer the same way ([`publish`], [`drain`]) on an empty and on a full inbox table.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,14 +8,14 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use oncely_broker::{Message, Publisher, SqlSubscriber, SqlTransport};
 use oncely_core::MessageId;
-use oncely_inbox::{ConsumerConfig, Handler};
+use oncely_inbox::{ConsumerConfig, Handler, SqlConsumer};
 use oncely_sql::Database;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Lease on claimed deliveries, both sides.
-const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Args)]
 pub(crate) struct InboxBenchArgs {
@@ -36,7 +37,8 @@ pub(crate) struct InboxBenchArgs {
     batch: u32,
 }
 
-const TOPIC: &str = "bench.orders";
+/// The topic the benchmark publishes on and the consumers subscribe to.
+pub(crate) const TOPIC: &str = "bench.orders";
 
 pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
     let t = crate::db::fresh(&args.database_url, args.concurrency).await?;
@@ -55,7 +57,7 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
         config.clone(),
     );
     billing.subscribe().await?;
-    publish(&transport, args.messages).await?;
+    publish(&transport, "bench", args.messages).await?;
     println!(
         "inbox bench on {}: {} messages, concurrency {}, batch {}",
         t.db.backend(),
@@ -67,16 +69,7 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
     // Baseline first, then remove its invoices so both sides insert the same rows.
     let bare = bare_drain(&t.db, &transport, &config, args.messages).await?;
     clear_invoices(&t.db).await?;
-    let stats = billing.stats();
-    let stop = CancellationToken::new();
-    let started = Instant::now();
-    let running = tokio::spawn(billing.run(stop.clone()));
-    while stats.consumed() < u64::from(args.messages) {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let inbox = f64::from(args.messages) / started.elapsed().as_secs_f64();
-    stop.cancel();
-    running.await?;
+    let inbox = drain(billing, args.messages).await?;
 
     println!("bare handler (tx + ack, no inbox): {bare:>9.0} msg/s");
     println!("through the inbox:                 {inbox:>9.0} msg/s");
@@ -84,13 +77,37 @@ pub(crate) async fn run(args: InboxBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn publish(transport: &SqlTransport, n: u32) -> anyhow::Result<()> {
+/// Messages/s of `consumer` (subscribed before the `n` messages it is to take were
+/// published): runs it until it has consumed `n`, then stops it.
+///
+/// # Errors
+/// When the consumer's task panics.
+pub(crate) async fn drain(consumer: SqlConsumer, n: u32) -> anyhow::Result<f64> {
+    let stats = consumer.stats();
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+    while stats.consumed() < u64::from(n) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let rate = f64::from(n) / started.elapsed().as_secs_f64();
+    stop.cancel();
+    running.await?;
+    Ok(rate)
+}
+
+/// Publishes `n` `order.created` messages for orders `<prefix>-<i>` on [`TOPIC`], with ids
+/// derived from the order (random-looking, as the order service's are).
+///
+/// # Errors
+/// When the transport fails.
+pub(crate) async fn publish(transport: &SqlTransport, prefix: &str, n: u32) -> anyhow::Result<()> {
     let mut batch = Vec::with_capacity(500);
     for i in 0..n {
-        let order = format!("bench-{i}");
+        let order = format!("{prefix}-{i}");
         let payload = serde_json::json!({"id": order, "amount_minor": 1999, "currency": "EUR"});
         batch.push(Message {
-            id: MessageId::new_random(),
+            id: MessageId::derive_from_parts(&[TOPIC, &order]),
             topic: TOPIC.to_owned(),
             partition_key: order,
             event_type: orders::ORDER_CREATED.to_owned(),

@@ -17,8 +17,9 @@
 //!   memory.
 //! - `effects` — `oncely-bench effects`: charges/s driven to `succeeded` by the effect
 //!   runner vs raw HTTP calls to the payments simulator at the same concurrency.
-//! - `year` — `oncely-bench year`: intake on a preloaded idempotency table (10M records)
-//!   beside the empty table, and the retention collector's sweep under intake.
+//! - `year` — `oncely-bench year`: intake on preloaded tables (10M idempotency records, 10M
+//!   published outbox rows, 5M inbox rows) beside the empty tables, the inbox consumer on
+//!   the full inbox beside the empty one, and each table's retention sweep under intake.
 //! - `chain` — `oncely-bench chain`: orders/s from `POST /v1/orders` to the invoice
 //!   (serve → outbox → relay → broker → `billing`), beside the intake alone, and scaled out.
 //! - `db` — the fresh database the `inbox` and `effects` benchmarks run on.
@@ -67,8 +68,9 @@ enum BenchCommand {
     /// Gateway: requests/s through `oncely gateway` (new keys, and replays) beside the same
     /// requests sent directly to the same upstream.
     Gateway(gateway::GatewayBenchArgs),
-    /// A year of traffic: creates/s on an idempotency table of 10M records beside the empty
-    /// table, and intake p99 while the retention collector deletes the expired ones.
+    /// A year of traffic: creates/s on tables of a year's size (idempotency, published
+    /// outbox, inbox) beside the empty tables, the inbox consumer on the full inbox, and
+    /// intake p99 while each table's retention sweep deletes its expired rows.
     Year(year::YearArgs),
     /// The whole chain: orders/s from `POST /v1/orders` to the invoice written by the
     /// `billing` consumer (relay and broker between), beside the intake alone, and with

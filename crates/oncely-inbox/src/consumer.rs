@@ -608,25 +608,20 @@ async fn idle(shutdown: &CancellationToken, poll: Duration) {
     }
 }
 
-/// The consumer's retention, two [`RetentionSweep`]s from start-up and every
-/// `collect_interval`, 500 rows per statement: `inbox:<consumer>` deletes inbox rows past
-/// `inbox_retention` (counted in `oncely_inbox_collected_total{consumer}`), `queue:<consumer>`
-/// the SQL transport's fanned-out queue rows past `queue_retention`.
-fn retention<S: Subscriber>(
-    inbox: InboxStore,
-    subscriber: Arc<S>,
-    config: &ConsumerConfig,
-) -> Retention {
-    const BATCH: u32 = 500;
-    let name = subscriber.consumer().to_owned();
+/// The deletion of `consumer`'s inbox rows past [`ConsumerConfig::inbox_retention`] as a
+/// [`RetentionSweep`] named `inbox:<consumer>` ([`InboxStore::collect`]): every
+/// `collect_interval`, 500 rows per statement, counted in
+/// `oncely_inbox_collected_total{consumer}`. [`Consumer::run`] runs it from start-up;
+/// public so that a benchmark can time one round of the consumer's own sweep.
+pub fn inbox_sweep(inbox: InboxStore, consumer: &str, config: &ConsumerConfig) -> RetentionSweep {
     let inbox_retention = oncely_core::millis(config.inbox_retention);
-    let consumer = name.clone();
-    let inbox_sweep = RetentionSweep::new(
-        format!("inbox:{name}"),
+    let name = consumer.to_owned();
+    RetentionSweep::new(
+        format!("inbox:{consumer}"),
         config.collect_interval,
-        BATCH,
+        COLLECT_BATCH,
         move |now_ms, batch| {
-            let (inbox, consumer) = (inbox.clone(), consumer.clone());
+            let (inbox, consumer) = (inbox.clone(), name.clone());
             async move {
                 let n = inbox
                     .collect(now_ms.saturating_sub(inbox_retention), batch)
@@ -635,18 +630,34 @@ fn retention<S: Subscriber>(
                 Ok::<_, oncely_sql::StoreError>(n)
             }
         },
-    );
+    )
+}
+
+/// Rows per statement of the consumer's retention sweeps.
+const COLLECT_BATCH: u32 = 500;
+
+/// The consumer's retention, two [`RetentionSweep`]s from start-up and every
+/// `collect_interval`, [`COLLECT_BATCH`] rows per statement: [`inbox_sweep`], and
+/// `queue:<consumer>` deleting the SQL transport's fanned-out queue rows past
+/// `queue_retention`.
+fn retention<S: Subscriber>(
+    inbox: InboxStore,
+    subscriber: Arc<S>,
+    config: &ConsumerConfig,
+) -> Retention {
+    let collect = inbox_sweep(inbox, subscriber.consumer(), config);
+    let name = subscriber.consumer().to_owned();
     let keep = oncely_core::millis(config.queue_retention);
     let queue_sweep = RetentionSweep::new(
         format!("queue:{name}"),
         config.collect_interval,
-        BATCH,
+        COLLECT_BATCH,
         move |now_ms, batch| {
             let subscriber = subscriber.clone();
             async move { subscriber.collect(now_ms.saturating_sub(keep), batch).await }
         },
     );
     Retention::new()
-        .sweep(inbox_sweep.at_once())
+        .sweep(collect.at_once())
         .sweep(queue_sweep.at_once())
 }

@@ -19,13 +19,13 @@
 //! - `consumer` — [`Consumer`] (generic over an
 //!   [`oncely_broker::Subscriber`]: SQL transport, RabbitMQ, NATS JetStream; [`SqlConsumer`]
 //!   is the SQL transport's), [`ConsumerConfig`], [`Handler`], [`ConsumerStats`],
-//!   [`Processed`], [`Rejected`].
+//!   [`Processed`], [`Rejected`]; [`inbox_sweep`], the retention of inbox rows.
 //! - `metrics` — metric names recorded through the `metrics` facade.
 
 mod consumer;
 pub mod metrics;
 
 pub use consumer::{
-    Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed, Rejected,
-    SqlConsumer,
+    inbox_sweep, Consumer, ConsumerConfig, ConsumerStats, Handler, HandlerError, Processed,
+    Rejected, SqlConsumer,
 };

@@ -3,8 +3,8 @@
 //! ([`oncely_broker::Publisher`]), with confirmation, retries and per-partition order.
 //!
 //! # Layout
-//! - `relay` — [`Relay`], [`RelayConfig`], [`RoundReport`], [`RelayError`], [`to_message`]: claim → publish →
-//!   mark; LISTEN/NOTIFY wake-up on PostgreSQL with a polling fallback; backoff with full
+//! - `relay` — [`Relay`], [`RelayConfig`], [`RoundReport`], [`RelayError`], [`to_message`],
+//!   [`published_sweep`]: claim → publish → mark; LISTEN/NOTIFY wake-up on PostgreSQL with a polling fallback; backoff with full
 //!   jitter; the gauges and the retention of published rows.
 //!   A folder: `drain` (concurrent batches, each claim skipping the id ranges the others
 //!   hold), `settle` (publish a batch, settle each row), `background` (the service loop
@@ -14,4 +14,4 @@
 pub mod metrics;
 mod relay;
 
-pub use relay::{to_message, Relay, RelayConfig, RelayError, RoundReport};
+pub use relay::{published_sweep, to_message, Relay, RelayConfig, RelayError, RoundReport};

@@ -168,10 +168,12 @@ pub(super) async fn stats_loop(
     }
 }
 
-/// The deletion of published rows past `retention` as a [`RetentionSweep`] named
-/// `outbox`: every `cleanup_interval`, `cleanup_batch` rows per statement with a short pause
-/// between statements, counted in `oncely_outbox_deleted_total`.
-pub(super) fn published_sweep(store: OutboxStore, config: &RelayConfig) -> RetentionSweep {
+/// The deletion of published rows past [`RelayConfig::retention`] as a [`RetentionSweep`]
+/// named `outbox` ([`OutboxStore::delete_published`]): every `cleanup_interval`,
+/// `cleanup_batch` rows per statement with a 20 ms pause between statements, counted in
+/// `oncely_outbox_deleted_total`. [`Relay::run`] runs it when the retention is not zero;
+/// public so that a benchmark can time one round of the relay's own sweep.
+pub fn published_sweep(store: OutboxStore, config: &RelayConfig) -> RetentionSweep {
     let retention = oncely_core::millis(config.retention);
     RetentionSweep::new(
         "outbox",

@@ -7,6 +7,8 @@ mod background;
 mod drain;
 mod settle;
 
+pub use background::published_sweep;
+
 use std::sync::Arc;
 use std::time::Duration;
 
