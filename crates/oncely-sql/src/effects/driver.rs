@@ -12,6 +12,33 @@ pub(crate) const EFFECT_COLUMNS: &str = "id, tenant, provider, operation, refere
     available_at, provider_id, response, last_error, lease_version, created_at, updated_at, \
     sent_at";
 
+/// Binds each [`SettleRow`] of `$rows`, in the column order of the backends that take
+/// the group as a list of value rows (SQLite's `VALUES`, MySQL's derived table): id,
+/// lease version, uncount, checks, state, available_at, provider id, response, error, key,
+/// key generation, streak.
+macro_rules! bind_settle_rows {
+    ($query:expr, $rows:expr) => {{
+        let mut q = $query;
+        for r in $rows {
+            q = q
+                .bind(r.id.as_str())
+                .bind(r.lease_version)
+                .bind(r.uncount)
+                .bind(r.checks)
+                .bind(r.state)
+                .bind(r.available_at)
+                .bind(r.provider_id.as_deref())
+                .bind(r.response.as_deref())
+                .bind(r.error.as_deref())
+                .bind(r.key.as_str())
+                .bind(r.key_generation)
+                .bind(r.streak);
+        }
+        q
+    }};
+}
+pub(crate) use bind_settle_rows;
+
 /// One effect's fenced settle update, as every backend binds it.
 pub(crate) struct SettleRow {
     pub(crate) id: String,

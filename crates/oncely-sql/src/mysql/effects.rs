@@ -4,7 +4,7 @@
 //! say whether every lease was held (read back only when one was not).
 
 use super::MySqlStore;
-use crate::effects::driver::{held_rows, Claim, EffectsBackend, SettleRow};
+use crate::effects::driver::{bind_settle_rows, held_rows, Claim, EffectsBackend, SettleRow};
 use crate::effects::types::Effect;
 use crate::StoreError;
 
@@ -105,22 +105,7 @@ impl EffectsBackend for MySqlStore {
              e.updated_at = ?, e.unavailable_streak = v.streak",
             settle_values(rows.len())
         );
-        let mut q = sqlx::query(&sql);
-        for r in rows {
-            q = q
-                .bind(r.id.as_str())
-                .bind(r.lease_version)
-                .bind(r.uncount)
-                .bind(r.checks)
-                .bind(r.state)
-                .bind(r.available_at)
-                .bind(r.provider_id.as_deref())
-                .bind(r.response.as_deref())
-                .bind(r.error.as_deref())
-                .bind(r.key.as_str())
-                .bind(r.key_generation)
-                .bind(r.streak);
-        }
+        let q = bind_settle_rows!(sqlx::query(&sql), rows);
         let matched = q.bind(now_ms).execute(&mut **tx).await?.rows_affected();
         if usize::try_from(matched).is_ok_and(|m| m == rows.len()) {
             return Ok(vec![true; rows.len()]);

@@ -3,7 +3,8 @@
 
 use super::SqliteStore;
 use crate::effects::driver::{
-    held_rows, Claim, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET, EFFECT_COLUMNS,
+    bind_settle_rows, held_rows, Claim, EffectsBackend, SettleRow, CLAIM_DUE, CLAIM_SET,
+    EFFECT_COLUMNS,
 };
 use crate::effects::types::Effect;
 use crate::StoreError;
@@ -43,22 +44,7 @@ impl EffectsBackend for SqliteStore {
              FROM v WHERE id = v_id AND lease_version = v_lease_version \
              RETURNING id, lease_version"
         );
-        let mut q = sqlx::query_as(&sql);
-        for r in rows {
-            q = q
-                .bind(r.id.as_str())
-                .bind(r.lease_version)
-                .bind(r.uncount)
-                .bind(r.checks)
-                .bind(r.state)
-                .bind(r.available_at)
-                .bind(r.provider_id.as_deref())
-                .bind(r.response.as_deref())
-                .bind(r.error.as_deref())
-                .bind(r.key.as_str())
-                .bind(r.key_generation)
-                .bind(r.streak);
-        }
+        let q = bind_settle_rows!(sqlx::query_as(&sql), rows);
         let updated: Vec<(String, i64)> = q.bind(now_ms).fetch_all(&mut **tx).await?;
         Ok(held_rows(rows, &updated))
     }

@@ -238,21 +238,7 @@ async fn settle_racing(
 /// are only those of its own derived table of new values.
 pub(crate) async fn a_group_settle_finds_its_effects_by_key_never_by_a_scan(t: TestDb) {
     let s = store(&t).await;
-    let request = serde_json::json!({});
-    let mut tx = t.db.begin().await.unwrap();
-    for i in 0..400 {
-        let (reference, key) = (format!("inv-{i}"), format!("key-{i}"));
-        let new = oncely_sql::NewEffect {
-            tenant: "acme",
-            provider: "payments",
-            operation: "charge",
-            reference: &reference,
-            key: &key,
-            request: &request,
-        };
-        EffectStore::enqueue(&mut tx, &new, 1_000).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    enqueue_backlog(&t, 400, |_| 1_000).await;
     let group = s
         .claim("payments", "runner-a", 4, LEASE, 2_000)
         .await
@@ -288,24 +274,8 @@ pub(crate) async fn a_group_settle_finds_its_effects_by_key_never_by_a_scan(t: T
 /// connection, so the session's handler counters are the claim's own. (On the index of the
 /// four due states, every claim read and sorted all 2,000: `Handler_read_next` ≈ 2,000.)
 pub(crate) async fn a_claim_reads_its_limit_of_the_due_index_not_the_whole_backlog(t: TestDb) {
-    let s = store(&t).await;
-    let request = serde_json::json!({});
-    let mut tx = t.db.begin().await.unwrap();
-    for i in 0..2_000 {
-        let (reference, key) = (format!("inv-{i}"), format!("key-{i}"));
-        let new = oncely_sql::NewEffect {
-            tenant: "acme",
-            provider: "payments",
-            operation: "charge",
-            reference: &reference,
-            key: &key,
-            request: &request,
-        };
-        EffectStore::enqueue(&mut tx, &new, 1_000 + i)
-            .await
-            .unwrap();
-    }
-    tx.commit().await.unwrap();
+    store(&t).await;
+    enqueue_backlog(&t, 2_000, |i| 1_000 + i).await;
     let one = oncely_sql::DbOptions {
         max_connections: 1,
         ..oncely_sql::DbOptions::default()
@@ -329,7 +299,6 @@ pub(crate) async fn a_claim_reads_its_limit_of_the_due_index_not_the_whole_backl
             "round {round}: {read} rows read to claim 16 of 2,000"
         );
     }
-    drop(s);
 }
 
 /// The session's rows read through indexes and scans so far (`Handler_read_key`,
@@ -343,6 +312,25 @@ async fn rows_read(db: &oncely_sql::Database) -> i64 {
     .await)
     .unwrap();
     rows.iter().map(|(_, v)| v.parse::<i64>().unwrap()).sum()
+}
+
+/// `n` effects (`inv-i`, `key-i`) enqueued in one transaction, effect `i` due at `due(i)`.
+async fn enqueue_backlog(t: &TestDb, n: i64, due: impl Fn(i64) -> i64) {
+    let request = serde_json::json!({});
+    let mut tx = t.db.begin().await.unwrap();
+    for i in 0..n {
+        let (reference, key) = (format!("inv-{i}"), format!("key-{i}"));
+        let new = oncely_sql::NewEffect {
+            tenant: "acme",
+            provider: "payments",
+            operation: "charge",
+            reference: &reference,
+            key: &key,
+            request: &request,
+        };
+        EffectStore::enqueue(&mut tx, &new, due(i)).await.unwrap();
+    }
+    tx.commit().await.unwrap();
 }
 
 /// The session's `Handler_read_rnd_next`: rows read by table scans so far.
