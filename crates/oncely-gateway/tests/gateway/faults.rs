@@ -8,7 +8,9 @@ use oncely_gateway::{On5xx, ProbeConfig, RouteConfig};
 use oncely_testkit::TestBackend;
 use serde_json::{json, Value};
 
-use crate::support::{gateway, orders_route, post, test_db, Upstream, KEY_A};
+use crate::support::{
+    gateway, orders_route, post, retries_get_not_replayable, test_db, Upstream, KEY_A,
+};
 
 /// `POST /orders` with a probe by `external_ref` that trusts an absence after `settle_ms`.
 fn probed_route(settle_ms: u64) -> RouteConfig {
@@ -228,26 +230,7 @@ async fn an_object_the_probe_finds_over_the_stored_bound(backend: TestBackend) {
     assert_eq!(found["idempotency_key"], "big-1");
 
     // Every later retry: the stored 409, never a second forward.
-    for _ in 0..2 {
-        let again = post(&gw.base, "/orders", KEY_A, Some("big-1"), &body).await;
-        assert_eq!(again.status(), 409);
-        assert_eq!(again.headers()["idempotent-replayed"], "true");
-        let problem: Value = again.json().await.unwrap();
-        assert_eq!(
-            problem["type"],
-            "urn:oncely:problem:response-not-replayable"
-        );
-        assert_eq!(problem["answered_status"], 201);
-    }
-    let status: Value = reqwest::Client::new()
-        .get(format!("{}/_oncely/routes/0/operations/big-1", gw.base))
-        .bearer_auth(KEY_A)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = retries_get_not_replayable(&gw.base, "big-1", &body).await;
     assert_eq!(status["state"], "succeeded", "from the found status");
     assert_eq!(status["response_status"], 409);
     assert_eq!(up.count().await, 1, "never forwarded again");

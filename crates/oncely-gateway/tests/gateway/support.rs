@@ -164,3 +164,29 @@ pub(crate) async fn post(
     }
     req.send().await.unwrap()
 }
+
+/// Two retries of `key` on `base` (tenant A) each get the stored 409
+/// `response-not-replayable` naming the first answer's 201; returns the operation's status
+/// resource.
+pub(crate) async fn retries_get_not_replayable(base: &str, key: &str, body: &Value) -> Value {
+    for _ in 0..2 {
+        let again = post(base, "/orders", KEY_A, Some(key), body).await;
+        assert_eq!(again.status(), 409);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let problem: Value = again.json().await.unwrap();
+        assert_eq!(
+            problem["type"],
+            "urn:oncely:problem:response-not-replayable"
+        );
+        assert_eq!(problem["answered_status"], 201);
+    }
+    reqwest::Client::new()
+        .get(format!("{base}/_oncely/routes/0/operations/{key}"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
