@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::intake::API_KEY;
+use crate::stats::{median, quantile};
 
 #[derive(Debug, Args)]
 pub(crate) struct ChainBenchArgs {
@@ -471,8 +472,8 @@ fn chain_figures(
         .collect();
     latencies.sort_unstable();
     figures.invoices = inside as f64 * 1000.0 / span_ms as f64;
-    figures.p50 = pct(&latencies, 0.50);
-    figures.p99 = pct(&latencies, 0.99);
+    figures.p50 = quantile(&latencies, 0.50).unwrap_or(0);
+    figures.p99 = quantile(&latencies, 0.99).unwrap_or(0);
     figures.tail = (last - window.end_ms).max(0) as f64 / 1000.0;
     Ok(())
 }
@@ -588,14 +589,6 @@ impl Load {
     }
 }
 
-fn pct(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 fn print_round(round: usize, intake: &Figures, one: &Figures, scaled: &Figures) {
     println!(
         "round {round}: intake {:.0}/s | chain ×1 {:.0}/s e2e ({:.0}/s posted, p50 {} ms, p99 {} \
@@ -652,14 +645,4 @@ fn print_medians(rounds: &[(Figures, Figures, Figures)], scaled: Layout) {
         "(medians of {} rounds; latency: POST start → invoice row's created_at)",
         rounds.len()
     );
-}
-
-/// The median of `v` (sorted in place); 0 when empty.
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => f64::midpoint(v[n / 2 - 1], v[n / 2]),
-    }
 }

@@ -23,6 +23,7 @@
 //! - `chain` — `oncely-bench chain`: orders/s from `POST /v1/orders` to the invoice
 //!   (serve → outbox → relay → broker → `billing`), beside the intake alone, and scaled out.
 //! - `db` — the fresh database the `inbox` and `effects` benchmarks run on.
+//! - `stats` — the median of rounds and the latency quantile every benchmark prints.
 
 mod chain;
 mod db;
@@ -32,6 +33,7 @@ mod inbox;
 mod intake;
 mod relay;
 mod saga;
+mod stats;
 mod year;
 
 use clap::{Parser, Subcommand};

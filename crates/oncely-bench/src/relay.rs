@@ -17,6 +17,8 @@ use oncely_sql::{Database, DbOptions, OutboxEvent, OutboxStore};
 use oncely_testkit::TestDb;
 use tokio_util::sync::CancellationToken;
 
+use crate::stats::{median, quantile};
+
 /// Where each broker listens: the flags of `relay` and `chain`.
 #[derive(Debug, Args)]
 pub(crate) struct BrokerUrls {
@@ -593,14 +595,6 @@ async fn latency(
     Ok(lat)
 }
 
-fn pct(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
     let options = DbOptions {
         max_connections: 16,
@@ -670,8 +664,8 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             broker.name(),
             args.rate,
             args.seconds,
-            pct(&raw_lat, 0.50),
-            pct(&raw_lat, 0.99),
+            quantile(&raw_lat, 0.50).unwrap_or(0),
+            quantile(&raw_lat, 0.99).unwrap_or(0),
             raw_lat.last().copied().unwrap_or(0),
             raw_lat.len()
         );
@@ -690,22 +684,12 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             broker.name(),
             args.rate,
             args.seconds,
-            pct(&lat, 0.50),
-            pct(&lat, 0.99),
+            quantile(&lat, 0.50).unwrap_or(0),
+            quantile(&lat, 0.99).unwrap_or(0),
             lat.last().copied().unwrap_or(0),
             lat.len()
         );
         target.cleanup().await;
     }
     Ok(())
-}
-
-/// The median of `v` (sorted in place); 0 when empty.
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => f64::midpoint(v[n / 2 - 1], v[n / 2]),
-    }
 }

@@ -27,6 +27,8 @@ use oncely_sql::{DbOptions, EffectStore};
 use oncely_testkit::TestDb;
 use serde_json::{json, Value};
 
+use crate::stats::quantile;
+
 #[derive(Debug, Args)]
 pub(crate) struct SagaBenchArgs {
     /// Database to measure on; a fresh schema (PostgreSQL), database (MySQL) or file
@@ -140,14 +142,6 @@ fn definition() -> anyhow::Result<SagaDefinition> {
         .build()?)
 }
 
-/// `q`-quantile of sorted `xs`.
-fn quantile(xs: &[f64], q: f64) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    xs[((xs.len() - 1) as f64 * q).round() as usize]
-}
-
 pub(crate) async fn run(args: SagaBenchArgs) -> anyhow::Result<()> {
     let t = TestDb::fresh(
         &args.database_url,
@@ -188,7 +182,10 @@ pub(crate) async fn run(args: SagaBenchArgs) -> anyhow::Result<()> {
     durable.sort_by(f64::total_cmp);
     memory.sort_by(f64::total_cmp);
     for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
-        let (d, m) = (quantile(&durable, q), quantile(&memory, q));
+        let (d, m) = (
+            quantile(&durable, q).unwrap_or(0.0),
+            quantile(&memory, q).unwrap_or(0.0),
+        );
         println!(
             "  {name}: durable {d:.3} ms per step, in memory {m:.4} ms per step, ratio {:.0}x",
             d / m.max(1e-6)
