@@ -12,12 +12,18 @@ use crate::idempotency::{ClaimRow, IdempotencyBackend, RecordKey};
 /// before the connection goes back to the pool, or closes the session if the transaction
 /// is dropped unfinished.
 ///
+/// The lock is taken only when no record is found (`CASE` evaluates the branch it picks,
+/// nothing else): a found record is the answer whatever the lock says
+/// ([`crate::IdempotencyStore::reserve`]), so a replay from the store costs no named lock
+/// and no contention with other replays of the same key.
+///
 /// As on PostgreSQL the read may precede the lock within the statement, so a record
 /// committed by the previous holder in that instant can be missed: this request then runs,
 /// its record insert meets the primary key (`ER_DUP_ENTRY`), it rolls back and replays the
 /// winner — wasted work, never a second effect.
-const CLAIM: &str = "SELECT COALESCE(GET_LOCK(CONCAT('oncely:', \
-     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) = 1 AS claimed, \
+const CLAIM: &str = "SELECT CASE WHEN r.tenant IS NULL THEN COALESCE(GET_LOCK(CONCAT('oncely:', \
+     LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ':', ?), 256), 56)), 0), 0) ELSE 0 END = 1 \
+     AS claimed, \
      r.state, r.fingerprint, r.route_digest, r.headers_digest, r.response_status, \
      r.response_headers, r.response_body, r.created_at, r.completed_at, r.expires_at, r.lease_until, r.fence \
      FROM (SELECT 1) AS one LEFT JOIN oncely_idempotency r \
