@@ -21,11 +21,6 @@ use sqlx::{PgPool, Postgres, Transaction};
 pub const PINNED_PLAN: &str = "SET LOCAL enable_seqscan = off; \
      SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off";
 
-/// [`PINNED_PLAN`] for a statement whose only index is a BRIN index, which serves bitmap
-/// scans alone (`oncely_outbox_published (published_at)`): bitmap scans stay on.
-pub(crate) const PINNED_PLAN_BRIN: &str = "SET LOCAL enable_seqscan = off; \
-     SET LOCAL enable_sort = off";
-
 /// Begins a transaction on `pool` with `settings` (`SET LOCAL …` statements), in one round
 /// trip.
 ///
@@ -47,16 +42,7 @@ pub async fn execute_pinned(
     pool: &PgPool,
     statement: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
 ) -> Result<u64, sqlx::Error> {
-    execute_planned(pool, PINNED_PLAN, statement).await
-}
-
-/// As [`execute_pinned`], with the plan settings given.
-pub(crate) async fn execute_planned(
-    pool: &PgPool,
-    settings: &str,
-    statement: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
-) -> Result<u64, sqlx::Error> {
-    let mut tx = begin_with(pool, settings).await?;
+    let mut tx = begin_with(pool, PINNED_PLAN).await?;
     let n = statement.execute(&mut *tx).await?.rows_affected();
     tx.commit().await?;
     Ok(n)

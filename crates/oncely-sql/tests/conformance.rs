@@ -15,6 +15,8 @@ mod effects;
 mod effects_settle;
 #[path = "conformance/idempotency_lease.rs"]
 mod idempotency_lease;
+#[path = "conformance/outbox_published.rs"]
+mod outbox_published;
 
 use oncely_testkit::TestDb;
 

@@ -339,11 +339,11 @@ impl OutboxBackend for PgStore {
         .await?)
     }
 
-    /// Plan pinned, rows taken by TID (`crate::plan`).
+    /// Plan pinned, rows taken by TID (`crate::plan`): the oldest rows first, read from
+    /// the B-tree on `published_at` (migration 0038).
     async fn delete_published(&self, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
-        Ok(crate::plan::execute_planned(
+        Ok(crate::plan::execute_pinned(
             self.pool(),
-            crate::plan::PINNED_PLAN_BRIN,
             sqlx::query(
                 "WITH c AS (SELECT ctid FROM oncely_outbox_published \
                  WHERE published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
