@@ -288,7 +288,7 @@ impl Bench {
 }
 
 /// Successful requests per second of each phase.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Figures {
     bare: f64,
     layer: f64,

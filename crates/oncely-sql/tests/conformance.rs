@@ -20,6 +20,17 @@ mod outbox_published;
 
 use oncely_testkit::TestDb;
 
+/// A second pool on `t`'s database with one connection, so that the session statistics a
+/// test reads (PostgreSQL's flushed counters, MariaDB's handler counters) are those of the
+/// statements it runs through this pool alone.
+async fn one_connection(t: &TestDb) -> Database {
+    let one = oncely_sql::DbOptions {
+        max_connections: 1,
+        ..oncely_sql::DbOptions::default()
+    };
+    Database::connect(&t.url, &one).await.unwrap()
+}
+
 fn scope(tenant: &str) -> Scope {
     Scope::new(
         TenantId::parse(tenant).unwrap(),

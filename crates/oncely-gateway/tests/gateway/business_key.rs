@@ -7,24 +7,14 @@ use oncely_gateway::RouteConfig;
 use oncely_testkit::TestBackend;
 use serde_json::{json, Value};
 
-use crate::support::{gateway, orders_route, post, test_db, Upstream, KEY_A, KEY_B};
+use crate::support::{
+    gateway, operation_status, orders_route, post, test_db, Upstream, KEY_A, KEY_B,
+};
 
 fn business_key_route() -> RouteConfig {
     let mut route = orders_route();
     route.business_key = Some("/external_ref".to_owned());
     route
-}
-
-async fn status_of(base: &str, key: &str) -> Value {
-    reqwest::Client::new()
-        .get(format!("{base}/_oncely/routes/0/operations/{key}"))
-        .bearer_auth(KEY_A)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn one_business_key_is_one_operation_whatever_the_header(backend: TestBackend) {
@@ -59,7 +49,10 @@ async fn one_business_key_is_one_operation_whatever_the_header(backend: TestBack
         res.json::<Value>().await.unwrap()["idempotency_key"],
         "bk-2"
     );
-    assert_eq!(status_of(&gw.base, "bk-2").await["state"], "succeeded");
+    assert_eq!(
+        operation_status(&gw.base, "bk-2").await["state"],
+        "succeeded"
+    );
     let changed = json!({"external_ref": "bk-2", "amount_minor": 999});
     let res = post(&gw.base, "/orders", KEY_A, Some("header-3"), &changed).await;
     assert_eq!(res.status(), 422);

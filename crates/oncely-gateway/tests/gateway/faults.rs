@@ -9,7 +9,8 @@ use oncely_testkit::TestBackend;
 use serde_json::{json, Value};
 
 use crate::support::{
-    gateway, orders_route, post, retries_get_not_replayable, test_db, Upstream, KEY_A,
+    gateway, operation_status, orders_route, post, retries_get_not_replayable, test_db, Upstream,
+    KEY_A,
 };
 
 /// `POST /orders` with a probe by `external_ref` that trusts an absence after `settle_ms`.
@@ -148,15 +149,7 @@ async fn without_a_probe_an_unknown_operation_stays_unknown() {
             "urn:oncely:problem:outcome-unknown"
         );
     }
-    let status: Value = reqwest::Client::new()
-        .get(format!("{}/_oncely/routes/0/operations/f-5", gw.base))
-        .bearer_auth(KEY_A)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = operation_status(&gw.base, "f-5").await;
     assert_eq!(status["state"], "unknown");
     assert_eq!(up.count().await, 1);
 }

@@ -180,6 +180,12 @@ pub(crate) async fn retries_get_not_replayable(base: &str, key: &str, body: &Val
         );
         assert_eq!(problem["answered_status"], 201);
     }
+    operation_status(base, key).await
+}
+
+/// The gateway's status document of tenant A's operation `key` on route 0
+/// (`GET /_oncely/routes/0/operations/{key}`).
+pub(crate) async fn operation_status(base: &str, key: &str) -> Value {
     reqwest::Client::new()
         .get(format!("{base}/_oncely/routes/0/operations/{key}"))
         .bearer_auth(KEY_A)

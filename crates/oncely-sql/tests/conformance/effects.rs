@@ -310,13 +310,7 @@ pub(crate) async fn concurrent_runners_never_claim_one_effect_twice(t: TestDb) {
 /// (pinned) still reads the due index, never the whole table under lock.
 pub(crate) async fn claims_on_a_backlog_believed_empty_never_seq_scan(t: TestDb) {
     // One connection: the statistics counted are the ones it flushes.
-    let options = oncely_sql::DbOptions {
-        max_connections: 1,
-        ..oncely_sql::DbOptions::default()
-    };
-    let db = oncely_sql::Database::connect(&t.url, &options)
-        .await
-        .unwrap();
+    let db = super::one_connection(&t).await;
     db.migrate().await.unwrap();
     let s = EffectStore::new(db.clone());
     let pool = db.as_postgres().expect("PostgreSQL").clone();

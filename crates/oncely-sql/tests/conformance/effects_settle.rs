@@ -276,11 +276,7 @@ pub(crate) async fn a_group_settle_finds_its_effects_by_key_never_by_a_scan(t: T
 pub(crate) async fn a_claim_reads_its_limit_of_the_due_index_not_the_whole_backlog(t: TestDb) {
     store(&t).await;
     enqueue_backlog(&t, 2_000, |i| 1_000 + i).await;
-    let one = oncely_sql::DbOptions {
-        max_connections: 1,
-        ..oncely_sql::DbOptions::default()
-    };
-    let db = oncely_sql::Database::connect(&t.url, &one).await.unwrap();
+    let db = super::one_connection(&t).await;
     let s1 = EffectStore::new(db.clone());
     for round in 0..3 {
         let before = rows_read(&db).await;

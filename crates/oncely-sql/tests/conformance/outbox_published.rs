@@ -34,13 +34,7 @@ async fn heap_accesses(pool: &sqlx::PgPool) -> i64 {
 /// does, touches none.
 async fn sweep_batches_touch_only_the_pages_of_expired_rows(t: TestDb) {
     // One connection: the statistics counted are the ones it flushes.
-    let options = oncely_sql::DbOptions {
-        max_connections: 1,
-        ..oncely_sql::DbOptions::default()
-    };
-    let db = oncely_sql::Database::connect(&t.url, &options)
-        .await
-        .unwrap();
+    let db = super::one_connection(&t).await;
     db.migrate().await.unwrap();
     let pool = db.as_postgres().expect("PostgreSQL").clone();
     sqlx::query("VACUUM ANALYZE oncely_outbox_published")
