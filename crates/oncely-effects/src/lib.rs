@@ -71,7 +71,9 @@ pub use reconcile::{
     default_operation, resolve, Completion, EffectsSource, LocalIntent, LocalSource, LocalStatus,
     ReconcileConfig, ReconcileError, ReconcileReport, Reconciler, ResolveAction,
 };
-pub use runner::{Continue, EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled};
+pub use runner::{
+    Continue, EffectHandler, EffectRunner, NoHandler, RunnerConfig, Settled, SEND_BOUND,
+};
 pub use shipping::{ShippingClient, ShippingConfig};
 pub use stripe::{StripeConfig, StripePayments};
 pub use stripe_webhook::{

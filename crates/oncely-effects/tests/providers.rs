@@ -29,6 +29,8 @@ mod outage;
 mod reconcile;
 #[path = "providers/s6.rs"]
 mod s6;
+#[path = "providers/send_bound.rs"]
+mod send_bound;
 
 pub(crate) const SK: &str = "sk_test_oncely_effects";
 

@@ -12,7 +12,8 @@
 //! [`EffectState::ALL`] must be reached (`every_effect_state_is_reached`).
 //!
 //! Actions: a second path asking for the same business role (`Enqueue`), a claim by one of
-//! two runners, a lease running out, a send, the provider processing a request (live,
+//! two runners, the send bound passing before a claimed call left, a lease running out, a
+//! send (past the bound, a fenced stamp first), the provider processing a request (live,
 //! ended, pending, a word nobody listed, a 5xx before acting, 429, dropped), a pending
 //! object moving on, an answer delivered or lost (a timeout), a status check (found,
 //! absent, not yet visible, unavailable, invalid), the settle window passing, a settle
@@ -35,10 +36,15 @@ use runner::call_outcome;
 /// When the runner's call leaves, relative to the claim that counts as its `sent_at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Timing {
-    /// The call leaves at its claim, while the lease holds (the claim's `sent_at` is the
-    /// send): the assumption `RunnerConfig::lease` documents ("must exceed the provider's
-    /// timeout") — and what recording the send, fenced, as the call leaves would guarantee.
-    Prompt,
+    /// The runner as built (`runner/call.rs`, [`SEND_BOUND`](crate::SEND_BOUND)): a call
+    /// leaves within the send bound of its claim, unrecorded — the claim's lease outlasts the
+    /// bound, and the settle window counts from `sent_at` plus the bound, so neither runs out
+    /// before it leaves — or, once the bound has passed ([`Action::BoundPasses`]), only
+    /// after `EffectStore::stamp_send` recorded the send, fenced by the claim's lease
+    /// version: the stamp renews the lease and moves `sent_at` to the send, so the window
+    /// opens again over every request sent so far. A stamp that matches nothing (another
+    /// runner claimed the effect meanwhile) keeps the call from leaving.
+    Bounded,
     /// The call leaves whenever its task gets a call slot — the pipeline claims up to
     /// `RunnerConfig::batch` effects ahead of the calls — even after the lease ran out; the
     /// settle window still counts from the claim until the call's evidence is recorded.
@@ -157,6 +163,9 @@ pub(crate) enum Runner {
         version: u8,
         call: bool,
         key_gen: u8,
+        /// The send bound has passed since the claim (`Timing::Bounded`): the call may
+        /// leave only under a fenced stamp.
+        overdue: bool,
     },
     /// The call is out: request `req`.
     Waiting {
@@ -237,6 +246,8 @@ pub(crate) enum CheckReply {
 pub(crate) enum Action {
     Enqueue,
     Claim(usize),
+    /// The send bound passes while runner `r` holds an in-flight claim it has not sent.
+    BoundPasses(usize),
     ExpireLease,
     Send(usize),
     Process(usize, Fate),
@@ -286,7 +297,7 @@ impl Default for EffectModel {
     fn default() -> Self {
         Self {
             honours_keys: false,
-            timing: Timing::Prompt,
+            timing: Timing::Bounded,
             earlier_ended: EarlierEnded::PassedOver,
             max_attempts: 2,
             max_checks: 2,
@@ -417,6 +428,12 @@ impl Model for EffectModel {
                 });
             }
             Action::Claim(r) => Self::claim(&mut s, r),
+            Action::BoundPasses(r) => {
+                let Runner::Claimed { overdue, .. } = &mut s.runners[r] else {
+                    return None;
+                };
+                *overdue = true;
+            }
             Action::ExpireLease => {
                 s.expiries += 1;
                 s.row.as_mut()?.lease = Lease::Expired;

@@ -188,3 +188,57 @@ fn a_call_that_leaves_after_its_claim_can_fail_a_keyed_effect_that_happened() {
     let (name, _) = first_counterexample(model).expect("a known finding");
     assert_eq!(name, "never failed while an object is live");
 }
+
+/// The actions enabled after `trace` from the initial state (each step must be enabled).
+fn enabled_after(model: &EffectModel, trace: &[Action]) -> (State, Vec<Action>) {
+    let path = stateright::Path::from_actions(model, model.init_states()[0].clone(), trace)
+        .expect("every action enabled");
+    let last = path.last_state().clone();
+    let mut actions = Vec::new();
+    model.actions(&last, &mut actions);
+    (last, actions)
+}
+
+/// The runner as built (`Timing::Bounded`): within the send bound of its claim a call's
+/// lease cannot run out and its settle window cannot pass; past the bound the lease may run
+/// out and another runner take the effect over — and then the first runner's call never
+/// leaves (its stamp matches nothing). Untaken, the stamp renews the lease and opens the
+/// window again.
+#[test]
+fn a_call_past_its_send_bound_leaves_only_under_its_own_claim() {
+    let model = EffectModel::default();
+    assert_eq!(model.timing, Timing::Bounded);
+    let is_send = |a: &Action| matches!(a, Action::Send(_));
+    // Claimed: the claimer is runner 1 of the canonical state (see the first finding).
+    let (_, actions) = enabled_after(&model, &[Action::Enqueue, Action::Claim(0)]);
+    assert!(actions.contains(&Action::Send(1)) && actions.contains(&Action::BoundPasses(1)));
+    assert!(!actions.contains(&Action::ExpireLease), "{actions:?}");
+    assert!(!actions.contains(&Action::WindowPasses), "{actions:?}");
+    // Past the bound, its lease runs out and the other runner claims it (`unknown`).
+    let taken_over = [
+        Action::Enqueue,
+        Action::Claim(0),
+        Action::BoundPasses(1),
+        Action::ExpireLease,
+        Action::WindowPasses,
+        Action::Claim(0),
+    ];
+    let (last, actions) = enabled_after(&model, &taken_over);
+    assert!(row_is(&last, EffectState::Unknown), "{last:?}");
+    assert!(!actions.iter().any(is_send), "{actions:?}");
+    // Not taken over: the stamp renews the lease and the window opens again.
+    let stamped = [
+        Action::Enqueue,
+        Action::Claim(0),
+        Action::BoundPasses(1),
+        Action::ExpireLease,
+        Action::WindowPasses,
+        Action::Send(1),
+    ];
+    let (last, _) = enabled_after(&model, &stamped);
+    let row = last.row.expect("enqueued");
+    assert!(
+        matches!(row.lease, Lease::Held(_)) && !row.window_passed,
+        "{row:?}"
+    );
+}

@@ -22,9 +22,17 @@ impl EffectModel {
                     actions.push(Action::Claim(r));
                 }
             }
-            Runner::Claimed { version, call, .. } => {
-                if call && s.sends < self.max_sends && self.may_send(row, r, version) {
+            Runner::Claimed {
+                version,
+                call,
+                overdue,
+                ..
+            } => {
+                if call && s.sends < self.max_sends && self.may_send(row, version, overdue) {
                     actions.push(Action::Send(r));
+                }
+                if call && self.timing == Timing::Bounded && !overdue {
+                    actions.push(Action::BoundPasses(r));
                 }
                 if !call {
                     for reply in REPLIES {
@@ -59,24 +67,29 @@ impl EffectModel {
         }
     }
 
-    /// Whether runner `r`, holding a claim of `version`, may send now.
-    pub(super) fn may_send(&self, row: &Row, r: usize, version: u8) -> bool {
+    /// Whether a runner holding a claim of `version` may send now: within the send bound
+    /// always (the claim stands for the send), past it only while the stamp, fenced by the
+    /// lease version, matches (`EffectStore::stamp_send`: `lease_version`, `locked_by` and
+    /// `in_flight`, all of which only a claim, a settle or an operator changes).
+    pub(super) fn may_send(&self, row: &Row, version: u8, overdue: bool) -> bool {
         match self.timing {
-            Timing::Prompt => row.version == version && row.lease == Lease::Held(r as u8),
+            Timing::Bounded => !overdue || row.version == version,
             Timing::Late => true,
         }
     }
 
     pub(super) fn world_actions(&self, s: &State, row: &Row, actions: &mut Vec<Action>) {
-        // Prompt: the claim and the send are one instant, so neither the lease nor the
-        // settle window runs out between them (a crash may still come first).
-        let prompt_send_pending = self.timing == Timing::Prompt
+        // Within the send bound of a claim that starts a call, neither its lease (the lease
+        // plus the bound) nor the settle window (from `sent_at` plus the bound) runs out (a
+        // crash may still come first).
+        let bounded_send_pending = self.timing == Timing::Bounded
             && s.runners.iter().any(|r| {
-                matches!(r, Runner::Claimed { version, call: true, .. } if *version == row.version)
+                matches!(r, Runner::Claimed { version, call: true, overdue: false, .. }
+                    if *version == row.version)
             });
         if matches!(row.lease, Lease::Held(_))
             && s.expiries < self.max_expiries
-            && !prompt_send_pending
+            && !bounded_send_pending
         {
             actions.push(Action::ExpireLease);
         }
@@ -101,7 +114,7 @@ impl EffectModel {
             }
         }
         let covered_pending = s.requests.iter().any(|q| q.covered && q.answer.is_none());
-        if !row.window_passed && !covered_pending && !prompt_send_pending {
+        if !row.window_passed && !covered_pending && !bounded_send_pending {
             actions.push(Action::WindowPasses);
         }
         if s.operator < self.max_operator {
@@ -187,12 +200,16 @@ impl EffectModel {
             version: row.version,
             call,
             key_gen: row.key_gen,
+            overdue: false,
         };
     }
 
     pub(super) fn send(&self, s: &mut State, r: usize) {
         let Runner::Claimed {
-            version, key_gen, ..
+            version,
+            key_gen,
+            overdue,
+            ..
         } = s.runners[r]
         else {
             return;
@@ -203,9 +220,17 @@ impl EffectModel {
         }
         s.absence_proven = false;
         s.sends += 1;
+        if self.timing == Timing::Bounded && overdue {
+            // `stamp_send`: the lease renewed and `sent_at` now — the window opens again.
+            if let Some(row) = s.row.as_mut() {
+                row.lease = Lease::Held(r as u8);
+                row.window_passed = false;
+            }
+            s.requests.iter_mut().for_each(|q| q.covered = true);
+        }
         s.requests.push(Request {
             key_gen,
-            covered: self.timing == Timing::Prompt,
+            covered: self.timing == Timing::Bounded,
             answer: None,
         });
         s.runners[r] = Runner::Waiting {

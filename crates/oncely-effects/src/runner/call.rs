@@ -1,5 +1,7 @@
 //! Calling the provider: the request an effect sends, and what its answer means.
 
+use std::time::Instant;
+
 use oncely_core::RetryDecision;
 use oncely_sql::{Effect, EvidenceKind, Settle, StoreError};
 
@@ -7,7 +9,7 @@ use crate::metrics as metric;
 use crate::{CallOutcome, EffectRequest};
 
 use super::decide::{evidence, give_up_word};
-use super::{ms, now_ms, EffectRunner, Lane, Pending, Settled};
+use super::{ms, now_ms, EffectRunner, Lane, Pending, Settled, SEND_BOUND};
 
 impl EffectRunner {
     pub(super) fn request(effect: &Effect) -> Result<EffectRequest, StoreError> {
@@ -19,17 +21,25 @@ impl EffectRunner {
         })
     }
 
-    pub(super) async fn call(&self, lane: &Lane, effect: &Effect) -> Result<Pending, StoreError> {
+    pub(super) async fn call(
+        &self,
+        lane: &Lane,
+        effect: &Effect,
+        claimed_at: Instant,
+    ) -> Result<Pending, StoreError> {
         let started = now_ms();
         let request = Self::request(effect)?;
         // Claimed `in_flight` under this runner's lease; nothing sent.
         oncely_core::failpoint::fail_point!("runner.before_send");
-        // The lease and the settle window count from the send: a claim that waited for a
-        // call slot past its lease was taken over, and its call must not leave.
-        if !self
-            .store
-            .stamp_send(effect, &self.config.runner_id, self.config.lease, started)
-            .await?
+        // Within the send bound the claim stands for the send (its `sent_at` and lease
+        // cover it). A claim that waited longer for its call slot may have been taken over:
+        // its call leaves only once the send is recorded under the claim's lease version,
+        // so the lease and the settle window count from the send.
+        if claimed_at.elapsed() > SEND_BOUND
+            && !self
+                .store
+                .stamp_send(effect, &self.config.runner_id, self.config.lease, started)
+                .await?
         {
             return Err(StoreError::Conflict(format!(
                 "effect {}: the claim ran out before its call left; another runner has it",

@@ -10,17 +10,20 @@ use crate::next_key;
 use crate::{ObjectState, RemoteObject, StatusOutcome, StatusQuery};
 
 use super::decide::{evidence, give_up_word};
-use super::{ms, now_ms, since, EffectRunner, Lane, Pending, Settled};
+use super::{ms, now_ms, since, EffectRunner, Lane, Pending, Settled, SEND_BOUND};
 
 impl EffectRunner {
     /// When the latest attempt may last have reached the provider (Unix ms), from the
     /// effect's `evidence`: the end of the latest call (its timeout or reset — a request may
-    /// arrive as late as the moment we gave up on it), else the claim. The settle window
-    /// runs from here: the claim alone can precede the send by a whole pipeline's wait,
-    /// which would end the window early and let "not found" mean absent while the request
-    /// is still committing.
+    /// arrive as late as the moment we gave up on it), else the recorded send (`sent_at`)
+    /// plus [`SEND_BOUND`], the latest a call may leave unrecorded after its claim. The
+    /// settle window runs from here: the claim alone can precede the send by a pipeline's
+    /// wait, which would end the window early and let "not found" mean absent while the
+    /// request is still committing.
     fn last_sent(effect: &Effect, trail: &[EvidenceRow]) -> i64 {
-        let claimed = effect.sent_at.unwrap_or(effect.updated_at);
+        let claimed = effect
+            .sent_at
+            .map_or(effect.updated_at, |t| t.saturating_add(ms(SEND_BOUND)));
         let last_call = trail
             .iter()
             .filter(|row| row.kind == "call")

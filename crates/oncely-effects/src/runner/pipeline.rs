@@ -1,11 +1,12 @@
 //! Claiming due effects and running each through its lane: the pipeline that feeds the settle stage.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use oncely_sql::{Effect, EffectState, StoreError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use super::{now_ms, Done, EffectRunner, Pending};
+use super::{now_ms, Done, EffectRunner, Pending, SEND_BOUND};
 
 impl EffectRunner {
     /// Claims for every lane with room — in `run`, only once half a batch has room (or
@@ -28,8 +29,7 @@ impl EffectRunner {
                 1
             };
             if room < threshold
-                || (batched
-                    && *lane.next_claim.lock().expect("lane lock") > std::time::Instant::now())
+                || (batched && *lane.next_claim.lock().expect("lane lock") > Instant::now())
             {
                 continue;
             }
@@ -39,19 +39,20 @@ impl EffectRunner {
             ) else {
                 continue;
             };
+            // Taken before the round trip: the send bound, measured from here, errs long.
+            let claimed_at = Instant::now();
             let effects = self
                 .store
                 .claim(
                     name,
                     &self.config.runner_id,
                     room as u32,
-                    self.config.lease,
+                    self.config.lease + SEND_BOUND,
                     now_ms(),
                 )
                 .await?;
             if effects.len() < room {
-                *lane.next_claim.lock().expect("lane lock") =
-                    std::time::Instant::now() + self.config.poll;
+                *lane.next_claim.lock().expect("lane lock") = Instant::now() + self.config.poll;
             }
             for effect in effects {
                 let (Some(claimed), Some(unsettled)) = (claimed.split(1), unsettled.split(1))
@@ -62,6 +63,7 @@ impl EffectRunner {
                 tasks.spawn(self.clone().start(
                     lane.calls.clone(),
                     effect,
+                    claimed_at,
                     claimed,
                     unsettled,
                     settle_tx.clone(),
@@ -77,6 +79,7 @@ impl EffectRunner {
         self: Arc<Self>,
         calls: Arc<Semaphore>,
         effect: Effect,
+        claimed_at: Instant,
         claimed: OwnedSemaphorePermit,
         unsettled: OwnedSemaphorePermit,
         settle_tx: mpsc::UnboundedSender<Done>,
@@ -84,7 +87,7 @@ impl EffectRunner {
         let Ok(slot) = calls.acquire_owned().await else {
             return;
         };
-        let pending = self.process(effect).await;
+        let pending = self.process(effect, claimed_at).await;
         drop(slot);
         drop(claimed);
         self.freed.notify_one();
@@ -97,13 +100,13 @@ impl EffectRunner {
         }
     }
 
-    /// Calls or checks one claimed effect; its outcome, to be settled. A failure before
-    /// that (a corrupt row, the evidence unreadable) leaves the effect leased; after the
-    /// lease it is checked again, so nothing is lost or repeated.
-    pub(super) async fn process(&self, effect: Effect) -> Option<Pending> {
+    /// Calls or checks one claimed effect (claimed at `claimed_at`); its outcome, to be
+    /// settled. A failure before that (a corrupt row, the evidence unreadable) leaves the
+    /// effect leased; after the lease it is checked again, so nothing is lost or repeated.
+    pub(super) async fn process(&self, effect: Effect, claimed_at: Instant) -> Option<Pending> {
         let lane = self.lanes.get(&effect.provider)?;
         let result = match effect.state() {
-            Ok(EffectState::InFlight) => self.call(lane, &effect).await,
+            Ok(EffectState::InFlight) => self.call(lane, &effect, claimed_at).await,
             Ok(EffectState::Unknown) => self.check(lane, &effect).await,
             Ok(other) => {
                 tracing::warn!(effect = %effect.id, state = %other, "claimed in an unexpected state");

@@ -136,7 +136,8 @@ impl EffectStore {
     /// call leaves: `sent_at = now_ms` and the lease `now_ms + lease`, fenced by the
     /// claim's lease version. `false` when the claim is no longer this runner's (its lease
     /// ran out while the effect waited for a call slot and another runner took it): the
-    /// call must not leave then.
+    /// call must not leave then. The effect runner runs it only for a call that leaves
+    /// later than its send bound after the claim (`oncely_effects::SEND_BOUND`).
     ///
     /// The settle window and the lease then count from the send, not the claim: without
     /// this, an effect that waited for a slot past its lease could be sent while another
