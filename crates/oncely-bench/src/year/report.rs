@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::intake::Timed;
+use crate::stats::{median, quantile};
 
 /// Intake over some phases: the median phase's creates/s, and latency quantiles over
 /// every request of every phase.
@@ -44,26 +45,9 @@ impl Intake {
     }
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        f64::midpoint(values[mid - 1], values[mid])
-    }
-}
-
-/// The `q` quantile of sorted µs latencies, in ms (nearest rank).
+/// The `q` quantile of sorted µs latencies, in ms ([`quantile`]); 0 when there are none.
 fn quantile_ms(sorted_us: &[u32], q: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted_us.len() as f64 * q).ceil() as usize).clamp(1, sorted_us.len());
-    f64::from(sorted_us[rank - 1]) / 1000.0
+    quantile(sorted_us, q).map_or(0.0, |us| f64::from(us) / 1000.0)
 }
 
 pub(super) fn print_preload(what: &str, rows: u64, took: Duration) {
@@ -90,10 +74,13 @@ pub(super) struct Swept {
     pub(super) rows: u64,
     pub(super) took: Duration,
     pub(super) intake: Intake,
+    /// The next round, right after: rows and time.
+    pub(super) again: (u64, Duration),
 }
 
 impl Swept {
-    /// Two lines: the sweep's rows/s, and intake during it beside `without`.
+    /// Three lines: the sweep's rows/s, the next round's time, and intake during the sweep
+    /// beside `without`.
     pub(super) fn print(&self, sweep: &str, without: &Intake) {
         println!(
             "{:<38} {} rows in {:.1} s = {:.0} rows/s",
@@ -101,6 +88,12 @@ impl Swept {
             self.rows,
             self.took.as_secs_f64(),
             self.rows as f64 / self.took.as_secs_f64()
+        );
+        println!(
+            "{:<38} {} rows in {:.1} ms",
+            "  one more round",
+            self.again.0,
+            self.again.1.as_secs_f64() * 1e3
         );
         let with = &self.intake;
         println!(
