@@ -59,7 +59,8 @@ impl EffectRunner {
     /// call, so a runner continues those of every provider, whatever its lanes: give every
     /// runner on a store the service's handler. A handler that fails rolls back (the mark
     /// stays) and is tried again after the lease. Returns how many were continued.
-    /// [`EffectRunner::run`] calls it every round.
+    /// [`EffectRunner::run`] calls it once per [`RunnerConfig::poll`](super::RunnerConfig::poll),
+    /// and again at once after a full batch.
     ///
     /// # Errors
     /// [`StoreError`] when the continuations cannot be read.
