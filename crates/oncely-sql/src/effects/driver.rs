@@ -76,9 +76,14 @@ pub(crate) const CLAIM_SET: &str = "attempts = CASE WHEN state IN ('pending', 'a
     state = CASE WHEN state IN ('pending', 'absent') THEN 'in_flight' ELSE 'unknown' END, \
     locked_by = $1, locked_until = $2, lease_version = lease_version + 1, updated_at = $3";
 
-/// The due-rows condition of a claim (`$4` provider, `$3` now).
-pub(crate) const CLAIM_DUE: &str = "provider = $4 AND state IN ('pending', 'absent', 'unknown', \
-    'in_flight') AND available_at <= $3 AND (locked_until IS NULL OR locked_until < $3)";
+/// The due-rows condition of a claim (`$4` provider, `$3` now). Its `state IN` list is
+/// spelled exactly as the partial index `oncely_effects_due` (migration 0020) spells its
+/// `WHERE`: SQLite uses a partial index only when the query repeats its condition term for
+/// term, and with the four states in another order it claimed by reading every row of the
+/// provider, finished ones included, and sorting them (see
+/// `sqlite::effects::tests::a_claim_reads_the_due_index_in_order`).
+pub(crate) const CLAIM_DUE: &str = "provider = $4 AND state IN ('pending', 'in_flight', \
+    'unknown', 'absent') AND available_at <= $3 AND (locked_until IS NULL OR locked_until < $3)";
 
 /// The effect store's per-backend half: the claim (its locking differs per backend) and the
 /// fenced settle of a group (how a backend learns which rows it wrote differs: `RETURNING`
