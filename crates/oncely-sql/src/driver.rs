@@ -199,6 +199,8 @@ pub(crate) struct Sweep {
     pub(crate) filter: &'static str,
     /// The column MySQL deletes in order of.
     pub(crate) order_by: &'static str,
+    /// The index SQLite reads the rows by (`INDEXED BY`, see `sqlite::sweep_sql`).
+    pub(crate) index: &'static str,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]

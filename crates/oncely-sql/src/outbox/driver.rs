@@ -224,4 +224,5 @@ pub(crate) const PUBLISHED_BEFORE: Sweep = Sweep {
     table: "oncely_outbox",
     filter: "state = 'published' AND published_at < $1",
     order_by: "published_at",
+    index: "oncely_outbox_published",
 };
