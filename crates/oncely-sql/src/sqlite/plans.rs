@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use super::{sweep_sql, SqliteStore};
 use crate::driver::Sweep;
+use crate::effects::continuation::DUE_CONTINUATIONS;
 use crate::outbox::driver::PUBLISHED_BEFORE;
 use crate::{Database, DbOptions};
 
@@ -136,4 +137,35 @@ async fn the_inbox_sweep_reads_the_received_index() {
          SELECT 'billing', 'm' || i, 1000 + i / 60 FROM n"
     );
     assert_sweep_reads_its_index(&crate::inbox::RECEIVED_BEFORE, &fill, 1_010).await;
+}
+
+/// The continuation poll on 6,000 effects, 3,000 of them owing a continuation recorded in one
+/// millisecond: the partial index read in order, no sort of the tied rows.
+#[tokio::test]
+async fn the_continuation_poll_reads_its_index_in_order() {
+    let fill = format!(
+        "{NUMBERS} INSERT INTO oncely_effects (id, tenant, provider, operation, reference, \
+         idem_key, request, state, available_at, created_at, updated_at, continuation, \
+         continuation_at) SELECT printf('%08x-0000-7000-8000-%012x', i, i), 'acme', \
+         'payments', 'charge', 'inv-' || i, 'key-' || i, '{{}}', 'succeeded', 1000, 1000, \
+         1000, CASE WHEN i % 2 = 0 THEN '{{}}' END, CASE WHEN i % 2 = 0 THEN 5000 END FROM n"
+    );
+    before_and_after_analyze(
+        backlog(&[&fill]).await,
+        DUE_CONTINUATIONS,
+        &[6_000, 64],
+        |analyzed, steps| {
+            assert!(
+                steps
+                    .iter()
+                    .any(|s| s.contains("USING INDEX oncely_effects_continuation (")),
+                "analyzed {analyzed}: {steps:?}"
+            );
+            assert!(
+                !steps.iter().any(|s| s.contains("TEMP B-TREE")),
+                "analyzed {analyzed}: {steps:?}"
+            );
+        },
+    )
+    .await;
 }
