@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::{sweep_sql, SqliteStore};
 use crate::driver::Sweep;
 use crate::effects::continuation::DUE_CONTINUATIONS;
-use crate::outbox::driver::PUBLISHED_BEFORE;
+use crate::outbox::driver::{PUBLISHED_BEFORE, STATS_BY_STATE};
 use crate::{Database, DbOptions};
 
 /// A migrated database in a temporary file, filled by `fill` (statements run in order).
@@ -163,6 +163,30 @@ async fn the_continuation_poll_reads_its_index_in_order() {
             );
             assert!(
                 !steps.iter().any(|s| s.contains("TEMP B-TREE")),
+                "analyzed {analyzed}: {steps:?}"
+            );
+        },
+    )
+    .await;
+}
+
+/// The outbox gauges' statement reads the pending and dead rows from their partial indexes,
+/// not the retained published rows (`SCAN oncely_outbox`).
+#[tokio::test]
+async fn the_outbox_stats_read_the_state_indexes() {
+    before_and_after_analyze(
+        backlog(&[&outbox_rows()]).await,
+        STATS_BY_STATE,
+        &[],
+        |analyzed, steps| {
+            for index in ["oncely_outbox_pending_id", "oncely_outbox_dead"] {
+                assert!(
+                    steps.iter().any(|s| s.contains(index)),
+                    "analyzed {analyzed}: {steps:?}"
+                );
+            }
+            assert!(
+                !steps.iter().any(|s| s == "SCAN oncely_outbox"),
                 "analyzed {analyzed}: {steps:?}"
             );
         },
