@@ -193,3 +193,51 @@ async fn the_outbox_stats_read_the_state_indexes() {
     )
     .await;
 }
+
+/// Reconciliation's window on 6,000 effects of one operation, 60 created per millisecond: a
+/// range of `oncely_effects_created`, not every effect of the provider (the unique
+/// `(provider, operation, reference)` index or, after `ANALYZE`, `SCAN oncely_effects`). The
+/// statement has no `LIMIT`: the sort of ties by `id` covers the returned rows only.
+#[tokio::test]
+async fn reconciliation_reads_the_window_from_the_created_index() {
+    use crate::effects::driver::EffectsBackend;
+    let fill = format!(
+        "{NUMBERS} INSERT INTO oncely_effects (id, tenant, provider, operation, reference, \
+         idem_key, request, state, available_at, created_at, updated_at) \
+         SELECT printf('%08x-0000-7000-8000-%012x', i, i), 'acme', 'payments', 'charge', \
+         'inv-' || i, 'key-' || i, '{{}}', 'succeeded', 1000, 1000 + i / 60, 1000 FROM n"
+    );
+    let sql = crate::reconcile::created_since_sql(<SqliteStore as EffectsBackend>::COLUMNS);
+    let (db, path) = backlog(&[&fill]).await;
+    for analyzed in [false, true] {
+        if analyzed {
+            sqlx::query("ANALYZE")
+                .execute(store(&db).writer())
+                .await
+                .unwrap();
+        }
+        let explain = format!("EXPLAIN QUERY PLAN {sql}");
+        let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(&explain)
+            .bind("payments")
+            .bind("charge")
+            .bind(1_095_i64)
+            .fetch_all(store(&db).writer())
+            .await
+            .unwrap();
+        let steps: Vec<&str> = rows.iter().map(|row| row.3.as_str()).collect();
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("USING INDEX oncely_effects_created (")),
+            "analyzed {analyzed}: {steps:?}"
+        );
+        assert!(
+            !steps.iter().any(|s| s.starts_with("SCAN")),
+            "analyzed {analyzed}: {steps:?}"
+        );
+    }
+    db.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
