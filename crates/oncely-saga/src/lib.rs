@@ -49,6 +49,8 @@ mod engine;
 pub mod metrics;
 mod operator;
 mod orchestrator;
+#[cfg(test)]
+mod plans;
 mod store;
 
 pub use definition::{

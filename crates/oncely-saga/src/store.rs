@@ -388,16 +388,25 @@ pub(crate) async fn delay_effect(tx: &mut Tx, id: &str, at: i64) -> Result<(), S
     Ok(())
 }
 
+/// The ids of up to `$2` running sagas whose step deadline is at or before `$1`, read from
+/// the partial index `oncely_sagas_deadline` in deadline order, pinned on SQLite: without
+/// statistics SQLite read every running saga from `oncely_sagas_state (state, kind)` and
+/// sorted them (`USE TEMP B-TREE FOR ORDER BY`).
+pub(crate) fn due_sql(backend: Backend) -> String {
+    format!(
+        "SELECT id FROM oncely_sagas{} WHERE state = 'running' AND deadline IS NOT NULL \
+         AND deadline <= $1 ORDER BY deadline LIMIT $2",
+        backend.indexed_by("oncely_sagas_deadline")
+    )
+}
+
 /// Ids of up to `limit` running sagas whose step deadline is at or before `now`.
 pub(crate) async fn due(db: &Database, now: i64, limit: u32) -> Result<Vec<String>, StoreError> {
     let rows: Vec<(String,)> = db
         .fetch_all(
-            query(
-                "SELECT id FROM oncely_sagas WHERE state = 'running' AND deadline IS NOT NULL \
-                 AND deadline <= $1 ORDER BY deadline LIMIT $2",
-            )
-            .bind(now)
-            .bind(i64::from(limit)),
+            query(due_sql(db.backend()))
+                .bind(now)
+                .bind(i64::from(limit)),
         )
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())

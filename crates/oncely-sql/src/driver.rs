@@ -64,6 +64,17 @@ impl Backend {
         }
     }
 
+    /// ` INDEXED BY index` on SQLite, to follow a table name in `FROM`: it pins the index the
+    /// statement reads, where SQLite's planner picks another with or without `ANALYZE`
+    /// statistics (a statement whose pinned index cannot be used then fails to prepare
+    /// instead of reading the table). Empty on PostgreSQL and MySQL.
+    pub fn indexed_by(self, index: &str) -> String {
+        match self {
+            Self::Sqlite => format!(" INDEXED BY {index}"),
+            Self::Postgres | Self::MySql => String::new(),
+        }
+    }
+
     /// `insert` (an `INSERT … VALUES (…)` with `$n` placeholders) as this backend spells an
     /// insert that does nothing when the row's `target` key (e.g. `"(consumer, message_id)"`,
     /// or `""` for any unique key) exists: `… ON CONFLICT target DO NOTHING` on SQLite and
@@ -199,6 +210,8 @@ pub(crate) struct Sweep {
     pub(crate) filter: &'static str,
     /// The column MySQL deletes in order of.
     pub(crate) order_by: &'static str,
+    /// The index SQLite reads the rows by (`INDEXED BY`, see `sqlite::sweep_sql`).
+    pub(crate) index: &'static str,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -162,10 +162,11 @@ const RECORD_COLUMNS: &str = "state, fingerprint, route_digest, headers_digest, 
 
 /// Finished records past their expiry (`$1` now); records in `processing` or `unknown`
 /// are never collected.
-const EXPIRED_RECORDS: Sweep = Sweep {
+pub(crate) const EXPIRED_RECORDS: Sweep = Sweep {
     table: "oncely_idempotency",
     filter: "expires_at < $1 AND state IN ('succeeded', 'failed')",
     order_by: "expires_at",
+    index: "oncely_idempotency_expires",
 };
 
 /// The primary key of a record: tenant, operation and the client's key.

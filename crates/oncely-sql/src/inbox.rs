@@ -89,8 +89,9 @@ const INSERT_ROW: &str =
     "INSERT INTO oncely_inbox (consumer, message_id, received_at) VALUES ($1, $2, $3)";
 
 /// Rows received before the bound (`$1`).
-const RECEIVED_BEFORE: Sweep = Sweep {
+pub(crate) const RECEIVED_BEFORE: Sweep = Sweep {
     table: "oncely_inbox",
     filter: "received_at < $1",
     order_by: "received_at",
+    index: "oncely_inbox_received",
 };

@@ -86,6 +86,16 @@ pub struct Discrepancy {
     pub resolved_by: Option<String>,
 }
 
+/// The effects (`columns`) of provider `$1`'s operation `$2` created at or after `$3`, oldest
+/// first: a range of the index on `(provider, operation, created_at)` (SQLite migration
+/// 0039), not every effect of the provider.
+pub(crate) fn created_since_sql(columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM oncely_effects WHERE provider = $1 \
+         AND operation = $2 AND created_at >= $3 ORDER BY created_at, id"
+    )
+}
+
 impl Discrepancy {
     /// The kind.
     ///
@@ -533,16 +543,12 @@ impl EffectStore {
         operation: &str,
         since_ms: i64,
     ) -> Result<Vec<Effect>, StoreError> {
-        let columns = self.effect_columns();
         self.database()
             .fetch_all(
-                query(format!(
-                    "SELECT {columns} FROM oncely_effects WHERE provider = $1 \
-                     AND operation = $2 AND created_at >= $3 ORDER BY created_at, id"
-                ))
-                .bind(provider)
-                .bind(operation)
-                .bind(since_ms),
+                query(created_since_sql(self.effect_columns()))
+                    .bind(provider)
+                    .bind(operation)
+                    .bind(since_ms),
             )
             .await
     }

@@ -18,6 +18,16 @@ pub struct Continuation {
     pub at: i64,
 }
 
+/// Up to `$2` continuations due at `$1`, oldest first, read from the partial index
+/// `oncely_effects_continuation (continuation_at)` in its order so that the `LIMIT` stops
+/// the read. Ties (a reconciliation run marks many effects in one millisecond) come in the
+/// index's order: ordering them by `id` as well made SQLite sort every tied row on each poll
+/// (`USE TEMP B-TREE FOR LAST TERM OF ORDER BY`).
+pub(crate) const DUE_CONTINUATIONS: &str =
+    "SELECT id AS effect_id, continuation AS outcome, continuation_at AS at \
+     FROM oncely_effects WHERE continuation_at IS NOT NULL \
+     AND continuation_at <= $1 ORDER BY continuation_at LIMIT $2";
+
 impl EffectStore {
     /// Records in `tx` that the business update of effect `id`'s `outcome` (JSON text) is
     /// owed by the service's runner, at `now_ms` — in the transaction that decided the
@@ -65,13 +75,9 @@ impl EffectStore {
     ) -> Result<Vec<Continuation>, StoreError> {
         self.db
             .fetch_all(
-                query(
-                    "SELECT id AS effect_id, continuation AS outcome, continuation_at AS at \
-                     FROM oncely_effects WHERE continuation_at IS NOT NULL \
-                     AND continuation_at <= $1 ORDER BY continuation_at, id LIMIT $2",
-                )
-                .bind(now_ms)
-                .bind(i64::from(limit.max(1))),
+                query(DUE_CONTINUATIONS)
+                    .bind(now_ms)
+                    .bind(i64::from(limit.max(1))),
             )
             .await
     }

@@ -11,7 +11,7 @@
 //! - `driver` — `EffectsBackend`, what `sqlite/`, `postgres/` and `mysql/` implement, with
 //!   the columns and SQL texts they share; it names no backend.
 
-mod continuation;
+pub(crate) mod continuation;
 pub(crate) mod driver;
 mod resolve;
 mod settle;

@@ -278,6 +278,7 @@ impl Store for MySqlStore {
             table,
             filter,
             order_by,
+            ..
         } = sweep;
         let sql = crate::dialect::question_marks(&format!(
             "DELETE FROM {table} WHERE {filter} ORDER BY {order_by} LIMIT $2"

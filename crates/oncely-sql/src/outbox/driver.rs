@@ -92,6 +92,15 @@ pub(crate) const STATS: &str = "SELECT \
      COUNT(CASE WHEN state = 'dead' THEN 1 END) \
      FROM oncely_outbox WHERE state <> 'published'";
 
+/// [`STATS`] on SQLite, where published rows stay until the retention sweep: each figure a
+/// subquery on the state's partial index (`oncely_outbox_pending_id`, `oncely_outbox_dead`),
+/// so the read is of the pending and dead rows only. `WHERE state <> 'published'` can use
+/// no partial index: SQLite scanned the whole table, every retained published row.
+pub(crate) const STATS_BY_STATE: &str = "SELECT \
+     (SELECT COUNT(*) FROM oncely_outbox WHERE state = 'pending'), \
+     (SELECT MIN(created_at) FROM oncely_outbox WHERE state = 'pending'), \
+     (SELECT COUNT(*) FROM oncely_outbox WHERE state = 'dead')";
+
 /// A new row for [`OutboxBackend::enqueue`]: `event`, its headers already as JSON, enqueued
 /// (and available) at `now` (Unix ms).
 #[derive(Debug, Clone, Copy)]
@@ -224,4 +233,5 @@ pub(crate) const PUBLISHED_BEFORE: Sweep = Sweep {
     table: "oncely_outbox",
     filter: "state = 'published' AND published_at < $1",
     order_by: "published_at",
+    index: "oncely_outbox_published",
 };

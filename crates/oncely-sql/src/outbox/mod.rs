@@ -14,10 +14,10 @@ pub(crate) mod types;
 use std::time::Duration;
 
 use crate::backend::{with_store, with_tx};
-use crate::{on_pool, on_writer, sql_text, Database, StoreError, Tx};
+use crate::{on_pool, on_writer, sql_text, Backend, Database, StoreError, Tx};
 use driver::{
     columns_of, headers_json, reschedule_sql, Claim, Failure, HeldClaim, NewRow, OutboxBackend,
-    Published, Row, STATS,
+    Published, Row, STATS, STATS_BY_STATE,
 };
 use types::Hold;
 pub use types::{
@@ -289,8 +289,12 @@ impl OutboxStore {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let sql = match self.db.backend() {
+            Backend::Sqlite => STATS_BY_STATE,
+            _ => STATS,
+        };
         let (pending, oldest, dead): (i64, Option<i64>, i64) =
-            on_pool!(&self.db, |p| sqlx::query_as(STATS).fetch_one(p).await)?;
+            on_pool!(&self.db, |p| sqlx::query_as(sql).fetch_one(p).await)?;
         Ok(OutboxStats {
             pending: u64::try_from(pending).unwrap_or(0),
             oldest_pending_created_at: oldest,
