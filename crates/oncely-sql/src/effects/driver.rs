@@ -81,7 +81,7 @@ pub(crate) const CLAIM_SET: &str = "attempts = CASE WHEN state IN ('pending', 'a
 /// `WHERE`: SQLite uses a partial index only when the query repeats its condition term for
 /// term, and with the four states in another order it claimed by reading every row of the
 /// provider, finished ones included, and sorting them (see
-/// `sqlite::effects::tests::a_claim_reads_the_due_index_in_order`).
+/// `sqlite::plans::a_claim_reads_the_due_index_in_order`).
 pub(crate) const CLAIM_DUE: &str = "provider = $4 AND state IN ('pending', 'in_flight', \
     'unknown', 'absent') AND available_at <= $3 AND (locked_until IS NULL OR locked_until < $3)";
 
