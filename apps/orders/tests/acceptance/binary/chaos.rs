@@ -230,9 +230,11 @@ pub(super) fn workers(
         ("runner", runner),
     ];
     // Eight workers with the default pool of 16 could hold 128 PostgreSQL connections; two
-    // such tests at once in CI came within one of the server's 100.
+    // such tests at once in CI came within one of the server's 100. With 6 each, this
+    // binary alone still peaked at 67 in CI. Now 3 each, the relay's minimum (a consumer
+    // and a runner need 1), and 4 for `serve`: at most 28 for the fleet.
     for (_, args) in &mut kinds {
-        args.extend(strings(&["--db-max-connections", "6"]));
+        args.extend(strings(&["--db-max-connections", "3"]));
     }
     kinds
         .into_iter()
@@ -380,6 +382,7 @@ async fn one_thousand_orders(t: TestDb) {
     let (shipping, _) = sim("shipping", &strs(&faults(rate, seed ^ 0x5DEE_CE66)));
     let providers = provider_args(&payments.base, &shipping.base);
     let mut serve_args = strings(&["--no-relay", "--no-consumer", "--no-runner"]);
+    serve_args.extend(strings(&["--db-max-connections", "4"]));
     serve_args.extend(providers.iter().cloned());
     let serve_args: Vec<&str> = serve_args.iter().map(String::as_str).collect();
     let server = serve_with(&t.url, &serve_args);
