@@ -11,9 +11,12 @@
 //! table and index sizes; one round of each sweep ([`orders::collector_sweep`],
 //! [`oncely_outbox::published_sweep`], [`oncely_inbox::inbox_sweep`]) under intake; sizes
 //! after them, and after `VACUUM (ANALYZE)` (PostgreSQL) or `ANALYZE TABLE` (MariaDB).
+//! Both consumer phases print the server's counters per message beside each other.
 //!
-//! Layout: `preload` — the tables and the SQL that fills them; `report` — what is printed.
+//! Layout: `preload` — the tables and the SQL that fills them; `report` — what is printed;
+//! `counters` — the server's counters around a phase.
 
+mod counters;
 mod preload;
 mod report;
 
@@ -33,6 +36,8 @@ use orders::AppConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::intake::{self, IntakeArgs, Timed, API_KEY};
+use crate::stats::median;
+use counters::{Counters, Window};
 use preload::{Plan, Table};
 use report::{Intake, Sizes, Swept};
 
@@ -64,7 +69,8 @@ pub(crate) struct YearArgs {
     /// by default one in [`EXPIRED_SHARE`] (125,000 of 5M).
     #[arg(long)]
     inbox_expired: Option<u64>,
-    /// Messages the `billing` consumer takes on the empty and on the full inbox.
+    /// Messages the `billing` consumer takes on the empty and on the full inbox, in each of
+    /// `--rounds` rounds (the median is printed).
     #[arg(long, default_value_t = 5_000)]
     inbox_messages: u32,
     /// Rows per statement of the idempotency collector (the service's `collector_batch`
@@ -221,26 +227,52 @@ impl Year {
         );
     }
 
-    /// Intake and the consumer on the empty tables, the preloads, then both again on the
-    /// full tables; returns intake on the full tables after `ANALYZE`.
+    /// Intake on the empty tables, the consumer on the empty inbox, the preloads, then the
+    /// same on the full tables, each phase printed with the server's counters per request
+    /// beside the empty tables' ([`counters`]); returns intake on the full tables after
+    /// `ANALYZE`.
+    ///
+    /// On PostgreSQL a `CHECKPOINT` follows the preloads: they leave gigabytes of dirty
+    /// buffers and WAL behind, whose flush is the preload's cost, not intake's. Every write
+    /// after it pays its full-page image as steady traffic does after each checkpoint.
     async fn intake_phases(&self, args: &YearArgs) -> anyhow::Result<Intake> {
-        let empty = self.intake(&args.load, "empty").await?;
+        let (empty, empty_counted) = self.counted_intake(&args.load, "empty").await?;
         empty.print("intake, empty tables (baseline)", None);
         let consumed = self.consume(args, "empty").await?;
         for plan in &self.plans {
             let took = self.preload(plan, args.chunk).await?;
             report::print_preload(plan.table.rows(), plan.rows, took);
         }
-        let stale = self.intake(&args.load, "stale").await?;
+        if self.backend() == Backend::Postgres {
+            self.raw("CHECKPOINT").await?;
+        }
+        let (stale, counted) = self.counted_intake(&args.load, "stale").await?;
         stale.print("intake, full tables, before ANALYZE", Some(&empty));
+        counters::print_beside("intake", "create", &empty_counted, &counted);
         self.analyze().await?;
-        let full = self.intake(&args.load, "full").await?;
+        let (full, counted) = self.counted_intake(&args.load, "full").await?;
         full.print("intake, full tables, after ANALYZE", Some(&empty));
-        if let Some(empty_rate) = consumed {
-            let full_rate = self.consume(args, "full").await?.unwrap_or(0.0);
-            report::print_consumer(args.inbox_messages, empty_rate, full_rate);
+        counters::print_beside("intake", "create", &empty_counted, &counted);
+        if let Some((empty_rate, empty_window)) = consumed {
+            if let Some((full_rate, full_window)) = self.consume(args, "full").await? {
+                report::print_consumer(args.inbox_messages, empty_rate, full_rate);
+                counters::print_beside("inbox consumer", "message", &empty_window, &full_window);
+            }
         }
         Ok(full)
+    }
+
+    /// [`Self::intake`] with the server's counters read around it.
+    async fn counted_intake(
+        &self,
+        load: &IntakeArgs,
+        tag: &str,
+    ) -> anyhow::Result<(Intake, Window)> {
+        let before = Counters::settled(self.db()).await?;
+        let intake = self.intake(load, tag).await?;
+        let after = Counters::settled(self.db()).await?;
+        let ops = intake.requests as f64;
+        Ok((intake, Window { before, after, ops }))
     }
 
     /// Intake for `--rounds` phases of `--seconds`; `tag` keeps the phases' keys apart.
@@ -259,12 +291,29 @@ impl Year {
     }
 
     /// The `billing` consumer's messages/s taking `--inbox-messages` new messages (orders
-    /// `<prefix>-<i>`) through the inbox, as `oncely-bench inbox` measures it; `None` when
-    /// the inbox is skipped.
-    async fn consume(&self, args: &YearArgs, prefix: &str) -> anyhow::Result<Option<f64>> {
+    /// `<prefix><round>-<i>`) through the inbox, as `oncely-bench inbox` measures it: the
+    /// median of `--rounds` rounds, with the server's counters around them all; `None`
+    /// when the inbox is skipped.
+    async fn consume(
+        &self,
+        args: &YearArgs,
+        prefix: &str,
+    ) -> anyhow::Result<Option<(f64, Window)>> {
         if args.inbox_rows == 0 || args.inbox_messages == 0 {
             return Ok(None);
         }
+        let before = Counters::settled(self.db()).await?;
+        let mut rates = Vec::new();
+        for round in 0..args.load.rounds.max(1) {
+            let prefix = format!("{prefix}{round}");
+            rates.push(self.consume_round(args.inbox_messages, &prefix).await?);
+        }
+        let after = Counters::settled(self.db()).await?;
+        let ops = f64::from(args.inbox_messages) * rates.len() as f64;
+        Ok(Some((median(&mut rates), Window { before, after, ops })))
+    }
+
+    async fn consume_round(&self, messages: u32, prefix: &str) -> anyhow::Result<f64> {
         let transport = SqlTransport::new(self.db().clone(), 1 << 20);
         let config = ConsumerConfig {
             concurrency: 8,
@@ -283,10 +332,8 @@ impl Year {
         );
         let billing = orders::billing_consumer(self.db().clone(), subscriber, config);
         billing.subscribe().await?;
-        crate::inbox::publish(&transport, prefix, args.inbox_messages).await?;
-        Ok(Some(
-            crate::inbox::drain(billing, args.inbox_messages).await?,
-        ))
+        crate::inbox::publish(&transport, prefix, messages).await?;
+        crate::inbox::drain(billing, messages).await
     }
 
     /// Inserts `plan`'s rows in `chunk`-row statements, oldest first ([`PRELOAD_STREAMS`]

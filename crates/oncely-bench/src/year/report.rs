@@ -10,6 +10,8 @@ use crate::stats::{median, quantile};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Intake {
     pub(super) per_sec: f64,
+    /// Requests answered over all the phases.
+    pub(super) requests: usize,
     pub(super) p50_ms: f64,
     pub(super) p99_ms: f64,
 }
@@ -21,6 +23,7 @@ impl Intake {
         latencies.sort_unstable();
         Self {
             per_sec: median(&mut rates),
+            requests: latencies.len(),
             p50_ms: quantile_ms(&latencies, 0.50),
             p99_ms: quantile_ms(&latencies, 0.99),
         }
