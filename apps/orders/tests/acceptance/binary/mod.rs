@@ -86,6 +86,9 @@ fn serve_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut child = oncely_testkit::process::command(ORDERS)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
+        // `listen_of` waits for the info line naming the address: a caller's ONCELY_LOG
+        // (`warn`, say) would leave it waiting forever.
+        .env("ONCELY_LOG", "info")
         .envs(env.iter().copied())
         .env("ONCELY_DATABASE_URL", url)
         .env(

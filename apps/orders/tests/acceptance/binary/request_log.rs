@@ -20,6 +20,7 @@ fn serve_logged(dir: &std::path::Path) -> (Proc, Arc<Mutex<Vec<Value>>>) {
         .args(["serve", "--listen", "127.0.0.1:0", "--no-relay"])
         .env("ONCELY_DATABASE_URL", &url)
         .env("ONCELY_API_KEYS", format!("{API_KEY}=cli"))
+        .env("ONCELY_LOG", "info")
         .env("ONCELY_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
