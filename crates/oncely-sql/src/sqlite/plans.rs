@@ -78,6 +78,21 @@ async fn before_and_after_analyze(
     }
 }
 
+/// Asserts that the plan `steps` (taken after `ANALYZE` when `analyzed`) has a step
+/// containing each of `uses` and no step for which `never` holds.
+fn assert_plan(analyzed: bool, steps: &[String], uses: &[&str], never: impl Fn(&str) -> bool) {
+    for u in uses {
+        assert!(
+            steps.iter().any(|s| s.contains(u)),
+            "analyzed {analyzed}: {steps:?}"
+        );
+    }
+    assert!(
+        !steps.iter().any(|s| never(s)),
+        "analyzed {analyzed}: {steps:?}"
+    );
+}
+
 /// 6,000 numbers `i` as a recursive CTE, to insert from.
 const NUMBERS: &str =
     "WITH RECURSIVE n (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 5999)";
@@ -103,14 +118,9 @@ async fn assert_sweep_reads_its_index(sweep: &Sweep, fill: &str, bound: i64) {
         &[Bind::Int(bound), Bind::Int(64)],
         |analyzed, steps| {
             let index = format!("INDEX {} (", sweep.index);
-            assert!(
-                steps.iter().any(|s| s.contains(&index)),
-                "analyzed {analyzed}: {steps:?}"
-            );
-            assert!(
-                !steps.iter().any(|s| s.starts_with("SCAN")),
-                "analyzed {analyzed}: {steps:?}"
-            );
+            assert_plan(analyzed, steps, &[index.as_str()], |s| {
+                s.starts_with("SCAN")
+            });
         },
     )
     .await;
@@ -165,15 +175,11 @@ async fn the_continuation_poll_reads_its_index_in_order() {
         DUE_CONTINUATIONS,
         &[Bind::Int(6_000), Bind::Int(64)],
         |analyzed, steps| {
-            assert!(
-                steps
-                    .iter()
-                    .any(|s| s.contains("USING INDEX oncely_effects_continuation (")),
-                "analyzed {analyzed}: {steps:?}"
-            );
-            assert!(
-                !steps.iter().any(|s| s.contains("TEMP B-TREE")),
-                "analyzed {analyzed}: {steps:?}"
+            assert_plan(
+                analyzed,
+                steps,
+                &["USING INDEX oncely_effects_continuation ("],
+                |s| s.contains("TEMP B-TREE"),
             );
         },
     )
@@ -189,15 +195,11 @@ async fn the_outbox_stats_read_the_state_indexes() {
         STATS_BY_STATE,
         &[],
         |analyzed, steps| {
-            for index in ["oncely_outbox_pending_id", "oncely_outbox_dead"] {
-                assert!(
-                    steps.iter().any(|s| s.contains(index)),
-                    "analyzed {analyzed}: {steps:?}"
-                );
-            }
-            assert!(
-                !steps.iter().any(|s| s == "SCAN oncely_outbox"),
-                "analyzed {analyzed}: {steps:?}"
+            assert_plan(
+                analyzed,
+                steps,
+                &["oncely_outbox_pending_id", "oncely_outbox_dead"],
+                |s| s == "SCAN oncely_outbox",
             );
         },
     )
@@ -227,15 +229,11 @@ async fn reconciliation_reads_the_window_from_the_created_index() {
             Bind::Int(1_095),
         ],
         |analyzed, steps| {
-            assert!(
-                steps
-                    .iter()
-                    .any(|s| s.contains("USING INDEX oncely_effects_created (")),
-                "analyzed {analyzed}: {steps:?}"
-            );
-            assert!(
-                !steps.iter().any(|s| s.starts_with("SCAN")),
-                "analyzed {analyzed}: {steps:?}"
+            assert_plan(
+                analyzed,
+                steps,
+                &["USING INDEX oncely_effects_created ("],
+                |s| s.starts_with("SCAN"),
             );
         },
     )
@@ -265,16 +263,9 @@ async fn a_claim_reads_the_due_index_in_order() {
             Bind::Int(16),
         ],
         |analyzed, steps| {
-            assert!(
-                steps
-                    .iter()
-                    .any(|s| s.contains("USING INDEX oncely_effects_due ")),
-                "analyzed {analyzed}: {steps:?}"
-            );
-            assert!(
-                !steps.iter().any(|s| s.contains("TEMP B-TREE")),
-                "analyzed {analyzed}: {steps:?}"
-            );
+            assert_plan(analyzed, steps, &["USING INDEX oncely_effects_due "], |s| {
+                s.contains("TEMP B-TREE")
+            });
         },
     )
     .await;
