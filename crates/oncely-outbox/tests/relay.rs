@@ -1360,12 +1360,22 @@ struct StressOutcome {
 /// Runs `s.relays` relays (`Relay::run`, each with its own pool, as separate processes
 /// would) against one PostgreSQL outbox while four writers add `s.partitions × s.per`
 /// events, until every event was confirmed once or 60 s passed; then [`check_stress`].
+///
+/// One stress run at a time, each relay with a pool of 6 (its LISTEN connection, four
+/// batches in flight, one for its loops): two runs at once with default pools of 16 drove
+/// the suite's PostgreSQL connections to 98 of the server's 100.
 async fn stress(t: &TestDb, s: Stress) {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
     t.db.migrate().await.unwrap();
     let recorder = Arc::new(Recorder::new(s.fail_pct, s.panic_pct, 3_000));
     let mut relays = Vec::new();
     for i in 0..s.relays {
-        let db = oncely_sql::Database::connect(&t.url, &oncely_sql::DbOptions::default())
+        let options = oncely_sql::DbOptions {
+            max_connections: 6,
+            ..oncely_sql::DbOptions::default()
+        };
+        let db = oncely_sql::Database::connect(&t.url, &options)
             .await
             .unwrap();
         let publisher: Arc<dyn Publisher> = recorder.clone();

@@ -233,6 +233,8 @@ impl Relays {
         cmd.arg("relay")
             .args(&self.args)
             .args(["--relay-batch", "16", "--relay-poll-ms", "50"])
+            // Pools of 6 (LISTEN, four batches in flight, the loops), not the default 16.
+            .args(["--db-max-connections", "6"])
             .args([
                 "--relay-backoff-base-ms",
                 "50",
