@@ -5,7 +5,7 @@
 //! The order service's binary (`orders serve`, its consumers, `orders import`) is tested
 //! in apps/orders's acceptance tests (module `binary`).
 
-use oncely_testkit::process::SpawnTied as _;
+use oncely_testkit::process::{ProcessGuard, SpawnTied as _};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -436,14 +436,13 @@ async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 /// the order service's migrations: `oncely relay` on an empty database creates oncely's
 /// tables (outbox, queue), not `orders` or `invoices`, and drains at SIGTERM.
 async fn relay_command_applies_oncely_schema_and_not_the_order_services(t: TestDb) {
-    let mut child = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
-        .args(["relay", "--database-url", &t.url])
+    let mut cmd = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"));
+    cmd.args(["relay", "--database-url", &t.url])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn_tied()
-        .unwrap();
+        .stderr(Stdio::piped());
+    let mut relay = ProcessGuard::spawn(cmd).unwrap();
     // Started (signal handlers installed, publisher connected) once it says so.
-    let stderr = child.stderr.take().unwrap();
+    let stderr = relay.child.stderr.take().unwrap();
     let started = tokio::task::spawn_blocking(move || {
         let mut lines = BufReader::new(stderr).lines();
         let found = lines
@@ -466,13 +465,13 @@ async fn relay_command_applies_oncely_schema_and_not_the_order_services(t: TestD
         !tables.iter().any(|n| n == "orders" || n == "invoices"),
         "the relay created the order service's tables: {tables:?}"
     );
-    let pid = child.id().to_string();
+    let pid = relay.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
-    let status = wait_exit(&mut child).await;
+    let status = wait_exit(&mut relay.child).await;
     assert!(
         status.success(),
         "the relay drains and exits 0 at SIGTERM, got {status}"
@@ -512,10 +511,10 @@ async fn relay_process_aborted_after_confirm_is_republished_with_the_same_ids_an
         if fault {
             c.env("FAILPOINTS", "relay.after_confirm=panic(abort)");
         }
-        c.spawn_tied().expect("spawn oncely relay")
+        ProcessGuard::spawn(c).expect("spawn oncely relay")
     };
     let mut first = relay(true);
-    let status = wait_exit(&mut first).await;
+    let status = wait_exit(&mut first.child).await;
     assert!(!status.success(), "the faulted relay aborts: {status:?}");
 
     let client = async_nats::connect(&nats_url).await.unwrap();
@@ -536,7 +535,6 @@ async fn relay_process_aborted_after_confirm_is_republished_with_the_same_ids_an
     }
 
     let second = relay(false);
-    let second = Proc { child: second };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while store.stats().await.unwrap().pending > 0 {
         assert!(
@@ -658,8 +656,8 @@ async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_
         ],
     )
     .await;
-    let mut child = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
-        .args(["relay", "--database-url", &t.url, "--broker", "rabbitmq"])
+    let mut cmd = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"));
+    cmd.args(["relay", "--database-url", &t.url, "--broker", "rabbitmq"])
         .args(["--amqp-url", &proxied, "--amqp-exchange", &exchange])
         .args(["--relay-max-attempts", "2", "--relay-backoff-base-ms", "50"])
         .args(["--relay-backoff-cap-secs", "1", "--relay-poll-ms", "50"])
@@ -667,13 +665,12 @@ async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_
         .env_remove("ONCELY_LOG")
         .env_remove("ONCELY_LOG_FORMAT")
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn_tied()
-        .expect("spawn oncely relay");
+        .stderr(Stdio::piped());
+    let mut relay = ProcessGuard::spawn(cmd).expect("spawn oncely relay");
     let lines: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
     {
         let lines = lines.clone();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut stderr = BufReader::new(relay.child.stderr.take().unwrap());
         std::thread::spawn(move || loop {
             let mut line = Vec::new();
             match stderr.read_until(b'\n', &mut line) {
@@ -741,11 +738,11 @@ async fn relay_process_logs_a_60_s_rabbitmq_outage_with_100_events_waiting_in_a_
     assert_eq!(broker_up().await.as_deref(), Some("1"), "broker up again");
     let outage = lines.lock().unwrap()[before..].to_vec();
     assert!(Command::new("kill")
-        .arg(child.id().to_string())
+        .arg(relay.id().to_string())
         .status()
         .unwrap()
         .success());
-    wait_exit(&mut child).await;
+    wait_exit(&mut relay.child).await;
     let lines = lines.lock().unwrap().clone();
     println!("{} lines during the outage:", outage.len());
     for l in &outage {
@@ -908,6 +905,17 @@ mod kill {
         }
     }
 
+    /// A test that fails mid-run does not leave its relays (and their pools) running until
+    /// the test binary exits.
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
     fn spawn_relay(
         url: &str,
         nats: &str,
@@ -918,6 +926,10 @@ mod kill {
     ) -> Child {
         oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
             .args(["relay", "--database-url", url, "--broker", "nats"])
+            // Three relays run at once: a pool each of the LISTEN connection, the four
+            // batches in flight and one for the loops, not the default 16 (PostgreSQL
+            // allows 100 for the whole suite).
+            .args(["--db-max-connections", "6"])
             .args([
                 "--nats-url",
                 nats,

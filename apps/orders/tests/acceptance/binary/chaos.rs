@@ -14,7 +14,7 @@
 //! many SIGKILLs, 40), `ONCELY_CHAOS_SEED` (printed), `ONCELY_CHAOS_FAULT_RATE` (0.05).
 //! Process logs go to `$TMPDIR/oncely-chaos-<suffix>/`.
 
-use oncely_testkit::process::SpawnTied as _;
+use oncely_testkit::process::{ProcessGuard, SpawnTied as _};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -633,15 +633,14 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         "50",
     ]));
     args.extend(providers.iter().cloned());
-    let mut aborted = oncely_testkit::process::command(super::ORDERS)
-        .args(&args)
+    let mut cmd = oncely_testkit::process::command(super::ORDERS);
+    cmd.args(&args)
         .env("ONCELY_DATABASE_URL", &t.url)
         .env("FAILPOINTS", "runner.after_send=panic(abort)")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn_tied()
-        .unwrap();
-    let exit = super::wait_exit(&mut aborted).await;
+        .stderr(Stdio::null());
+    let mut aborted = ProcessGuard::spawn(cmd).unwrap();
+    let exit = super::wait_exit(&mut aborted.child).await;
     assert!(!exit.success(), "the runner was to abort after its call");
     let pay = stats(&payments.base).await;
     assert_eq!(pay["payment_intents"], 1, "the provider committed: {pay}");
@@ -652,13 +651,12 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         "nothing recorded after the call: {states:?}"
     );
 
-    let mut second = oncely_testkit::process::command(super::ORDERS)
-        .args(&args)
+    let mut cmd = oncely_testkit::process::command(super::ORDERS);
+    cmd.args(&args)
         .env("ONCELY_DATABASE_URL", &t.url)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn_tied()
-        .unwrap();
+        .stderr(Stdio::null());
+    let second = ProcessGuard::spawn(cmd).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let order = loop {
         let got: Value = client
@@ -676,8 +674,7 @@ async fn runner_aborted_after_the_provider_committed_is_resolved_by_status_check
         assert!(Instant::now() < deadline, "not resolved: {got}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    drop(second.kill());
-    drop(second.wait());
+    drop(second);
     let pay = stats(&payments.base).await;
     assert_eq!(pay["payment_intents"], 1, "a second create went out: {pay}");
     let evidence: Vec<(String, String)> = t

@@ -4,9 +4,9 @@
 //! effect in review — plus the refusals: a tenant API key, a form without its CSRF token,
 //! the console off without an admin token.
 
-use oncely_testkit::process::SpawnTied as _;
+use oncely_testkit::process::ProcessGuard;
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use oncely_testkit::TestDb;
@@ -20,15 +20,8 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// chromedriver on a port it picks itself (`--port=0`), killed on drop.
 struct Driver {
-    child: Child,
+    _proc: ProcessGuard,
     url: String,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        drop(self.child.kill());
-        drop(self.child.wait());
-    }
 }
 
 /// Starts chromedriver; `None` (after printing SKIPPED) when it is not installed, a panic
@@ -52,13 +45,12 @@ fn chromedriver() -> Option<Driver> {
 /// One start: `Ok(None)` when it is not installed, `Err` with its exit status and stderr
 /// when it exits before listening.
 fn start_chromedriver() -> Result<Option<Driver>, String> {
-    let spawned = oncely_testkit::process::command("chromedriver")
-        .arg("--port=0")
+    let mut cmd = oncely_testkit::process::command("chromedriver");
+    cmd.arg("--port=0")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn_tied();
-    let mut child = match spawned {
-        Ok(c) => c,
+        .stderr(Stdio::piped());
+    let mut proc = match ProcessGuard::spawn(cmd) {
+        Ok(p) => p,
         Err(e) => {
             assert!(
                 !oncely_testkit::require_services(),
@@ -68,11 +60,11 @@ fn start_chromedriver() -> Result<Option<Driver>, String> {
             return Ok(None);
         }
     };
-    let mut stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = proc.child.stderr.take().unwrap();
+    let mut lines = BufReader::new(proc.child.stdout.take().unwrap()).lines();
     let port = loop {
         let Some(line) = lines.next().and_then(Result::ok) else {
-            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            let status = proc.child.wait().map(|s| s.to_string()).unwrap_or_default();
             let mut printed = String::new();
             drop(std::io::Read::read_to_string(&mut stderr, &mut printed));
             return Err(format!("{status}: {}", printed.trim()));
@@ -84,7 +76,7 @@ fn start_chromedriver() -> Result<Option<Driver>, String> {
     std::thread::spawn(move || for _ in lines {});
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     Ok(Some(Driver {
-        child,
+        _proc: proc,
         url: format!("http://127.0.0.1:{port}"),
     }))
 }

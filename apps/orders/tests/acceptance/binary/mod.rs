@@ -83,32 +83,34 @@ fn serve_with(url: &str, extra: &[&str]) -> Proc {
 /// [`serve_with`] with extra environment variables (settings given the way a deployment
 /// gives them; a binary without the setting ignores it rather than refusing to start).
 fn serve_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut child = oncely_testkit::process::command(ORDERS)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        // `listen_of` waits for the info line naming the address: a caller's ONCELY_LOG
-        // (`warn`, say) would leave it waiting forever.
-        .env("ONCELY_LOG", "info")
-        .envs(env.iter().copied())
-        .env("ONCELY_DATABASE_URL", url)
-        .env(
-            "ONCELY_API_KEYS",
-            format!("{API_KEY}=cli,{API_KEY_B}=cli-b"),
-        )
-        .env("ONCELY_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn_tied()
-        .expect("spawn orders");
-    let stderr = child.stderr.take().unwrap();
+    // Held from the start: a serve that never logs its address is killed with the test.
+    let mut p = Proc {
+        child: oncely_testkit::process::command(ORDERS)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            // `listen_of` waits for the info line naming the address: a caller's ONCELY_LOG
+            // (`warn`, say) would leave it waiting forever.
+            .env("ONCELY_LOG", "info")
+            .envs(env.iter().copied())
+            .env("ONCELY_DATABASE_URL", url)
+            .env(
+                "ONCELY_API_KEYS",
+                format!("{API_KEY}=cli,{API_KEY_B}=cli-b"),
+            )
+            .env("ONCELY_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn_tied()
+            .expect("spawn orders"),
+        base: String::new(),
+    };
+    let stderr = p.child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
     let listen = listen_of(&mut lines);
     // Keep draining stderr so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Proc {
-        child,
-        base: format!("http://{listen}"),
-    }
+    p.base = format!("http://{listen}");
+    p
 }
 
 /// Reads a serve process's JSON log `lines` up to the one naming its bound address.
@@ -1202,14 +1204,18 @@ impl Rng {
 
 /// An `oncely sim <api>` process and its base URL (read from its first stdout line).
 fn sim(api: &str, extra: &[&str]) -> (Proc, String) {
-    let mut child = oncely_testkit::process::command(oncely_bin())
-        .args(["sim", api, "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn_tied()
-        .expect("spawn oncely sim");
-    let stdout = child.stdout.take().unwrap();
+    // Held from the start: a simulator that prints no address is killed with the test.
+    let mut p = Proc {
+        child: oncely_testkit::process::command(oncely_bin())
+            .args(["sim", api, "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn_tied()
+            .expect("spawn oncely sim"),
+        base: String::new(),
+    };
+    let stdout = p.child.stdout.take().unwrap();
     let line = BufReader::new(stdout)
         .lines()
         .next()
@@ -1220,14 +1226,9 @@ fn sim(api: &str, extra: &[&str]) -> (Proc, String) {
         .next()
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
-    let base = format!("http://{addr}");
-    (
-        Proc {
-            child,
-            base: base.clone(),
-        },
-        base,
-    )
+    p.base = format!("http://{addr}");
+    let base = p.base.clone();
+    (p, base)
 }
 
 async fn stats(base: &str) -> Value {
@@ -1513,6 +1514,7 @@ mod slow_clients {
 /// `--no-runner` beside a separate `orders effects run`) on a SQLite file.
 mod flow {
     use super::*;
+    use oncely_testkit::process::ProcessGuard;
 
     fn sqlite_url() -> (std::path::PathBuf, String) {
         let dir = std::env::temp_dir().join(format!("oncely-flow-{}", uuid::Uuid::new_v4()));
@@ -1643,13 +1645,12 @@ mod flow {
         assert_eq!(got["invoice"]["status"], "open", "{got}");
         assert!(got["shipment"].is_null(), "{got}");
         assert_eq!(stats(&payments).await["payment_intents"], 0);
-        let mut runner = oncely_testkit::process::command(super::ORDERS)
-            .args(["effects", "run", "--database-url", &url])
+        let mut cmd = oncely_testkit::process::command(super::ORDERS);
+        cmd.args(["effects", "run", "--database-url", &url])
             .args(provider_flags(&payments, &shipping))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn_tied()
-            .expect("spawn orders effects run");
+            .stderr(Stdio::null());
+        let mut runner = ProcessGuard::spawn(cmd).expect("spawn orders effects run");
         orders_flow_to_shipment(&serve, (4, 1), &payments, &shipping).await;
         // The first order too, now.
         let got: Value = client
@@ -1669,7 +1670,7 @@ mod flow {
             .status()
             .unwrap()
             .success());
-        let status = wait_exit(&mut runner).await;
+        let status = wait_exit(&mut runner.child).await;
         assert!(
             status.success(),
             "effects run exits 0 at SIGTERM, got {status}"

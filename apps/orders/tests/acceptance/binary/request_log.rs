@@ -16,17 +16,21 @@ use super::{order, Proc, API_KEY, ORDERS};
 /// Starts `orders serve` on a fresh SQLite file with JSON logs; every stderr line is kept.
 fn serve_logged(dir: &std::path::Path) -> (Proc, Arc<Mutex<Vec<Value>>>) {
     let url = format!("sqlite://{}?mode=rwc", dir.join("orders.db").display());
-    let mut child = oncely_testkit::process::command(ORDERS)
-        .args(["serve", "--listen", "127.0.0.1:0", "--no-relay"])
-        .env("ONCELY_DATABASE_URL", &url)
-        .env("ONCELY_API_KEYS", format!("{API_KEY}=cli"))
-        .env("ONCELY_LOG", "info")
-        .env("ONCELY_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn_tied()
-        .expect("spawn orders");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Held from the start: a serve that never logs its address is killed with the test.
+    let mut proc = Proc {
+        child: oncely_testkit::process::command(ORDERS)
+            .args(["serve", "--listen", "127.0.0.1:0", "--no-relay"])
+            .env("ONCELY_DATABASE_URL", &url)
+            .env("ONCELY_API_KEYS", format!("{API_KEY}=cli"))
+            .env("ONCELY_LOG", "info")
+            .env("ONCELY_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn_tied()
+            .expect("spawn orders"),
+        base: String::new(),
+    };
+    let mut lines = BufReader::new(proc.child.stderr.take().unwrap()).lines();
     let listen = super::listen_of(&mut lines);
     let logs = Arc::new(Mutex::new(Vec::new()));
     let sink = logs.clone();
@@ -37,10 +41,7 @@ fn serve_logged(dir: &std::path::Path) -> (Proc, Arc<Mutex<Vec<Value>>>) {
             sink.lock().unwrap().push(v);
         }
     });
-    let proc = Proc {
-        child,
-        base: format!("http://{listen}"),
-    };
+    proc.base = format!("http://{listen}");
     (proc, logs)
 }
 
