@@ -19,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::stats::{median, quantile};
 
+mod stages;
+
+use stages::{Clock, Stages, Stamped, Written};
+
 /// Where each broker listens: the flags of `relay` and `chain`.
 #[derive(Debug, Args)]
 pub(crate) struct BrokerUrls {
@@ -523,7 +527,8 @@ async fn relay_throughput(
 
 /// Commit-to-publish latency: writers commit one event per transaction at `rate`/s for
 /// `secs` while a relay runs (LISTEN/NOTIFY on PostgreSQL); latency is the relay's
-/// `published_at` (broker confirmation) minus the writer's commit time. Returns sorted ms.
+/// `published_at` (broker confirmation) minus the writer's commit time. Returns sorted ms,
+/// and each event's [`Stages`] from this process's stamps.
 async fn latency(
     db: &Database,
     target: &Target,
@@ -531,12 +536,14 @@ async fn latency(
     secs: u64,
     window: usize,
     in_flight_batches: Option<usize>,
-) -> anyhow::Result<Vec<i64>> {
+) -> anyhow::Result<(Vec<i64>, Stages)> {
     let stop = CancellationToken::new();
     let defaults = RelayConfig::default();
+    let clock = Clock::start();
+    let stamped = Arc::new(Stamped::new(target.publisher.clone(), clock));
     let relay = Relay::new(
         db.clone(),
-        target.publisher.clone(),
+        stamped.clone(),
         RelayConfig {
             batch_size: u32::try_from(window).unwrap_or(u32::MAX),
             max_in_flight_batches: in_flight_batches.unwrap_or(defaults.max_in_flight_batches),
@@ -557,25 +564,31 @@ async fn latency(
             let topic = target.topic.clone();
             tokio::spawn(async move {
                 let mut commits = HashMap::new();
+                let mut written = HashMap::new();
                 let mut tick =
                     tokio::time::interval(Duration::from_secs_f64(1.0 / per_writer as f64));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
                 for k in 0..total {
                     tick.tick().await;
+                    let e = event(&topic, (w * total + k) as usize);
+                    let message_id = e.message_id;
+                    let begun = clock.now();
                     let mut tx = db.begin().await?;
-                    let id =
-                        OutboxStore::enqueue(&mut tx, &event(&topic, (w * total + k) as usize))
-                            .await?;
+                    let id = OutboxStore::enqueue(&mut tx, &e).await?;
                     tx.commit().await?;
                     commits.insert(id, oncely_core::now_ms());
+                    let committed = clock.now();
+                    written.insert(message_id, Written { begun, committed });
                 }
-                Ok::<_, anyhow::Error>(commits)
+                Ok::<_, anyhow::Error>((commits, written))
             })
         })
         .collect();
-    let mut commits = HashMap::new();
+    let (mut commits, mut written) = (HashMap::new(), HashMap::new());
     for t in tasks {
-        commits.extend(t.await??);
+        let (c, w) = t.await??;
+        commits.extend(c);
+        written.extend(w);
     }
     let store = OutboxStore::new(db.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -592,7 +605,7 @@ async fn latency(
         lat.push((published - committed).max(0));
     }
     lat.sort_unstable();
-    Ok(lat)
+    Ok((lat, Stages::collect(&written, &stamped)))
 }
 
 pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
@@ -669,7 +682,7 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             raw_lat.last().copied().unwrap_or(0),
             raw_lat.len()
         );
-        let lat = latency(
+        let (lat, stages) = latency(
             &test_db.db,
             &target,
             args.rate,
@@ -689,6 +702,9 @@ pub(crate) async fn run(args: RelayBenchArgs) -> anyhow::Result<()> {
             lat.last().copied().unwrap_or(0),
             lat.len()
         );
+        for line in stages.lines(broker.name()) {
+            println!("{line}");
+        }
         target.cleanup().await;
     }
     Ok(())
