@@ -13,9 +13,9 @@
 // `$TMPDIR/oncely-kill-<suffix>/`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 
-use oncely_testkit::process::SpawnTied as _;
+use oncely_testkit::process::ProcessGuard;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -81,8 +81,10 @@ impl Producer {
     }
 }
 
+/// A relay slot; its process, if one runs, is killed and reaped when the slot drops (a
+/// test that fails mid-run leaves no relay behind).
 struct Slot {
-    child: Option<Child>,
+    child: Option<ProcessGuard>,
     started: u64,
 }
 
@@ -93,23 +95,12 @@ impl Slot {
         let Some(mut c) = self.child.take() else {
             return false;
         };
-        if let Some(status) = c.try_wait().unwrap() {
+        if let Some(status) = c.child.try_wait().unwrap() {
             panic!("relay {} exited by itself: {status:?}", self.started);
         }
-        c.kill().unwrap();
-        c.wait().unwrap();
+        c.child.kill().unwrap();
+        c.child.wait().unwrap();
         true
-    }
-}
-
-/// A test that fails mid-run does not leave its relays (and their pools) running until
-/// the test binary exits.
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -120,9 +111,9 @@ fn spawn_relay(
     topic: &str,
     extra: &[String],
     log: std::fs::File,
-) -> Child {
-    oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"))
-        .args(["relay", "--database-url", url, "--broker", "nats"])
+) -> ProcessGuard {
+    let mut cmd = oncely_testkit::process::command(env!("CARGO_BIN_EXE_oncely"));
+    cmd.args(["relay", "--database-url", url, "--broker", "nats"])
         // Three relays run at once: a pool each of the LISTEN connection, the four
         // batches in flight and one for the loops, not the default 16 (PostgreSQL
         // allows 100 for the whole suite).
@@ -145,9 +136,8 @@ fn spawn_relay(
         .args(extra)
         .env("ONCELY_LOG", "info")
         .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn_tied()
-        .expect("spawn oncely relay")
+        .stderr(Stdio::from(log));
+    ProcessGuard::spawn(cmd).expect("spawn oncely relay")
 }
 
 fn outbox_stats(url: &str) -> Value {
